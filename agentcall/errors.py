@@ -1,0 +1,139 @@
+"""Error codes shared by the relay, the listener and the CLI, and the exception tree.
+
+Codes are part of the wire protocol: they travel in ``call_error`` frames, in sealed failure
+outcomes and in HTTP error bodies, so their string values never change.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class CallErrorCode(enum.StrEnum):
+    """Why a call did not produce a reply."""
+
+    # Relay-originated (unauthenticated, in ``call_error``).
+    UNKNOWN_HANDLE = "unknown_handle"
+    OFFLINE = "offline"
+    TIMEOUT = "timeout"
+    CANCELED = "canceled"
+    UNAUTHORIZED = "unauthorized"
+    RATE_LIMITED = "rate_limited"
+    MESSAGE_TOO_LARGE = "message_too_large"
+    PROTOCOL_ERROR = "protocol_error"
+    # Peer-originated (inside an authenticated, sealed failure outcome).
+    BUSY = "busy"
+    AGENT_ERROR = "agent_error"
+    BLOCKED = "blocked"
+    TASK_UNKNOWN = "task_unknown"
+    TASK_NOT_OFFERED = "task_not_offered"
+    CONTEXT_UNKNOWN = "context_unknown"
+    # Caller-side only: the relay could not be reached.
+    CONNECTION_FAILED = "connection_failed"
+
+
+RELAY_CALL_ERRORS = frozenset(
+    {
+        CallErrorCode.UNKNOWN_HANDLE,
+        CallErrorCode.OFFLINE,
+        CallErrorCode.TIMEOUT,
+        CallErrorCode.CANCELED,
+        CallErrorCode.UNAUTHORIZED,
+        CallErrorCode.RATE_LIMITED,
+        CallErrorCode.MESSAGE_TOO_LARGE,
+        CallErrorCode.PROTOCOL_ERROR,
+        CallErrorCode.BUSY,
+    }
+)
+
+PEER_FAILURE_CODES = frozenset(
+    {
+        CallErrorCode.BUSY,
+        CallErrorCode.TIMEOUT,
+        CallErrorCode.AGENT_ERROR,
+        CallErrorCode.BLOCKED,
+        CallErrorCode.TASK_UNKNOWN,
+        CallErrorCode.TASK_NOT_OFFERED,
+        CallErrorCode.CONTEXT_UNKNOWN,
+        CallErrorCode.CANCELED,
+    }
+)
+
+
+class ApiErrorCode(enum.StrEnum):
+    """Error codes in relay HTTP error bodies ``{"error": code, "message": text}``."""
+
+    BAD_REQUEST = "bad_request"
+    UNAUTHORIZED = "unauthorized"
+    FORBIDDEN = "forbidden"
+    NOT_FOUND = "not_found"
+    METHOD_NOT_ALLOWED = "method_not_allowed"
+    BODY_TOO_LARGE = "body_too_large"
+    INVITE_UNKNOWN = "invite_unknown"
+    INVITE_USED = "invite_used"
+    INVITE_REVOKED = "invite_revoked"
+    INVITE_EXPIRED = "invite_expired"
+    TOO_MANY_INVITES = "too_many_invites"
+    HANDLE_INVALID = "handle_invalid"
+    HANDLE_TAKEN = "handle_taken"
+    IDENTITY_KEY_EXISTS = "identity_key_exists"
+    IDENTITY_KEY_MISSING = "identity_key_missing"
+    EPOCH_NOT_INCREASING = "epoch_not_increasing"
+    SIGNATURE_INVALID = "signature_invalid"
+    RECORD_INVALID = "record_invalid"
+    RATE_LIMITED = "rate_limited"
+    INTERNAL = "internal"
+
+
+class AgentCallError(Exception):
+    """Base of every error this package raises on purpose."""
+
+
+class MalformedFrame(AgentCallError):
+    """Any input at the wire boundary that is not exactly one valid frame or body."""
+
+
+class CryptoError(AgentCallError):
+    """An envelope or key record failed a cryptographic or binding check."""
+
+
+class KeyRecordInvalid(CryptoError):
+    """A published key record is malformed, badly signed, or outside its validity."""
+
+
+class EnvelopeInvalid(CryptoError):
+    """An envelope could not be opened, or its contents do not match its route."""
+
+
+class SignatureInvalid(CryptoError):
+    """A signature does not verify against the pinned identity key."""
+
+
+class RequestExpired(CryptoError):
+    """A request or response is outside its validity window."""
+
+
+class ReplayDetected(CryptoError):
+    """A request id was already used by this sender."""
+
+
+class IdentityChanged(CryptoError):
+    """A peer's identity key differs from the pinned one: a hard error until reset."""
+
+
+class EpochRollback(CryptoError):
+    """A peer's encryption key epoch is lower than one already seen."""
+
+
+class StoreError(AgentCallError):
+    """A persistent store could not be read or written."""
+
+
+class ApiError(AgentCallError):
+    """A relay API refusal, carried to the HTTP layer as a status and a code."""
+
+    def __init__(self, status: int, code: ApiErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.code = code
+        self.message = message

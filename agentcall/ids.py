@@ -1,0 +1,102 @@
+"""Identifier grammar: regexes, address parsing and formatting, id minting.
+
+An address is ``@org/handle``: a registry key, never a locator. The relay to dial comes from
+configuration, not from the address, and calls never cross organisations.
+"""
+
+from __future__ import annotations
+
+import re
+import secrets
+import uuid
+
+import attrs
+
+ORG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,19}$")
+HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,30}$")
+TASK_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
+ADDRESS_RE = re.compile(r"^@([a-z0-9][a-z0-9-]{1,19})/([a-z0-9][a-z0-9-]{1,30})$")
+HEX32_RE = re.compile(r"^[0-9a-f]{32}$")
+HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
+CORRELATION_ID_RE = re.compile(r"^(?!0{32}$)[0-9a-f]{32}$")
+CONTEXT_ID_RE = re.compile(r"^ctx_[A-Za-z0-9_-]{22}$")
+CALL_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
+FINGERPRINT_RE = re.compile(r"^SHA256:[0-9a-f]{32}$")
+ROSTER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+# host[:port] of the relay's public URL, lowercased; what envelopes bind as the relay origin.
+RELAY_ORIGIN_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$")
+CONTACT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+# Invite secrets and bearer tokens: 32 random bytes, base64url without padding.
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")
+
+
+class AddressError(ValueError):
+    """A string is not a valid ``@org/handle`` address."""
+
+
+@attrs.frozen
+class Address:
+    org: str
+    handle: str
+
+    def __attrs_post_init__(self) -> None:
+        if not ORG_RE.match(self.org):
+            raise AddressError(f"not a valid organisation name: {self.org!r}")
+        if not HANDLE_RE.match(self.handle):
+            raise AddressError(f"not a valid handle: {self.handle!r}")
+
+    def __str__(self) -> str:
+        return f"@{self.org}/{self.handle}"
+
+
+def parse_address(text: str) -> Address:
+    """Parse ``@org/handle``; anything else raises :class:`AddressError`."""
+    match = ADDRESS_RE.match(text)
+    if match is None:
+        raise AddressError(f"not an address of the form @org/handle: {text!r}")
+    return Address(match.group(1), match.group(2))
+
+
+def format_address(org: str, handle: str) -> str:
+    return str(Address(org, handle))
+
+
+def is_handle(text: str) -> bool:
+    return HANDLE_RE.match(text) is not None
+
+
+def is_org(text: str) -> bool:
+    return ORG_RE.match(text) is not None
+
+
+def is_task_id(text: str) -> bool:
+    return TASK_RE.match(text) is not None
+
+
+def mint_hex32() -> str:
+    """32 lowercase hex characters (16 random bytes); never all zeros."""
+    while True:
+        value = secrets.token_hex(16)
+        if value != "0" * 32:
+            return value
+
+
+def mint_request_id() -> str:
+    return mint_hex32()
+
+
+def mint_correlation_id() -> str:
+    return mint_hex32()
+
+
+def mint_call_id() -> str:
+    return str(uuid.uuid4())
+
+
+def mint_token() -> str:
+    """A bearer token or invite secret: 32 random bytes as unpadded base64url (43 chars)."""
+    return secrets.token_urlsafe(32)
+
+
+def mint_context_id() -> str:
+    return "ctx_" + secrets.token_urlsafe(16)

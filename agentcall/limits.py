@@ -1,0 +1,78 @@
+"""Every numeric limit of the product, in one place.
+
+Sizes are bytes, durations are seconds (floats where Twisted wants them).
+"""
+
+from __future__ import annotations
+
+import math
+
+# Message and reply sizes (UTF-8 bytes of the text the people typed or the agent wrote).
+MAX_MESSAGE_BYTES = 64_000
+MAX_REPLY_BYTES = 256_000
+MAX_DETAIL_CHARS = 500
+MAX_OFFERED_TASKS = 50
+MAX_TASK_ID_LENGTH = 64
+
+# Sealed envelopes: the plaintext is JSON, so the worst case escapes every byte as \u00XX (x6),
+# plus room for the signature and the other payload fields. The ciphertext is base64url (4/3)
+# inside a JSON frame with a small header.
+_ENVELOPE_OVERHEAD = 8_192
+MAX_REQUEST_CIPHERTEXT_BYTES = MAX_MESSAGE_BYTES * 6 + _ENVELOPE_OVERHEAD
+MAX_RESPONSE_CIPHERTEXT_BYTES = MAX_REPLY_BYTES * 6 + _ENVELOPE_OVERHEAD
+_FRAME_OVERHEAD = 4_096
+MAX_REQUEST_FRAME_BYTES = math.ceil(MAX_REQUEST_CIPHERTEXT_BYTES * 4 / 3) + _FRAME_OVERHEAD
+MAX_RESPONSE_FRAME_BYTES = math.ceil(MAX_RESPONSE_CIPHERTEXT_BYTES * 4 / 3) + _FRAME_OVERHEAD
+# Any frame at all (the decoder's hard cap, before JSON parsing).
+MAX_FRAME_BYTES = MAX_RESPONSE_FRAME_BYTES
+# Control frames (status, accepted, started, ...) never need more than this.
+MAX_CONTROL_FRAME_BYTES = 4_096
+# HTTP request bodies the relay accepts (keys, invites, registration).
+MAX_HTTP_BODY_BYTES = 16_384
+
+# Time.
+CALL_DEADLINE_S = 360.0  # relay deadline per call; also the longest validity of a request
+AGENT_TIMEOUT_S = 300.0  # agent kill timer (a task may lower it)
+KILL_GRACE_S = 10.0  # SIGTERM to the group, then SIGKILL this much later
+CLIENT_CALL_TIMEOUT_S = 420.0  # the caller CLI gives up after this
+CLOCK_SKEW_S = 120.0  # issued_at may be this far in the future; replay entries live this long
+REPLAY_MAX_ENTRIES = 10_000
+MAX_KEY_VALIDITY_S = 30 * 24 * 3600  # encryption key records
+KEY_ROTATE_BEFORE_S = 7 * 24 * 3600  # rotate when less than this validity remains
+
+# Keepalive (WebSocket ping/pong) so dead peers are noticed.
+KEEPALIVE_INTERVAL_S = 30.0
+KEEPALIVE_TIMEOUT_S = 20.0
+WS_OPENING_HANDSHAKE_TIMEOUT_S = 10.0
+
+# Rate limits.
+CALLS_PER_HOUR_PER_PAIR = 30
+RATE_WINDOW_S = 3600.0
+
+# Invites.
+INVITE_DEFAULT_DAYS = 7
+INVITE_MIN_DAYS = 1
+INVITE_MAX_DAYS = 90
+MAX_ACTIVE_INVITES_PER_ORG = 100
+MAX_INVITE_DESCRIPTION_CHARS = 100
+MAX_INVITES_LISTED = 200
+
+# Listener.
+MAX_RUNNING_CALLS = 1
+MAX_WAITING_CALLS = 0
+MAX_STDOUT_BYTES = 10 * 1024 * 1024
+MAX_STDERR_BYTES = 1024 * 1024
+RECONNECT_INITIAL_S = 1.0
+RECONNECT_MAX_S = 60.0
+RECONNECT_JITTER_S = 0.5
+
+# Conversations.
+CONTEXT_TTL_S = 30 * 60.0
+MAX_CONTEXT_TURNS = 10
+MAX_CONTEXTS = 100
+
+# Offline mailbox.
+MAILBOX_TTL_S = 72 * 3600.0
+
+# Relay HTTP client timeout.
+HTTP_TIMEOUT_S = 10.0

@@ -1,0 +1,183 @@
+"""Bodies of the relay's HTTP API (JSON in, JSON out).
+
+Routes (all under the relay's public URL):
+
+- ``GET  /v1/status``                      → :class:`StatusResponse` (no auth; health)
+- ``POST /v1/register``                    :class:`RegisterRequest` → :class:`RegisterResponse`
+- ``GET  /v1/me``                          → :class:`WhoAmIResponse`
+- ``POST /v1/invites``                     :class:`InviteCreateRequest` → :class:`InviteCreated`
+- ``GET  /v1/invites``                     → :class:`InviteList`
+- ``POST /v1/invites/<id>/revoke``         → :class:`InviteInfo`
+- ``PUT  /v1/keys/identity``               :class:`SignedIdentityRecord` → :class:`KeysResponse`
+- ``PUT  /v1/keys/encryption``             :class:`SignedEncryptionKeyRecord` → :class:`KeysResponse`
+- ``GET  /v1/keys/<handle>``               → :class:`KeysResponse`
+- ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only)
+- any error                                → :class:`ApiErrorBody`
+"""
+
+from __future__ import annotations
+
+import enum
+
+import attrs
+
+from agentcall import limits
+from agentcall.errors import ApiErrorCode
+from agentcall.wire import fields as f
+
+
+class MemberRole(enum.StrEnum):
+    MEMBER = "member"
+    ADMIN = "admin"
+
+
+class AgentKind(enum.StrEnum):
+    CLAUDE = "claude"
+    CODEX = "codex"
+    COMMAND = "command"
+
+
+class InviteStatus(enum.StrEnum):
+    ACTIVE = "active"
+    USED = "used"
+    REVOKED = "revoked"
+    EXPIRED = "expired"
+
+
+# Key suites a record may name. A post-quantum hybrid suite can be added as a rotation later.
+SUITE_X25519 = "DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20-Poly1305"
+SUITES = frozenset({SUITE_X25519})
+
+
+@attrs.frozen
+class ApiErrorBody:
+    error: ApiErrorCode = attrs.field(converter=ApiErrorCode)
+    message: str = attrs.field(validator=f.text(500))
+
+
+@attrs.frozen
+class StatusResponse:
+    ok: bool
+    version: str = attrs.field(validator=f.text(40))
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+
+
+@attrs.frozen
+class RegisterRequest:
+    org: str = attrs.field(validator=f.org)
+    invite: str = attrs.field(validator=f.token)  # the secret after '#' in the invite URL
+    handle: str = attrs.field(validator=f.text(64))  # checked against the grammar by the relay
+    agent_kind: AgentKind | None = attrs.field(
+        default=None, converter=attrs.converters.optional(AgentKind)
+    )
+
+
+@attrs.frozen
+class RegisterResponse:
+    org: str = attrs.field(validator=f.org)
+    handle: str = attrs.field(validator=f.handle)
+    address: str = attrs.field(validator=f.address)
+    role: MemberRole = attrs.field(converter=MemberRole)
+    token: str = attrs.field(validator=f.token)
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+
+
+@attrs.frozen
+class WhoAmIResponse:
+    org: str = attrs.field(validator=f.org)
+    handle: str = attrs.field(validator=f.handle)
+    address: str = attrs.field(validator=f.address)
+    role: MemberRole = attrs.field(converter=MemberRole)
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+
+
+@attrs.frozen
+class InviteCreateRequest:
+    role: MemberRole = attrs.field(default=MemberRole.MEMBER, converter=MemberRole)
+    expires_in_days: int = attrs.field(
+        default=limits.INVITE_DEFAULT_DAYS,
+        validator=f.integer(limits.INVITE_MIN_DAYS, limits.INVITE_MAX_DAYS),
+    )
+    description: str | None = attrs.field(
+        default=None, validator=f.optional(f.text(limits.MAX_INVITE_DESCRIPTION_CHARS))
+    )
+
+
+@attrs.frozen
+class InviteInfo:
+    id: str = attrs.field(validator=f.hex64)  # SHA-256 of the invite secret
+    org: str = attrs.field(validator=f.org)
+    role: MemberRole = attrs.field(converter=MemberRole)
+    status: InviteStatus = attrs.field(converter=InviteStatus)
+    created_by: str | None = attrs.field(validator=f.optional(f.handle))
+    created_at: int = attrs.field(validator=f.timestamp)
+    expires_at: int = attrs.field(validator=f.timestamp)
+    description: str | None = attrs.field(
+        default=None, validator=f.optional(f.text(limits.MAX_INVITE_DESCRIPTION_CHARS))
+    )
+    used_by: str | None = attrs.field(default=None, validator=f.optional(f.handle))
+
+
+@attrs.frozen
+class InviteCreated:
+    invite: str = attrs.field(validator=f.text(600))  # the URL to hand over; shown once
+    info: InviteInfo
+
+
+@attrs.frozen
+class InviteList:
+    invites: tuple[InviteInfo, ...] = attrs.field(
+        validator=f.each(lambda *_: None, max_items=limits.MAX_INVITES_LISTED)
+    )
+
+
+@attrs.frozen
+class IdentityRecord:
+    v: int = attrs.field(validator=f.exactly(1))
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+    address: str = attrs.field(validator=f.address)
+    identity_pub: str = attrs.field(validator=f.b64url(43, min_chars=43))  # Ed25519, 32 bytes
+
+
+@attrs.frozen
+class SignedIdentityRecord:
+    record: IdentityRecord
+    signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
+
+
+@attrs.frozen
+class EncryptionKeyRecord:
+    v: int = attrs.field(validator=f.exactly(1))
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+    address: str = attrs.field(validator=f.address)
+    key_id: str = attrs.field(validator=f.hex32)
+    suite: str = attrs.field(validator=attrs.validators.in_(SUITES))
+    pub: str = attrs.field(validator=f.b64url(43, min_chars=43))  # X25519, 32 bytes
+    epoch: int = attrs.field(validator=f.epoch_number)
+    not_before: int = attrs.field(validator=f.timestamp)
+    not_after: int = attrs.field(validator=f.timestamp)
+    prev: str | None = attrs.field(validator=f.optional(f.hex32))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.not_before < self.not_after <= self.not_before + limits.MAX_KEY_VALIDITY_S:
+            raise ValueError("validity window must be positive and at most 30 days")
+        if (self.epoch == 1) != (self.prev is None):
+            raise ValueError("prev is null exactly at epoch 1")
+
+
+@attrs.frozen
+class SignedEncryptionKeyRecord:
+    record: EncryptionKeyRecord
+    signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
+
+
+@attrs.frozen
+class KeysResponse:
+    identity: SignedIdentityRecord
+    encryption: SignedEncryptionKeyRecord | None = None
+
+
+@attrs.frozen
+class PresenceResponse:
+    address: str = attrs.field(validator=f.address)
+    online: bool
