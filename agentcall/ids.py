@@ -12,22 +12,23 @@ import uuid
 
 import attrs
 
-ORG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,19}$")
-HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,30}$")
-TASK_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}$")
-ADDRESS_RE = re.compile(r"^@([a-z0-9][a-z0-9-]{1,19})/([a-z0-9][a-z0-9-]{1,30})$")
-HEX32_RE = re.compile(r"^[0-9a-f]{32}$")
-HEX64_RE = re.compile(r"^[0-9a-f]{64}$")
-CORRELATION_ID_RE = re.compile(r"^(?!0{32}$)[0-9a-f]{32}$")
-CONTEXT_ID_RE = re.compile(r"^ctx_[A-Za-z0-9_-]{22}$")
-CALL_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}$")
-FINGERPRINT_RE = re.compile(r"^SHA256:[0-9a-f]{32}$")
-ROSTER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}$")
+# Anchored with \Z, not $: Python's $ also matches before a trailing newline.
+ORG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,19}\Z")
+HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,30}\Z")
+TASK_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
+ADDRESS_RE = re.compile(r"^@([a-z0-9][a-z0-9-]{1,19})/([a-z0-9][a-z0-9-]{1,30})\Z")
+HEX32_RE = re.compile(r"^[0-9a-f]{32}\Z")
+HEX64_RE = re.compile(r"^[0-9a-f]{64}\Z")
+CORRELATION_ID_RE = re.compile(r"^(?!0{32}\Z)[0-9a-f]{32}\Z")
+CONTEXT_ID_RE = re.compile(r"^ctx_[A-Za-z0-9_-]{22}\Z")
+CALL_ID_RE = re.compile(r"^[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}\Z")
+FINGERPRINT_RE = re.compile(r"^SHA256:[0-9a-f]{32}\Z")
+ROSTER_ID_RE = re.compile(r"^[A-Za-z0-9_-]{16,64}\Z")
 # host[:port] of the relay's public URL, lowercased; what envelopes bind as the relay origin.
-RELAY_ORIGIN_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?$")
-CONTACT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}$")
+RELAY_ORIGIN_RE = re.compile(r"^[a-z0-9.-]{1,253}(:[0-9]{1,5})?\Z")
+CONTACT_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9._-]{0,63}\Z")
 # Invite secrets and bearer tokens: 32 random bytes, base64url without padding.
-TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{43}$")
+TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{43}\Z")
 
 
 class AddressError(ValueError):

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from typing import Any, TypeVar
+from typing import Any, TypeVar, get_args, get_origin
 
 import attrs
 import cattrs
@@ -48,29 +48,31 @@ converter.register_structure_hook(int, _strict_int)
 converter.register_structure_hook(bool, _strict_bool)
 
 
-def _is_str_tuple(tp: Any) -> bool:
-    return tp == tuple[str, ...]
+def _is_variadic_tuple(tp: Any) -> bool:
+    args = get_args(tp)
+    return get_origin(tp) is tuple and len(args) == 2 and args[1] is Ellipsis
 
 
-def _structure_str_tuple(value: Any, _type: Any) -> tuple[str, ...]:
+# Every ``tuple[X, ...]`` field is a JSON list on the wire. cattrs alone would iterate any
+# iterable, so a string or an object (even "" or {}) would quietly become a tuple.
+def _structure_variadic_tuple(value: Any, tp: Any) -> tuple[Any, ...]:
     if type(value) is not list:
         raise TypeError("expected a list")
-    return tuple(_strict_str(item, str) for item in value)
+    item_type = get_args(tp)[0]
+    return tuple(converter.structure(item, item_type) for item in value)
 
 
-converter.register_structure_hook_func(_is_str_tuple, _structure_str_tuple)
+converter.register_structure_hook_func(_is_variadic_tuple, _structure_variadic_tuple)
 
 
 def _register(cls: type[Any]) -> None:
     """Map ``from_`` to the wire name ``from``; refuse unknown keys; keep the frame ``type``."""
-    renames = {
+    renames: dict[str, Any] = {
         a.name: override(rename=a.name.rstrip("_"))
         for a in attrs.fields(cls)
         if a.name.endswith("_")
     }
-    structure = make_dict_structure_fn(
-        cls, converter, _cattrs_forbid_extra_keys=True, **renames
-    )
+    structure = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True, **renames)
     unstructure = make_dict_unstructure_fn(cls, converter, **renames)
 
     def _structure(value: Any, _type: Any) -> Any:
@@ -82,11 +84,11 @@ def _register(cls: type[Any]) -> None:
     converter.register_unstructure_hook(cls, unstructure)
 
 
+# Nested classes before the classes that hold them (see the note at SignedResponse below).
 for _cls in (
     frames.SealedEnvelope,
     payloads.RequestPayload,
     payloads.SignedRequest,
-    payloads.SignedResponse,
     http.ApiErrorBody,
     http.StatusResponse,
     http.RegisterRequest,
@@ -150,8 +152,11 @@ def _structure_outcome(value: Any, _type: Any) -> payloads.Outcome:
 
 for _outcome_cls in (payloads.Reply, payloads.Failure):
     converter.register_unstructure_hook(_outcome_cls, _unstructure_outcome)
-converter.register_structure_hook(payloads.Outcome, _structure_outcome)  # type: ignore[arg-type]
+converter.register_structure_hook(payloads.Outcome, _structure_outcome)
+# Order matters: the generated functions capture the hooks of nested classes when they are
+# made, so a container is registered only after everything it holds.
 _register(payloads.ResponsePayload)
+_register(payloads.SignedResponse)
 
 
 # --- JSON text -------------------------------------------------------------------------------
@@ -178,9 +183,7 @@ def parse_json(data: bytes | str, *, max_bytes: int) -> Any:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         if len(text.encode("utf-8")) > max_bytes:
             raise MalformedFrame(f"larger than {max_bytes} bytes")
-        return json.loads(
-            text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants
-        )
+        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
     except MalformedFrame:
         raise
     except (ValueError, UnicodeError, RecursionError) as exc:

@@ -16,7 +16,8 @@ from agentcall import ids
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
-B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*$")
+# \Z, not $, which would also accept a trailing newline.
+B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*\Z")
 
 
 def matches(regex: re.Pattern[str]) -> Validator:

@@ -43,9 +43,7 @@ class SealedEnvelope:
     key_id: str = attrs.field(validator=f.hex32)  # the recipient's encryption key id
     epoch: int = attrs.field(validator=f.epoch_number)  # the recipient's key epoch
     ct: str = attrs.field(  # base64url of HPKE enc || ciphertext
-        validator=f.b64url(
-            (limits.MAX_RESPONSE_CIPHERTEXT_BYTES * 4 + 2) // 3 + 64, min_chars=44
-        )
+        validator=f.b64url((limits.MAX_RESPONSE_CIPHERTEXT_BYTES * 4 + 2) // 3 + 64, min_chars=44)
     )
 
 
@@ -76,7 +74,7 @@ class NotCancelledReason(enum.StrEnum):
     TOO_LATE = "too_late"
 
 
-def _relay_error(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _relay_error(_inst: object, attribute: attrs.Attribute[CallErrorCode], value: object) -> None:
     if value not in _RELAY_ERRORS:
         raise ValueError(f"{attribute.name}: not a relay error code")
 
@@ -214,7 +212,7 @@ Frame = (
 )
 
 FRAME_TYPES: dict[str, type[Frame]] = {
-    cls.type: cls  # type: ignore[misc]
+    cls.type: cls
     for cls in (
         Ready,
         CallRequest,

@@ -9,7 +9,8 @@ Routes (all under the relay's public URL):
 - ``GET  /v1/invites``                     → :class:`InviteList`
 - ``POST /v1/invites/<id>/revoke``         → :class:`InviteInfo`
 - ``PUT  /v1/keys/identity``               :class:`SignedIdentityRecord` → :class:`KeysResponse`
-- ``PUT  /v1/keys/encryption``             :class:`SignedEncryptionKeyRecord` → :class:`KeysResponse`
+- ``PUT  /v1/keys/encryption``             :class:`SignedEncryptionKeyRecord`
+                                           → :class:`KeysResponse`
 - ``GET  /v1/keys/<handle>``               → :class:`KeysResponse`
 - ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only)
 - any error                                → :class:`ApiErrorBody`

@@ -17,7 +17,7 @@ from agentcall.wire import fields as f
 from agentcall.wire.frames import Direction
 
 
-def _peer_code(_inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+def _peer_code(_inst: object, attribute: attrs.Attribute[CallErrorCode], value: object) -> None:
     if value not in PEER_FAILURE_CODES:
         raise ValueError(f"{attribute.name}: not a peer failure code")
 

@@ -1,0 +1,5 @@
+import sys
+
+from agentcall.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,1 @@
+"""The ``agentcall`` command line."""

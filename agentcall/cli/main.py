@@ -1,0 +1,76 @@
+"""``agentcall``: the entry point. Parses the command line and runs one command.
+
+Command modules are imported only when their command runs, so ``agentcall --version`` and
+``--help`` stay fast (no Twisted, no crypto at start-up).
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+from collections.abc import Sequence
+
+from agentcall import __version__
+
+# command name → (module, one-line summary). Each module has `add_arguments(parser)` and
+# `run(args) -> int`; nested commands use their own subparsers inside add_arguments.
+COMMANDS: dict[str, tuple[str, str]] = {
+    "relay": (
+        "agentcall.cli.relay",
+        "Operate a relay: bootstrap its database and first admin invite.",
+    ),
+}
+
+
+class CommandError(Exception):
+    """A failure to report to the person as one line, with a non-zero exit."""
+
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="agentcall",
+        description=(
+            "Call a coworker's coding agent (Claude Code or Codex) on their machine and get an "
+            "answer back, end-to-end encrypted through a relay."
+        ),
+    )
+    parser.add_argument("--version", action="version", version=f"agentcall {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND")
+    for name, (module_name, summary) in COMMANDS.items():
+        command = sub.add_parser(name, help=summary, description=summary)
+        module = importlib.import_module(module_name)
+        module.add_arguments(command)
+        command.set_defaults(_module=module_name)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args_list = list(sys.argv[1:] if argv is None else argv)
+    # Fast path: no command modules are needed to print the version.
+    if args_list in (["--version"], ["-V"]):
+        print(f"agentcall {__version__}")
+        return 0
+    parser = build_parser()
+    args = parser.parse_args(args_list)
+    if not getattr(args, "_module", None):
+        parser.print_help()
+        return 2
+    module = importlib.import_module(args._module)
+    try:
+        code: int = module.run(args)
+    except CommandError as exc:
+        print(f"agentcall: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except KeyboardInterrupt:
+        print("agentcall: interrupted", file=sys.stderr)
+        return 130
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

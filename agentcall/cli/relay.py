@@ -1,0 +1,55 @@
+"""``agentcall relay …``: commands for the person who runs a relay."""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="relay_command", metavar="SUBCOMMAND", required=True)
+    boot = sub.add_parser(
+        "bootstrap",
+        help="Create the relay database and organisation if missing; print an admin invite.",
+        description=(
+            "Create (or upgrade) the relay's SQLite database and the organisation if they are "
+            "missing, then print a fresh one-time admin invite on stdout. Hand the invite to the "
+            "first administrator, who enrols with `agentcall setup --invite INVITE`. Running it "
+            "again mints another admin invite; existing data is kept."
+        ),
+    )
+    boot.add_argument("--database", required=True, metavar="FILE", help="SQLite file of the relay.")
+    boot.add_argument("--org", required=True, metavar="ORG", help="Organisation name, e.g. acme.")
+    boot.add_argument(
+        "--url",
+        required=True,
+        metavar="PUBLIC_URL",
+        help="The URL clients will use to reach the relay (the invite carries it).",
+    )
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentcall.cli.main import CommandError
+    from agentcall.errors import AgentCallError
+
+    if args.relay_command == "bootstrap":
+        from agentcall import ids
+        from agentcall.client.endpoint import RelayUrl
+        from agentcall.relay.bootstrap import bootstrap
+
+        if not ids.is_org(args.org):
+            raise CommandError(
+                f"--org {args.org!r} is not a valid organisation name "
+                "(2-20 characters: lowercase letters, digits, hyphens; not starting with a hyphen)"
+            )
+        try:
+            RelayUrl.parse(args.url)
+        except ValueError as exc:
+            raise CommandError(f"--url: {exc}") from exc
+        try:
+            result = bootstrap(args.database, args.org, args.url, time.time())
+        except AgentCallError as exc:
+            raise CommandError(str(exc)) from exc
+        print(result.invite_url)
+        return 0
+    raise CommandError(f"unknown relay command {args.relay_command!r}")

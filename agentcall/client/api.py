@@ -1,0 +1,392 @@
+"""The relay's HTTP API from the client side: one method per route, typed bodies both ways.
+
+Every method returns a Deferred that fires with the decoded wire object, or fails with
+
+- :class:`~agentcall.errors.ApiError` when the relay answered with an error (its status, code
+  and message; a body that is not an ``ApiErrorBody`` becomes code ``internal``), or answered
+  2xx with a body that is not the promised shape;
+- :class:`RelayUnreachable` when no answer came: refused, name not resolved, TLS verification
+  failed, or nothing within ``limits.HTTP_TIMEOUT_S``.
+
+The bearer token goes into the request headers and nowhere else: not into URLs, messages,
+reprs or logs.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Coroutine
+from typing import Any, TypeVar, cast
+
+import attrs
+from OpenSSL import SSL
+from service_identity import VerificationError
+from twisted.internet import defer, error
+from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.python.failure import Failure
+from twisted.web.client import Agent, BrowserLikePolicyForHTTPS, ResponseDone
+from twisted.web.http import PotentialDataLoss
+from twisted.web.http_headers import Headers
+from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
+from zope.interface import implementer
+
+from agentcall import __version__, ids, limits
+from agentcall.client.endpoint import RelayUrl
+from agentcall.client.tls import RelayTlsPolicy
+from agentcall.errors import AgentCallError, ApiError, ApiErrorCode, MalformedFrame
+from agentcall.wire import codec
+from agentcall.wire.http import (
+    ApiErrorBody,
+    InviteCreated,
+    InviteCreateRequest,
+    InviteInfo,
+    InviteList,
+    KeysResponse,
+    PresenceResponse,
+    RegisterRequest,
+    RegisterResponse,
+    SignedEncryptionKeyRecord,
+    SignedIdentityRecord,
+    StatusResponse,
+    WhoAmIResponse,
+)
+
+T = TypeVar("T")
+
+# The largest answer the relay has a reason to send is an invite list of MAX_INVITES_LISTED
+# entries (well under 200 kB); a megabyte leaves room and still bounds a broken relay.
+MAX_RESPONSE_BODY_BYTES = 1_048_576
+USER_AGENT = f"agentcall/{__version__}"
+
+
+class RelayUnreachable(AgentCallError):
+    """No answer from the relay: the message says what failed, never with a credential."""
+
+
+class MissingCredentials(AgentCallError):
+    """An authenticated route was called on an API built without credentials."""
+
+
+def _hidden(_value: str) -> str:
+    return "'<hidden>'"
+
+
+def _check_token(_inst: object, _attribute: attrs.Attribute[str], value: str) -> None:
+    # The message must not echo the value: it is a secret.
+    if not isinstance(value, str) or ids.TOKEN_RE.match(value) is None:
+        raise ValueError("token: not a valid bearer token")
+
+
+def _check(
+    regex: re.Pattern[str], what: str
+) -> Callable[[object, attrs.Attribute[str], str], None]:
+    def check(_inst: object, _attribute: attrs.Attribute[str], value: str) -> None:
+        if not isinstance(value, str) or regex.match(value) is None:
+            raise ValueError(f"not a valid {what}: {value!r}")
+
+    return check
+
+
+@attrs.frozen
+class Credentials:
+    """Who we are at the relay. Validated so nothing odd can reach a header line."""
+
+    org: str = attrs.field(validator=_check(ids.ORG_RE, "organisation"))
+    handle: str = attrs.field(validator=_check(ids.HANDLE_RE, "handle"))
+    token: str = attrs.field(repr=_hidden, validator=_check_token)
+
+    def headers(self) -> dict[bytes, bytes]:
+        return {
+            b"Authorization": b"Bearer " + self.token.encode("ascii"),
+            b"X-AgentCall-Org": self.org.encode("ascii"),
+            b"X-AgentCall-Handle": self.handle.encode("ascii"),
+        }
+
+
+# --- why a connection failed, in words ----------------------------------------------------------
+
+
+def _leaves(exc: BaseException) -> list[BaseException]:
+    """Twisted wraps transport failures (ResponseNeverReceived and friends); unwrap them."""
+    reasons = getattr(exc, "reasons", None)
+    if not isinstance(reasons, list) or not reasons:
+        return [exc]
+    found: list[BaseException] = []
+    for reason in reasons:
+        inner = reason.value if isinstance(reason, Failure) else reason
+        if isinstance(inner, BaseException):
+            found.extend(_leaves(inner))
+    return found or [exc]
+
+
+def _ssl_detail(exc: SSL.Error) -> str:
+    parts = [
+        str(item[2])
+        for item in (exc.args[0] if exc.args and isinstance(exc.args[0], list) else [])
+        if isinstance(item, tuple) and len(item) == 3 and item[2]
+    ]
+    return "; ".join(parts) or "handshake failed"
+
+
+def describe_failure(
+    failure: Failure | BaseException, relay_url: RelayUrl, timeout_s: float | None = None
+) -> str:
+    """A one-line reason why talking to the relay failed, safe to show and to log."""
+    value = failure.value if isinstance(failure, Failure) else failure
+    top = value if value is not None else Exception()
+    leaves = _leaves(top)
+    where = relay_url.netloc
+    # Most specific first: a TLS verdict explains the connection loss that follows it.
+    for exc in leaves:
+        if isinstance(exc, VerificationError):
+            return f"the TLS certificate of {where} is not valid for {relay_url.host}"
+        if isinstance(exc, SSL.Error):
+            detail = _ssl_detail(exc)
+            if "certificate verify failed" in detail:
+                return (
+                    f"the TLS certificate of {where} is not trusted ({detail}); "
+                    "a private relay needs --ca-file or SSL_CERT_FILE"
+                )
+            return f"TLS handshake with {where} failed ({detail})"
+    for exc in leaves:
+        if isinstance(exc, error.ConnectionRefusedError):
+            return f"{where} refused the connection"
+        if isinstance(exc, error.DNSLookupError):
+            return f"cannot resolve {relay_url.host}"
+        if isinstance(exc, (defer.TimeoutError, error.TimeoutError, error.TCPTimedOutError)):
+            within = f" within {timeout_s:g} s" if timeout_s is not None else ""
+            return f"no answer from {where}{within}"
+        if isinstance(exc, defer.CancelledError):
+            return f"the exchange with {where} was cancelled"
+        if isinstance(exc, (error.ConnectionLost, error.ConnectionDone)):
+            return f"{where} closed the connection before answering"
+        if isinstance(exc, error.ConnectError):
+            return f"cannot connect to {where}: {exc.__class__.__name__}"
+    return f"cannot talk to {where}: {top.__class__.__name__}"
+
+
+# --- bodies --------------------------------------------------------------------------------------
+
+
+@implementer(IBodyProducer)
+class _BytesBody:
+    """A request body that is already in memory (no cooperator, no global reactor)."""
+
+    def __init__(self, data: bytes) -> None:
+        self._data = data
+        self.length = len(data)
+
+    def startProducing(self, consumer: IConsumer) -> defer.Deferred[None]:
+        consumer.write(self._data)
+        return defer.succeed(None)
+
+    def pauseProducing(self) -> None:
+        pass
+
+    def resumeProducing(self) -> None:
+        pass
+
+    def stopProducing(self) -> None:
+        pass
+
+
+class _BodyTooLarge(Exception):
+    pass
+
+
+class _CappedBodyReader(Protocol):
+    """Collects a response body; stops the transfer once it passes ``limit`` bytes."""
+
+    def __init__(self, limit: int) -> None:
+        self._limit = limit
+        self._chunks: list[bytes] = []
+        self._size = 0
+        self.finished: defer.Deferred[bytes] = defer.Deferred(self._cancel)
+
+    def _cancel(self, _d: defer.Deferred[bytes]) -> None:
+        # A response body's transport is a producer: stopping it drops the connection.
+        if self.transport is not None:
+            cast(IPushProducer, self.transport).stopProducing()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.finished.called:
+            return
+        self._size += len(data)
+        if self._size > self._limit:
+            self.finished.errback(_BodyTooLarge())
+            self._cancel(self.finished)
+            return
+        self._chunks.append(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self.finished.called:
+            return
+        # Without a length the end of the body is the end of the connection; the JSON
+        # decoder catches a truncated body.
+        if isinstance(reason.value, (ResponseDone, PotentialDataLoss)):
+            self.finished.callback(b"".join(self._chunks))
+        else:
+            self.finished.errback(reason)
+
+
+def _read_body(response: IResponse, limit: int) -> defer.Deferred[bytes]:
+    reader = _CappedBodyReader(limit)
+    response.deliverBody(reader)
+    return reader.finished
+
+
+# --- the API -------------------------------------------------------------------------------------
+
+
+class RelayApi:
+    """The relay's HTTP routes as methods returning Deferreds of typed bodies."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        relay_url: RelayUrl,
+        credentials: Credentials | None,
+        ca_file: str | None = None,
+        *,
+        clock: IReactorTime | None = None,
+        timeout_s: float = limits.HTTP_TIMEOUT_S,
+    ) -> None:
+        self.relay_url = relay_url
+        self.credentials = credentials
+        self._clock: IReactorTime = reactor if clock is None else clock
+        self._timeout_s = timeout_s
+        # Read the CA file now so a bad path is reported before anything is dialled.
+        policy: IPolicyForHTTPS = (
+            RelayTlsPolicy(ca_file) if relay_url.secure else BrowserLikePolicyForHTTPS()
+        )
+        self._agent = Agent(reactor, contextFactory=policy, connectTimeout=timeout_s)
+
+    def __repr__(self) -> str:
+        return f"<RelayApi {self.relay_url} as {self.credentials!r}>"
+
+    # Routes, in the order of the wire module's list.
+
+    def status(self) -> defer.Deferred[StatusResponse]:
+        return self._call(b"GET", "/v1/status", None, StatusResponse, auth=False)
+
+    def register(self, request: RegisterRequest) -> defer.Deferred[RegisterResponse]:
+        return self._call(b"POST", "/v1/register", request, RegisterResponse, auth=False)
+
+    def whoami(self) -> defer.Deferred[WhoAmIResponse]:
+        return self._call(b"GET", "/v1/me", None, WhoAmIResponse)
+
+    def create_invite(self, request: InviteCreateRequest) -> defer.Deferred[InviteCreated]:
+        return self._call(b"POST", "/v1/invites", request, InviteCreated)
+
+    def list_invites(self) -> defer.Deferred[InviteList]:
+        return self._call(b"GET", "/v1/invites", None, InviteList)
+
+    def revoke_invite(self, invite_id: str) -> defer.Deferred[InviteInfo]:
+        if ids.HEX64_RE.match(invite_id) is None:
+            return defer.fail(ValueError("an invite id is 64 lowercase hex characters"))
+        return self._call(b"POST", f"/v1/invites/{invite_id}/revoke", None, InviteInfo)
+
+    def put_identity_key(self, record: SignedIdentityRecord) -> defer.Deferred[KeysResponse]:
+        return self._call(b"PUT", "/v1/keys/identity", record, KeysResponse)
+
+    def put_encryption_key(self, record: SignedEncryptionKeyRecord) -> defer.Deferred[KeysResponse]:
+        return self._call(b"PUT", "/v1/keys/encryption", record, KeysResponse)
+
+    def get_keys(self, handle: str) -> defer.Deferred[KeysResponse]:
+        if not ids.is_handle(handle):
+            return defer.fail(ValueError(f"not a valid handle: {handle!r}"))
+        return self._call(b"GET", f"/v1/keys/{handle}", None, KeysResponse)
+
+    def presence(self) -> defer.Deferred[PresenceResponse]:
+        return self._call(b"GET", "/v1/presence", None, PresenceResponse)
+
+    # Plumbing.
+
+    def _call(
+        self, method: bytes, path: str, body: object, cls: type[T], *, auth: bool = True
+    ) -> defer.Deferred[T]:
+        exchange: Coroutine[Any, Any, T] = self._exchange(method, path, body, cls, auth)
+        d = defer.Deferred.fromCoroutine(exchange)
+        # Not addTimeout: cancelling the Agent's request surfaces as ResponseNeverReceived, not
+        # CancelledError, so the timeout has to be remembered to be reported as one.
+        timed_out: list[bool] = []
+
+        def expire() -> None:
+            timed_out.append(True)
+            d.cancel()
+
+        timer = self._clock.callLater(self._timeout_s, expire)
+
+        def settle(result: object) -> object:
+            if not timed_out:
+                timer.cancel()
+            return result
+
+        d.addBoth(settle)
+        d.addErrback(self._unreachable, timed_out)
+        return d
+
+    def _headers(self, *, auth: bool, has_body: bool) -> Headers:
+        raw: dict[bytes, list[bytes]] = {
+            b"User-Agent": [USER_AGENT.encode("ascii")],
+            b"Accept": [b"application/json"],
+        }
+        if has_body:
+            raw[b"Content-Type"] = [b"application/json"]
+        if auth:
+            if self.credentials is None:
+                raise MissingCredentials("this request needs an enrolled identity")
+            raw.update({name: [value] for name, value in self.credentials.headers().items()})
+        return Headers(raw)
+
+    async def _exchange(
+        self, method: bytes, path: str, body: object, cls: type[T], auth: bool
+    ) -> T:
+        data = None if body is None else codec.encode(body)
+        headers = self._headers(auth=auth, has_body=data is not None)
+        url = self.relay_url.http(path).encode("ascii")
+        producer: IBodyProducer | None = None if data is None else _BytesBody(data)
+        response: IResponse = await self._agent.request(method, url, headers, producer)
+        status = response.code
+        try:
+            payload = await _read_body(response, MAX_RESPONSE_BODY_BYTES)
+        except _BodyTooLarge:
+            raise ApiError(
+                status,
+                ApiErrorCode.INTERNAL,
+                f"the relay's answer to {method.decode()} {path} is larger than "
+                f"{MAX_RESPONSE_BODY_BYTES} bytes",
+            ) from None
+        if not 200 <= status < 300:
+            raise _api_error(status, payload, method, path)
+        try:
+            return codec.decode(payload, cls, max_bytes=MAX_RESPONSE_BODY_BYTES)
+        except MalformedFrame:
+            raise ApiError(
+                status,
+                ApiErrorCode.INTERNAL,
+                f"the relay's answer to {method.decode()} {path} is not a valid {cls.__name__}",
+            ) from None
+
+    def _unreachable(self, failure: Failure, timed_out: list[bool]) -> Failure:
+        if timed_out:
+            raise RelayUnreachable(
+                f"no answer from {self.relay_url.netloc} within {self._timeout_s:g} s"
+            )
+        # Our own errors (ApiError, MissingCredentials) already say what happened.
+        if isinstance(failure.value, AgentCallError):
+            return failure
+        raise RelayUnreachable(describe_failure(failure, self.relay_url, self._timeout_s))
+
+
+def _api_error(status: int, payload: bytes, method: bytes, path: str) -> ApiError:
+    try:
+        body = codec.decode(payload, ApiErrorBody, max_bytes=MAX_RESPONSE_BODY_BYTES)
+    except MalformedFrame:
+        return ApiError(
+            status,
+            ApiErrorCode.INTERNAL,
+            f"the relay answered {method.decode()} {path} with HTTP {status}",
+        )
+    return ApiError(status, body.error, body.message)

@@ -1,0 +1,37 @@
+"""The fixed vocabulary of relay audit events.
+
+An audit row is metadata: who did what to whom and when. It never carries message content,
+bearer tokens or invite secrets; the store refuses any event not named here.
+"""
+
+from __future__ import annotations
+
+INVITE_ISSUE = "invite.issue"
+INVITE_REDEEM = "invite.redeem"
+INVITE_REVOKE = "invite.revoke"
+MEMBER_REGISTER = "member.register"
+KEYS_IDENTITY_PUBLISH = "keys.identity.publish"
+KEYS_ENCRYPTION_PUBLISH = "keys.encryption.publish"
+CALL_SUBMIT = "call.submit"
+CALL_ACCEPT = "call.accept"
+CALL_COMPLETE = "call.complete"
+CALL_FAIL = "call.fail"
+CALL_CANCEL = "call.cancel"
+CALL_TIMEOUT = "call.timeout"
+
+EVENTS = frozenset(
+    {
+        INVITE_ISSUE,
+        INVITE_REDEEM,
+        INVITE_REVOKE,
+        MEMBER_REGISTER,
+        KEYS_IDENTITY_PUBLISH,
+        KEYS_ENCRYPTION_PUBLISH,
+        CALL_SUBMIT,
+        CALL_ACCEPT,
+        CALL_COMPLETE,
+        CALL_FAIL,
+        CALL_CANCEL,
+        CALL_TIMEOUT,
+    }
+)

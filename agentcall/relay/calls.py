@@ -1,0 +1,455 @@
+"""The relay's book of calls in flight: routing checks, a forward-only lifecycle, deadlines.
+
+A caller's connection carries exactly one call. The book compares the envelope's clear routing
+header with what the relay itself authenticated (org, caller handle, target handle), so a forged
+``from`` or a ``to`` outside the caller's org is refused; it never opens an envelope. Listener
+frames act only on calls addressed to that listener's own identity: a listener can neither learn
+about nor affect anyone else's call.
+
+Audit rows name who caused a transition: ``actor`` is the caller for ``call.submit``, the callee
+for ``call.accept``/``call.complete``/``call.fail``/``call.cancel``, and None (the relay itself)
+for ``call.timeout``; ``target`` is the other party.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+from collections.abc import Callable
+from typing import Protocol
+
+import attrs
+from twisted.logger import Logger
+
+from agentcall import ids, limits
+from agentcall.errors import CallErrorCode
+from agentcall.relay import audit as events
+from agentcall.relay.ratelimit import SlidingWindowLimiter
+from agentcall.relay.switchboard import Channel, Switchboard
+from agentcall.wire import frames as fr
+
+CLOSE_NORMAL = 1000
+# How often submissions sweep the rate windows, so keys of pairs that stopped calling go away.
+LIMITER_PRUNE_INTERVAL_S = 60.0
+
+_log = Logger(namespace="agentcall.relay.calls")
+
+# (code sent to the caller, detail sent to the caller, reason for the log)
+Refusal = tuple[CallErrorCode, str, str]
+
+
+class Directory(Protocol):
+    """Structural twin of :class:`agentcall.interfaces.IDirectory` (mypy cannot see zope)."""
+
+    def handle_exists(self, org: str, handle: str) -> bool: ...
+
+
+class AuditSink(Protocol):
+    """Structural twin of :class:`agentcall.interfaces.IAuditSink`."""
+
+    def record(
+        self,
+        event: str,
+        org: str,
+        actor: str | None,
+        target: str | None,
+        call_id: str | None,
+        at: float,
+        detail: str | None,
+    ) -> None: ...
+
+
+class Pending(Protocol):
+    """What the book needs of an ``IDelayedCall``."""
+
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class Timer(Protocol):
+    """What the book needs of an ``IReactorTime`` (a reactor, or ``Clock`` in tests)."""
+
+    def seconds(self) -> float: ...
+
+    def callLater(
+        self, delay: float, callable: Callable[..., object], *args: object, **kw: object
+    ) -> Pending: ...
+
+
+class Phase(enum.IntEnum):
+    """Where a call is; it only ever moves to a higher value.
+
+    A call that reaches TERMINAL is forgotten at once, so live records never hold it.
+    """
+
+    RINGING = 0
+    ANSWERED = 1
+    WORKING = 2
+    TERMINAL = 3
+
+
+_STATUS_OF = {
+    Phase.RINGING: fr.CallState.RINGING,
+    Phase.ANSWERED: fr.CallState.ANSWERED,
+    Phase.WORKING: fr.CallState.WORKING,
+}
+
+_LISTENER_FRAMES = (
+    fr.CallAccepted,
+    fr.CallStarted,
+    fr.CallRejected,
+    fr.CallCancelled,
+    fr.CallNotCancelled,
+    fr.CallOutcome,
+)
+
+
+@attrs.frozen
+class Call:
+    """One call in flight, as the relay knows it (metadata only, never the envelope)."""
+
+    call_id: str
+    org: str
+    caller: str
+    target: str
+    correlation_id: str
+    submitted_at: float
+    phase: Phase
+    caller_channel: Channel | None  # None once the caller's connection went away
+    deadline: Pending = attrs.field(eq=False, repr=False)
+    cancel_sent: bool = False
+
+
+def _route_problem(
+    envelope: fr.SealedEnvelope,
+    direction: fr.Direction,
+    *,
+    origin: str,
+    org: str,
+    sender: str,
+    to: str,
+) -> str | None:
+    """Which routing header field disagrees with what the relay knows, or None."""
+    try:
+        sender_address = ids.format_address(org, sender)
+        recipient_address = ids.format_address(org, to)
+    except ids.AddressError:
+        return "address"
+    if envelope.direction is not direction:
+        return "direction"
+    if envelope.relay_origin != origin:
+        return "relay_origin"
+    if envelope.from_ != sender_address:
+        return "from"
+    if envelope.to != recipient_address:
+        return "to"
+    return None
+
+
+class CallBook:
+    """Every call in flight on this relay, keyed by call id."""
+
+    def __init__(
+        self,
+        clock: Timer,
+        switchboard: Switchboard,
+        directory: Directory,
+        audit: AuditSink,
+        limiter: SlidingWindowLimiter,
+        relay_origin: str,
+        deadline_s: float = limits.CALL_DEADLINE_S,
+        mint_call_id: Callable[[], str] = ids.mint_call_id,
+    ) -> None:
+        self._clock = clock
+        self._switchboard = switchboard
+        self._directory = directory
+        self._audit_sink = audit
+        self._limiter = limiter
+        self._relay_origin = relay_origin
+        self._deadline_s = deadline_s
+        self._mint_call_id = mint_call_id
+        self._calls: dict[str, Call] = {}
+        # Every caller connection that has sent a request, with the call it carries (None when
+        # the request was refused). Kept until caller_gone, so a second request on the same
+        # connection is refused even after the first call has ended.
+        self._caller_channels: dict[Channel, str | None] = {}
+        self._last_prune: float | None = None
+        self.ignored_frames = 0
+
+    def get(self, call_id: str) -> Call | None:
+        """The live (non-terminal) call with this id, if any."""
+        return self._calls.get(call_id)
+
+    def active_count(self) -> int:
+        return len(self._calls)
+
+    # --- caller side -------------------------------------------------------------------------
+
+    def submit(
+        self,
+        caller_org: str,
+        caller_handle: str,
+        target_handle: str,
+        channel: Channel,
+        request: fr.CallRequest,
+    ) -> None:
+        """Route one authenticated caller's request to the target's listener, or refuse it."""
+        org, caller, target = caller_org, caller_handle, target_handle
+        now = self._clock.seconds()
+        admitted = self._admit(org, caller, target, channel, request, now=now)
+        if isinstance(admitted, tuple):
+            code, detail, reason = admitted
+            _log.info("call_refused", code=str(code), org=org, caller=caller, reason=reason)
+            channel.send(fr.CallError(code=code, detail=detail))
+            channel.close(CLOSE_NORMAL, str(code))
+            return
+        listener = admitted
+        call_id = self._new_call_id()
+        call = Call(
+            call_id=call_id,
+            org=org,
+            caller=caller,
+            target=target,
+            correlation_id=request.correlation_id,
+            submitted_at=now,
+            phase=Phase.RINGING,
+            caller_channel=channel,
+            deadline=self._clock.callLater(self._deadline_s, self._expire, call_id),
+        )
+        self._calls[call.call_id] = call
+        self._caller_channels[channel] = call.call_id
+        _log.info("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
+        channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
+        listener.send(
+            fr.IncomingCall(
+                call_id=call.call_id,
+                from_=caller,
+                envelope=request.envelope,
+                correlation_id=request.correlation_id,
+            )
+        )
+        self._audit(events.CALL_SUBMIT, call, actor=caller, target=target)
+
+    def _admit(
+        self,
+        org: str,
+        caller: str,
+        target: str,
+        channel: Channel,
+        request: fr.CallRequest,
+        *,
+        now: float,
+    ) -> Refusal | Channel:
+        """Run the routing checks in order; the target's listener, or why not."""
+        if channel in self._caller_channels:
+            return (CallErrorCode.PROTOCOL_ERROR, "one call per connection", "channel_reused")
+        self._caller_channels[channel] = None
+        if not ids.is_handle(target) or not self._directory.handle_exists(org, target):
+            return (CallErrorCode.UNKNOWN_HANDLE, "no such handle in your org", "unknown_handle")
+        problem = _route_problem(
+            request.envelope,
+            fr.Direction.REQUEST,
+            origin=self._relay_origin,
+            org=org,
+            sender=caller,
+            to=target,
+        )
+        if problem is not None:
+            return (CallErrorCode.PROTOCOL_ERROR, "envelope route does not match", problem)
+        self._prune_limiter(now)
+        key = (org, caller, target)
+        # Peek first and record the hit only once the call really rings, so that attempts
+        # refused as offline do not use up the pair's budget.
+        wait = self._limiter.retry_after(key, now)
+        if wait > 0:
+            detail = f"too many calls to this handle; retry in {math.ceil(wait)} s"
+            return (CallErrorCode.RATE_LIMITED, detail, "rate_limited")
+        listener = self._switchboard.listener_for(org, target)
+        if listener is None:
+            return (CallErrorCode.OFFLINE, "that handle is not listening", "offline")
+        if not self._limiter.hit(key, now):
+            return (CallErrorCode.RATE_LIMITED, "too many calls to this handle", "rate_limited")
+        return listener
+
+    def from_caller(self, channel: Channel, frame: fr.Frame) -> None:
+        """A caller's frame after its request: only a cancel of its own call means anything."""
+        call_id = self._caller_channels.get(channel)
+        if not isinstance(frame, fr.CancelCall) or call_id is None or frame.call_id != call_id:
+            _log.info("caller_frame_ignored", call_id=call_id, frame_type=frame.type)
+            return
+        call = self._calls.get(call_id)
+        if call is not None:
+            _log.info("call_cancel_requested", call_id=call_id, org=call.org)
+            self._send_cancel(call)
+
+    def caller_gone(self, channel: Channel) -> None:
+        """The caller's connection closed; stop the listener's work if the call is still on."""
+        call_id = self._caller_channels.pop(channel, None)
+        call = self._calls.get(call_id) if call_id is not None else None
+        if call is None:
+            return
+        _log.info("caller_gone", call_id=call.call_id, org=call.org, caller=call.caller)
+        # The record stays until a terminal frame or the deadline: a late outcome is then
+        # recognised, audited and dropped instead of being counted as a stray frame.
+        call = self._store(attrs.evolve(call, caller_channel=None))
+        self._send_cancel(call)
+
+    # --- listener side -----------------------------------------------------------------------
+
+    def from_listener(self, org: str, handle: str, channel: Channel, frame: fr.Frame) -> None:
+        """A frame from the listener session of ``@org/handle`` about one of its calls."""
+        if not isinstance(frame, _LISTENER_FRAMES):
+            self._ignore(org, handle, None, "unexpected_frame")
+            return
+        call = self._calls.get(frame.call_id)
+        if call is None:
+            self._ignore(org, handle, frame.call_id, "unknown_call")
+            return
+        if (call.org, call.target) != (org, handle):
+            # Treated exactly like an unknown id: nothing tells the sender the call exists.
+            self._ignore(org, handle, frame.call_id, "not_the_target")
+            return
+        if isinstance(frame, fr.CallAccepted):
+            self._advance(call, Phase.ANSWERED)
+        elif isinstance(frame, fr.CallStarted):
+            self._advance(call, Phase.WORKING)
+        elif isinstance(frame, fr.CallOutcome):
+            self._outcome(call, frame)
+        elif isinstance(frame, fr.CallRejected):
+            self._fail(call, events.CALL_FAIL, CallErrorCode.PROTOCOL_ERROR, "rejected")
+        elif isinstance(frame, fr.CallCancelled):
+            self._fail(call, events.CALL_CANCEL, CallErrorCode.CANCELED, str(frame.phase))
+        else:
+            # call_not_cancelled only answers a cancel; the call goes on toward its outcome.
+            _log.info("call_not_cancelled", call_id=call.call_id, org=org, reason=str(frame.reason))
+
+    def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
+        """A listener session ended. Its calls stay: a reconnected session may still deliver."""
+        in_flight = sum(1 for c in self._calls.values() if (c.org, c.target) == (org, handle))
+        _log.info("listener_gone", org=org, handle=handle, in_flight=in_flight)
+
+    # --- transitions -------------------------------------------------------------------------
+
+    def _advance(self, call: Call, to: Phase) -> None:
+        if to <= call.phase:
+            _log.info(
+                "lifecycle_ignored",
+                call_id=call.call_id,
+                phase=call.phase.name.lower(),
+                requested=to.name.lower(),
+            )
+            return
+        if call.phase is Phase.RINGING:
+            # call_started straight from ringing implies the listener accepted the call.
+            self._audit(events.CALL_ACCEPT, call, actor=call.target, target=call.caller)
+        call = self._store(attrs.evolve(call, phase=to))
+        _log.info("call_progress", call_id=call.call_id, org=call.org, phase=to.name.lower())
+        if call.caller_channel is not None:
+            call.caller_channel.send(fr.CallStatus(call_id=call.call_id, state=_STATUS_OF[to]))
+
+    def _outcome(self, call: Call, frame: fr.CallOutcome) -> None:
+        problem = _route_problem(
+            frame.envelope,
+            fr.Direction.RESPONSE,
+            origin=self._relay_origin,
+            org=call.org,
+            sender=call.target,
+            to=call.caller,
+        )
+        if problem is not None:
+            _log.info("outcome_route_refused", call_id=call.call_id, org=call.org, field=problem)
+            self._fail(call, events.CALL_FAIL, CallErrorCode.PROTOCOL_ERROR, f"route:{problem}")
+            return
+        event = (
+            events.CALL_COMPLETE if frame.terminal is fr.Terminal.COMPLETED else events.CALL_FAIL
+        )
+        # The frame object itself goes on: the relay neither opens nor rebuilds the answer.
+        self._finish(call, event, frame, "done", detail=str(frame.terminal))
+
+    def _fail(self, call: Call, event: str, code: CallErrorCode, detail: str) -> None:
+        error = fr.CallError(code=code, call_id=call.call_id)
+        self._finish(call, event, error, str(code), detail=detail)
+
+    def _finish(
+        self, call: Call, event: str, to_caller: fr.Frame, close_reason: str, *, detail: str
+    ) -> None:
+        """Make the call terminal: forget it, then tell the caller, then audit."""
+        # Forgetting first means anything the caller's close triggers synchronously (such as
+        # caller_gone) already finds no live call and sends no cancel.
+        self._forget(call)
+        _log.info("call_terminal", call_id=call.call_id, org=call.org, event=event)
+        channel = call.caller_channel
+        if channel is not None:
+            channel.send(to_caller)
+            channel.close(CLOSE_NORMAL, close_reason)
+        else:
+            _log.info("outcome_dropped", call_id=call.call_id, org=call.org, event=event)
+        self._audit(event, call, actor=call.target, target=call.caller, detail=detail)
+
+    def _expire(self, call_id: str) -> None:
+        call = self._calls.pop(call_id, None)
+        if call is None:
+            return
+        _log.info("call_timeout", call_id=call_id, org=call.org, phase=call.phase.name.lower())
+        if call.caller_channel is not None:
+            call.caller_channel.send(fr.CallError(code=CallErrorCode.TIMEOUT, call_id=call_id))
+            call.caller_channel.close(CLOSE_NORMAL, str(CallErrorCode.TIMEOUT))
+        # Sent even after an earlier cancel: from here on nobody is waiting for the work.
+        listener = self._switchboard.listener_for(call.org, call.target)
+        if listener is not None:
+            listener.send(fr.CancelCall(call_id=call_id))
+        detail = call.phase.name.lower()
+        self._audit(events.CALL_TIMEOUT, call, actor=None, target=call.target, detail=detail)
+
+    # --- helpers -----------------------------------------------------------------------------
+
+    def _send_cancel(self, call: Call) -> None:
+        """Ask the target's current listener to stop this call, once."""
+        if call.cancel_sent:
+            return
+        listener = self._switchboard.listener_for(call.org, call.target)
+        if listener is None:
+            # Left unsent so a later trigger can try again; the deadline bounds the call anyway.
+            _log.info("cancel_undeliverable", call_id=call.call_id, org=call.org)
+            return
+        listener.send(fr.CancelCall(call_id=call.call_id))
+        self._store(attrs.evolve(call, cancel_sent=True))
+
+    def _store(self, call: Call) -> Call:
+        self._calls[call.call_id] = call
+        return call
+
+    def _forget(self, call: Call) -> None:
+        self._calls.pop(call.call_id, None)
+        if call.deadline.active():
+            call.deadline.cancel()
+
+    def _ignore(self, org: str, handle: str, call_id: str | None, reason: str) -> None:
+        self.ignored_frames += 1
+        _log.info("listener_frame_ignored", org=org, handle=handle, call_id=call_id, reason=reason)
+
+    def _new_call_id(self) -> str:
+        # A uuid4 never collides in practice; the check keeps a bad injected minter from
+        # silently cross-wiring two calls.
+        for _ in range(3):
+            call_id = self._mint_call_id()
+            if call_id not in self._calls:
+                return call_id
+        raise RuntimeError("call id minter keeps returning ids already in use")
+
+    def _prune_limiter(self, now: float) -> None:
+        if self._last_prune is None or now - self._last_prune >= LIMITER_PRUNE_INTERVAL_S:
+            self._last_prune = now
+            self._limiter.prune(now)
+
+    def _audit(
+        self, event: str, call: Call, *, actor: str | None, target: str, detail: str | None = None
+    ) -> None:
+        try:
+            at = self._clock.seconds()
+            self._audit_sink.record(event, call.org, actor, target, call.call_id, at, detail)
+        except Exception:
+            # Routing has already moved on; a failed audit write must not leave a call
+            # half-finished or tear down the connection whose frame triggered it.
+            _log.failure("audit_failed", event=event, call_id=call.call_id)

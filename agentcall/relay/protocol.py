@@ -1,0 +1,226 @@
+"""The relay's WebSocket adapter: autobahn in, typed frames out, decisions in the cores.
+
+One socket per party at ``/v1/ws``. ``?role=listen`` holds a listener session for the
+authenticated identity; ``?role=call&to=HANDLE`` carries exactly one call. The protocol only
+authenticates, enforces sizes, decodes, and hands frames to :class:`CallBook` and
+:class:`Switchboard`; it never decides routing itself.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import txaio
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.types import ConnectionRequest
+from twisted.logger import Logger
+from zope.interface import implementer
+
+from agentcall import limits
+from agentcall.errors import CallErrorCode, MalformedFrame
+from agentcall.interfaces import IChannel
+from agentcall.relay.calls import CallBook
+from agentcall.relay.store import IRelayStore, Member
+from agentcall.relay.switchboard import Switchboard
+from agentcall.wire import codec, frames
+
+txaio.use_twisted()
+
+CLOSE_NORMAL = 1000
+CLOSE_UNAUTHORIZED = 4001
+CLOSE_PROTOCOL_ERROR = 4002
+CLOSE_BAD_REQUEST = 4003
+
+_log = Logger(namespace="agentcall.relay.ws")
+
+
+@implementer(IChannel)
+class WebSocketChannel:
+    """What the cores see of a socket: send a frame, close it."""
+
+    def __init__(self, protocol: RelayWebSocket, peer: str) -> None:
+        self._protocol = protocol
+        self.peer = peer
+
+    def send(self, frame: object) -> None:
+        if self._protocol.is_open:
+            self._protocol.sendMessage(codec.encode(frame), isBinary=False)
+
+    def close(self, code: int, reason: str) -> None:
+        self._protocol.sendClose(code, reason[:100])
+
+
+class RelayWebSocket(WebSocketServerProtocol):
+    factory: RelayWebSocketFactory
+    # autobahn owns ``self.log`` and logs the whole upgrade request, bearer token included, at
+    # debug level; pin it to info whatever the global level is. Our events go to ``_log``.
+    log = txaio.make_logger(level="info")  # type: ignore[attr-defined]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.member: Member | None = None
+        self.role: frames.Role | None = None
+        self.target: str | None = None
+        self.channel: WebSocketChannel | None = None
+        self.is_open = False
+        self._refusal: tuple[int, CallErrorCode, str] | None = None
+
+    # --- handshake ---------------------------------------------------------------------------
+
+    def onConnect(self, request: ConnectionRequest) -> None:
+        headers: dict[str, str] = request.headers
+        params: dict[str, list[str]] = request.params
+        role_values = params.get("role", [])
+        try:
+            self.role = frames.Role(role_values[0]) if len(role_values) == 1 else None
+        except ValueError:
+            self.role = None
+        if self.role is None:
+            self._refusal = (CLOSE_BAD_REQUEST, CallErrorCode.PROTOCOL_ERROR, "role missing")
+            return
+        if self.role is frames.Role.CALL:
+            to = params.get("to", [])
+            self.target = to[0] if len(to) == 1 else None
+        self.member = self.factory.authenticate(headers)
+        if self.member is None:
+            self._refusal = (CLOSE_UNAUTHORIZED, CallErrorCode.UNAUTHORIZED, "unauthorized")
+            _log.info("ws_unauthorized", role=str(self.role), peer=self.peer)
+
+    def onOpen(self) -> None:
+        self.is_open = True
+        member = self.member
+        self.channel = WebSocketChannel(self, peer=self.peer or "?")
+        if self._refusal is not None or member is None or self.role is None:
+            close_code, error, reason = self._refusal or (
+                CLOSE_BAD_REQUEST,
+                CallErrorCode.PROTOCOL_ERROR,
+                "bad request",
+            )
+            if self.role is frames.Role.CALL:
+                self.channel.send(frames.CallError(code=error))
+            self.sendClose(close_code, reason)
+            return
+        address = f"@{member.org}/{member.handle}"
+        ready = frames.Ready(
+            role=self.role, address=address, relay_origin=self.factory.relay_origin
+        )
+        self.channel.send(ready)
+        if self.role is frames.Role.LISTEN:
+            self.factory.switchboard.attach_listener(member.org, member.handle, self.channel)
+            _log.info("listener_attached", org=member.org, handle=member.handle)
+
+    # --- frames ------------------------------------------------------------------------------
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        member, channel = self.member, self.channel
+        if member is None or channel is None or self._refusal is not None:
+            return
+        if self.role is frames.Role.CALL:
+            self._from_caller(member, channel, payload, isBinary)
+        else:
+            self._from_listener(member, channel, payload, isBinary)
+
+    def _from_caller(
+        self, member: Member, channel: WebSocketChannel, payload: bytes, is_binary: bool
+    ) -> None:
+        # Size first: nothing of an oversize request is parsed.
+        if len(payload) > limits.MAX_REQUEST_FRAME_BYTES:
+            self._fail_caller(channel, CallErrorCode.MESSAGE_TOO_LARGE)
+            return
+        try:
+            if is_binary:
+                raise MalformedFrame("binary frames are not part of the protocol")
+            frame = codec.decode_frame(
+                payload, frames.FROM_CALLER, max_bytes=limits.MAX_REQUEST_FRAME_BYTES
+            )
+        except MalformedFrame:
+            _log.info("caller_frame_malformed", org=member.org, handle=member.handle)
+            self._fail_caller(channel, CallErrorCode.PROTOCOL_ERROR)
+            return
+        book = self.factory.calls
+        if isinstance(frame, frames.CallRequest):
+            if self.target is None:
+                self._fail_caller(channel, CallErrorCode.UNKNOWN_HANDLE)
+                return
+            book.submit(member.org, member.handle, self.target, channel, frame)
+        else:
+            book.from_caller(channel, frame)
+
+    def _from_listener(
+        self, member: Member, channel: WebSocketChannel, payload: bytes, is_binary: bool
+    ) -> None:
+        try:
+            if is_binary:
+                raise MalformedFrame("binary frames are not part of the protocol")
+            frame = codec.decode_frame(
+                payload, frames.FROM_LISTENER, max_bytes=limits.MAX_RESPONSE_FRAME_BYTES
+            )
+        except MalformedFrame:
+            # A listener's bad frame concerns only its own calls; drop it, keep the session.
+            _log.info("listener_frame_malformed", org=member.org, handle=member.handle)
+            return
+        self.factory.calls.from_listener(member.org, member.handle, channel, frame)
+
+    def _fail_caller(self, channel: WebSocketChannel, code: CallErrorCode) -> None:
+        channel.send(frames.CallError(code=code))
+        channel.close(CLOSE_NORMAL, str(code))
+
+    # --- teardown ----------------------------------------------------------------------------
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        was_open, self.is_open = self.is_open, False
+        member, channel = self.member, self.channel
+        if not was_open or member is None or channel is None or self._refusal is not None:
+            return
+        if self.role is frames.Role.LISTEN:
+            self.factory.switchboard.detach_listener(member.org, member.handle, channel)
+            self.factory.calls.listener_gone(member.org, member.handle, channel)
+            _log.info("listener_detached", org=member.org, handle=member.handle, code=code)
+        else:
+            self.factory.calls.caller_gone(channel)
+
+
+class RelayWebSocketFactory(WebSocketServerFactory):
+    protocol = RelayWebSocket  # type: ignore[assignment]
+
+    def __init__(
+        self,
+        url: str,
+        *,
+        store: IRelayStore,
+        switchboard: Switchboard,
+        calls: CallBook,
+        relay_origin: str,
+        reactor: Any,
+    ) -> None:
+        super().__init__(url, reactor=reactor)
+        self.store = store
+        self.switchboard = switchboard
+        self.calls = calls
+        self.relay_origin = relay_origin
+        self.setProtocolOptions(
+            # Leave room above the request cap so an oversize request is answered with
+            # message_too_large instead of a bare 1009 close.
+            maxFramePayloadSize=limits.MAX_FRAME_BYTES,
+            maxMessagePayloadSize=limits.MAX_FRAME_BYTES,
+            autoPingInterval=limits.KEEPALIVE_INTERVAL_S,
+            autoPingTimeout=limits.KEEPALIVE_TIMEOUT_S,
+            openHandshakeTimeout=limits.WS_OPENING_HANDSHAKE_TIMEOUT_S,
+            closeHandshakeTimeout=5,
+            perMessageCompressionAccept=lambda _offers: None,
+        )
+
+    def authenticate(self, headers: dict[str, str]) -> Member | None:
+        return authenticate_headers(self.store, headers)
+
+
+def authenticate_headers(store: IRelayStore, headers: dict[str, str]) -> Member | None:
+    """Bearer token plus org and handle headers → the enrolled member, or None."""
+    auth = headers.get("authorization", "")
+    org = headers.get("x-agentcall-org", "")
+    handle = headers.get("x-agentcall-handle", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token or not org or not handle:
+        return None
+    member: Member | None = store.authenticate(org, handle, token.strip())
+    return member

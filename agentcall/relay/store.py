@@ -1,0 +1,432 @@
+"""The relay's registry: orgs, members, invites, published keys and audit rows.
+
+This module (with :mod:`agentcall.relay.store_keys`) holds every SQL statement of the relay.
+It is synchronous ``sqlite3``: the relay calls it from the reactor thread and every query is
+small and indexed. It never reads the clock; callers pass ``now`` in seconds.
+
+Refusals that the API shows to people are :class:`~agentcall.errors.ApiError` with their own
+codes, so a wrong, used, revoked or expired invite can each be told apart. The store writes the
+audit rows of its own changes in the same transaction as the change.
+"""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from typing import Any
+
+import attrs
+from zope.interface import implementer
+
+from agentcall import ids, limits
+from agentcall.db import open_database, packaged_schema, transaction
+from agentcall.errors import ApiError, ApiErrorCode, StoreError
+from agentcall.relay import audit, store_keys
+from agentcall.relay.auth import hash_secret, secret_matches
+from agentcall.relay.store_interface import AuditRow, IRelayStore, Member, RelayStore
+from agentcall.wire.http import (
+    AgentKind,
+    InviteInfo,
+    InviteStatus,
+    KeysResponse,
+    MemberRole,
+    SignedEncryptionKeyRecord,
+    SignedIdentityRecord,
+)
+
+__all__ = [
+    "RELAY_SCHEMA",
+    "AuditRow",
+    "IRelayStore",
+    "Member",
+    "RelayStore",
+    "SqliteRelayStore",
+    "open_relay_store",
+]
+
+RELAY_SCHEMA = packaged_schema("relay")
+
+# Names people would mistake for the service itself or its staff.
+RESERVED_HANDLES = frozenset(
+    {
+        "admin",
+        "www",
+        "relay",
+        "api",
+        "install",
+        "help",
+        "support",
+        "root",
+        "agentcall",
+        "system",
+        "status",
+        "info",
+    }
+)
+MAX_AUDIT_PAGE = 500
+
+_DAY_S = 86_400
+# What an unknown member's token is compared with, so a miss costs the same work as a hit.
+_NO_MEMBER_HASH = "0" * 64
+# Statements spelled out in full (no string building), so each one can be read as it runs.
+_SELECT_MEMBER = (
+    "SELECT org, handle, role, agent_kind, created_at FROM members WHERE org = ? AND handle = ?"
+)
+_SELECT_MEMBER_AND_HASH = (
+    "SELECT org, handle, role, agent_kind, created_at, token_hash FROM members"
+    " WHERE org = ? AND handle = ?"
+)
+_SELECT_INVITE = (
+    "SELECT id, org, role, created_by, created_at, expires_at, description, used_at, used_by,"
+    " revoked_at FROM invites WHERE id = ? AND org = ?"
+)
+# An invite is active while unused, unrevoked and now < expires_at.
+_LIST_INVITES = (
+    "SELECT id, org, role, created_by, created_at, expires_at, description, used_at, used_by,"
+    " revoked_at FROM invites WHERE org = ?"
+    " ORDER BY (used_at IS NULL AND revoked_at IS NULL AND expires_at > ?) DESC,"
+    " created_at DESC, id LIMIT ?"
+)
+# The cap is part of the insert, so it holds however requests interleave.
+_INSERT_INVITE_UNDER_CAP = (
+    "INSERT INTO invites (id, org, role, created_by, created_at, expires_at, description)"
+    " SELECT ?, ?, ?, ?, ?, ?, ?"
+    " WHERE (SELECT COUNT(*) FROM invites WHERE org = ? AND used_at IS NULL"
+    "        AND revoked_at IS NULL AND expires_at > ?) < ?"
+)
+
+
+def handle_allowed(handle: str) -> bool:
+    """True when ``handle`` fits the grammar and is not reserved."""
+    return ids.is_handle(handle) and handle not in RESERVED_HANDLES
+
+
+def open_relay_store(path: str | os.PathLike[str]) -> SqliteRelayStore:
+    """Open (creating or upgrading) the relay database at ``path``."""
+    return SqliteRelayStore(open_database(path, RELAY_SCHEMA).connection)
+
+
+def _member(row: Any) -> Member:
+    org, handle, role, agent_kind, created_at = row
+    return Member(
+        org=org,
+        handle=handle,
+        role=MemberRole(role),
+        agent_kind=None if agent_kind is None else AgentKind(agent_kind),
+        created_at=created_at,
+    )
+
+
+def _invite_info(row: Any, now: float) -> InviteInfo:
+    (invite_id, org, role, created_by, created_at, expires_at, description) = row[:7]
+    used_at, used_by, revoked_at = row[7:]
+    if used_at is not None:
+        status = InviteStatus.USED
+    elif revoked_at is not None:
+        status = InviteStatus.REVOKED
+    elif now >= expires_at:
+        status = InviteStatus.EXPIRED
+    else:
+        status = InviteStatus.ACTIVE
+    return InviteInfo(
+        id=invite_id,
+        org=org,
+        role=MemberRole(role),
+        status=status,
+        created_by=created_by,
+        created_at=created_at,
+        expires_at=expires_at,
+        description=description,
+        used_by=used_by,
+    )
+
+
+@implementer(IRelayStore)
+class SqliteRelayStore:
+    """:class:`IRelayStore` on one connection from :func:`agentcall.db.open_database`."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        if conn.isolation_level is not None:
+            # Python's implicit transactions would commit in the middle of ours.
+            raise ValueError("the connection must be in autocommit mode (isolation_level=None)")
+        self._conn = conn
+
+    def close(self) -> None:
+        self._conn.close()
+
+    # --- orgs and members ---------------------------------------------------------------
+
+    def ensure_org(self, org: str, now: float) -> bool:
+        if not ids.is_org(org):
+            raise ValueError("not a valid organisation name")
+        with transaction(self._conn):
+            cursor = self._conn.execute(
+                "INSERT OR IGNORE INTO orgs (org, created_at) VALUES (?, ?)", (org, now)
+            )
+        return cursor.rowcount == 1
+
+    def org_exists(self, org: str) -> bool:
+        row = self._read("SELECT 1 FROM orgs WHERE org = ?", (org,))
+        return row is not None
+
+    def handle_exists(self, org: str, handle: str) -> bool:
+        row = self._read("SELECT 1 FROM members WHERE org = ? AND handle = ?", (org, handle))
+        return row is not None
+
+    def get_member(self, org: str, handle: str) -> Member | None:
+        row = self._read(_SELECT_MEMBER, (org, handle))
+        return None if row is None else _member(row)
+
+    def authenticate(self, org: str, handle: str, token: str) -> Member | None:
+        row = self._read(_SELECT_MEMBER_AND_HASH, (org, handle))
+        if row is None:
+            secret_matches(token, _NO_MEMBER_HASH)
+            return None
+        if not secret_matches(token, row[5]):
+            return None
+        return _member(row[:5])
+
+    # --- invites ------------------------------------------------------------------------
+
+    def create_invite(
+        self,
+        org: str,
+        *,
+        created_by: str | None,
+        role: MemberRole,
+        expires_in_days: int,
+        description: str | None,
+        now: float,
+    ) -> tuple[str, InviteInfo]:
+        role = MemberRole(role)
+        if (
+            isinstance(expires_in_days, bool)
+            or not isinstance(expires_in_days, int)
+            or not limits.INVITE_MIN_DAYS <= expires_in_days <= limits.INVITE_MAX_DAYS
+        ):
+            raise ApiError(
+                400,
+                ApiErrorCode.BAD_REQUEST,
+                f"expires_in_days must be {limits.INVITE_MIN_DAYS}..{limits.INVITE_MAX_DAYS}",
+            )
+        if description is not None and len(description) > limits.MAX_INVITE_DESCRIPTION_CHARS:
+            raise ApiError(
+                400,
+                ApiErrorCode.BAD_REQUEST,
+                f"description is longer than {limits.MAX_INVITE_DESCRIPTION_CHARS} characters",
+            )
+        secret = ids.mint_token()
+        invite_id = hash_secret(secret)
+        # Whole seconds: the API shows invite times as integers, and expiry is compared with
+        # exactly the number people see.
+        created_at = int(now)
+        expires_at = created_at + expires_in_days * _DAY_S
+        with transaction(self._conn):
+            if not self.org_exists(org):
+                raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such organisation")
+            cursor = self._conn.execute(
+                _INSERT_INVITE_UNDER_CAP,
+                (
+                    invite_id,
+                    org,
+                    role.value,
+                    created_by,
+                    created_at,
+                    expires_at,
+                    description,
+                    org,
+                    now,
+                    limits.MAX_ACTIVE_INVITES_PER_ORG,
+                ),
+            )
+            if cursor.rowcount != 1:
+                raise ApiError(
+                    409,
+                    ApiErrorCode.TOO_MANY_INVITES,
+                    f"at most {limits.MAX_ACTIVE_INVITES_PER_ORG} active invites per organisation",
+                )
+            self._audit(
+                audit.INVITE_ISSUE,
+                org,
+                actor=created_by,
+                target=invite_id,
+                at=now,
+                detail=f"role={role}",
+            )
+        info = InviteInfo(
+            id=invite_id,
+            org=org,
+            role=role,
+            status=InviteStatus.ACTIVE,
+            created_by=created_by,
+            created_at=created_at,
+            expires_at=expires_at,
+            description=description,
+        )
+        return secret, info
+
+    def list_invites(self, org: str, now: float) -> list[InviteInfo]:
+        rows = self._read_all(_LIST_INVITES, (org, now, limits.MAX_INVITES_LISTED))
+        return [_invite_info(row, now) for row in rows]
+
+    def revoke_invite(
+        self, org: str, invite_id: str, *, actor: str | None, now: float
+    ) -> InviteInfo:
+        with transaction(self._conn):
+            row = self._read(_SELECT_INVITE, (invite_id, org))
+            if row is None:
+                raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such invite")
+            info = _invite_info(row, now)
+            if info.status is InviteStatus.USED:
+                raise ApiError(409, ApiErrorCode.INVITE_USED, "the invite was already used")
+            if info.status is not InviteStatus.REVOKED:
+                self._conn.execute(
+                    "UPDATE invites SET revoked_at = ? WHERE id = ?", (now, invite_id)
+                )
+                self._audit(audit.INVITE_REVOKE, org, actor=actor, target=invite_id, at=now)
+                info = attrs.evolve(info, status=InviteStatus.REVOKED)
+        return info
+
+    def register(
+        self, org: str, secret: str, handle: str, agent_kind: AgentKind | None, now: float
+    ) -> tuple[Member, str]:
+        if not handle_allowed(handle):
+            raise ApiError(400, ApiErrorCode.HANDLE_INVALID, "the handle is not allowed")
+        kind = None if agent_kind is None else AgentKind(agent_kind)
+        invite_id = hash_secret(secret)
+        with transaction(self._conn):
+            row = self._read(_SELECT_INVITE, (invite_id, org))
+            # Invite checks come before the handle check, so that nobody without a valid
+            # invite can probe which handles exist.
+            if row is None:
+                raise ApiError(404, ApiErrorCode.INVITE_UNKNOWN, "no such invite")
+            status = _invite_info(row, now).status
+            if status is InviteStatus.USED:
+                raise ApiError(410, ApiErrorCode.INVITE_USED, "the invite was already used")
+            if status is InviteStatus.REVOKED:
+                raise ApiError(410, ApiErrorCode.INVITE_REVOKED, "the invite was revoked")
+            if status is InviteStatus.EXPIRED:
+                raise ApiError(410, ApiErrorCode.INVITE_EXPIRED, "the invite has expired")
+            if self.handle_exists(org, handle):
+                raise ApiError(409, ApiErrorCode.HANDLE_TAKEN, "the handle is already taken")
+            role = MemberRole(row[2])
+            token = ids.mint_token()
+            self._conn.execute(
+                "INSERT INTO members (org, handle, role, token_hash, agent_kind, created_at)"
+                " VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    org,
+                    handle,
+                    role.value,
+                    hash_secret(token),
+                    None if kind is None else kind.value,
+                    now,
+                ),
+            )
+            self._conn.execute(
+                "UPDATE invites SET used_at = ?, used_by = ? WHERE id = ?", (now, handle, invite_id)
+            )
+            self._audit(audit.INVITE_REDEEM, org, actor=handle, target=invite_id, at=now)
+            self._audit(
+                audit.MEMBER_REGISTER,
+                org,
+                actor=handle,
+                target=handle,
+                at=now,
+                detail=f"role={role}",
+            )
+        member = Member(org=org, handle=handle, role=role, agent_kind=kind, created_at=now)
+        return member, token
+
+    # --- published keys -----------------------------------------------------------------
+
+    def publish_identity(
+        self, org: str, handle: str, signed: SignedIdentityRecord, now: float
+    ) -> None:
+        with transaction(self._conn):
+            if store_keys.insert_identity(self._conn, org, handle, signed, now):
+                self._audit(audit.KEYS_IDENTITY_PUBLISH, org, actor=handle, target=handle, at=now)
+
+    def publish_encryption(
+        self, org: str, handle: str, signed: SignedEncryptionKeyRecord, now: float
+    ) -> None:
+        with transaction(self._conn):
+            store_keys.insert_encryption(self._conn, org, handle, signed, now)
+            self._audit(
+                audit.KEYS_ENCRYPTION_PUBLISH,
+                org,
+                actor=handle,
+                target=handle,
+                at=now,
+                detail=f"epoch={signed.record.epoch}",
+            )
+
+    def fetch_keys(self, org: str, handle: str) -> KeysResponse | None:
+        try:
+            return store_keys.fetch_keys(self._conn, org, handle)
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
+    # --- audit --------------------------------------------------------------------------
+
+    def record(
+        self,
+        event: str,
+        org: str,
+        actor: str | None,
+        target: str | None,
+        call_id: str | None,
+        at: float,
+        detail: str | None,
+    ) -> None:
+        try:
+            self._audit(
+                event, org, actor=actor, target=target, at=at, detail=detail, call_id=call_id
+            )
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
+    def audit_rows(self, org: str, *, limit: int = 100, after_id: int = 0) -> list[AuditRow]:
+        if not 1 <= limit <= MAX_AUDIT_PAGE:
+            raise ValueError(f"limit must be 1..{MAX_AUDIT_PAGE}")
+        rows = self._read_all(
+            "SELECT id, at, org, event, actor, target, call_id, detail FROM audit"
+            " WHERE org = ? AND id > ? ORDER BY id LIMIT ?",
+            (org, after_id, limit),
+        )
+        return [AuditRow(*row) for row in rows]
+
+    # --- helpers ------------------------------------------------------------------------
+
+    def _read(self, sql: str, params: tuple[object, ...]) -> Any:
+        try:
+            return self._conn.execute(sql, params).fetchone()
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
+    def _read_all(self, sql: str, params: tuple[object, ...]) -> list[Any]:
+        try:
+            return self._conn.execute(sql, params).fetchall()
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+
+    def _audit(
+        self,
+        event: str,
+        org: str,
+        *,
+        actor: str | None,
+        target: str | None,
+        at: float,
+        detail: str | None = None,
+        call_id: str | None = None,
+    ) -> None:
+        if event not in audit.EVENTS:
+            raise ValueError(f"not an audit event: {event!r}")
+        if detail is not None:
+            detail = detail[: limits.MAX_DETAIL_CHARS]
+        self._conn.execute(
+            "INSERT INTO audit (at, org, event, actor, target, call_id, detail)"
+            " VALUES (?, ?, ?, ?, ?, ?, ?)",
+            (at, org, event, actor, target, call_id, detail),
+        )

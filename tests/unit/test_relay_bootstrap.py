@@ -1,0 +1,93 @@
+"""Bootstrap: database, organisation and a fresh one-time admin invite, safe to run again."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentcall import limits
+from agentcall.errors import ApiError, ApiErrorCode
+from agentcall.invites import parse_invite_url
+from agentcall.relay.bootstrap import bootstrap
+from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
+from agentcall.wire.http import InviteStatus, MemberRole
+
+T0 = 1_700_000_000.0
+URL = "https://relay.example.com/"
+
+
+def test_first_run_creates_everything(tmp_path: Path) -> None:
+    """A new file gets the schema, the org and an admin invite that enrols an admin."""
+    path = tmp_path / "relay.db"
+    result = bootstrap(str(path), "acme", URL, T0)
+    assert (result.database_created, result.org_created) == (True, True)
+    assert (result.schema_version, result.upgraded_from) == (RELAY_SCHEMA.newest, None)
+    assert result.expires_at == int(T0) + limits.INVITE_DEFAULT_DAYS * 86_400
+
+    link = parse_invite_url(result.invite_url)
+    assert (link.relay_url, link.org) == ("https://relay.example.com", "acme")
+    store = open_relay_store(path)
+    member, _token = store.register("acme", link.secret, "ken", None, T0 + 60)
+    assert member.role is MemberRole.ADMIN
+    store.close()
+
+
+def test_second_run_keeps_state_and_mints_another_invite(tmp_path: Path) -> None:
+    """Running again creates nothing new but a fresh invite; the first one stays valid."""
+    path = tmp_path / "relay.db"
+    first = bootstrap(path, "acme", URL, T0)
+    second = bootstrap(path, "acme", URL, T0 + 10)
+    assert (second.database_created, second.org_created) == (False, False)
+    assert second.invite_url != first.invite_url and second.invite_id != first.invite_id
+    store = open_relay_store(path)
+    statuses = {info.id: info.status for info in store.list_invites("acme", T0 + 20)}
+    assert statuses == {first.invite_id: InviteStatus.ACTIVE, second.invite_id: InviteStatus.ACTIVE}
+    store.close()
+
+
+def test_invite_is_one_time(tmp_path: Path) -> None:
+    """The bootstrap invite enrols exactly one person."""
+    path = tmp_path / "relay.db"
+    secret = parse_invite_url(bootstrap(path, "acme", URL, T0).invite_url).secret
+    store = open_relay_store(path)
+    store.register("acme", secret, "ken", None, T0 + 1)
+    with pytest.raises(ApiError) as exc:
+        store.register("acme", secret, "amy", None, T0 + 2)
+    assert exc.value.code is ApiErrorCode.INVITE_USED
+    store.close()
+
+
+def test_another_org_in_the_same_database(tmp_path: Path) -> None:
+    """A second organisation is added beside the first without touching it."""
+    path = tmp_path / "relay.db"
+    bootstrap(path, "acme", URL, T0)
+    result = bootstrap(path, "beta", URL, T0)
+    assert (result.database_created, result.org_created) == (False, True)
+    assert parse_invite_url(result.invite_url).org == "beta"
+
+
+@pytest.mark.parametrize(
+    ("org", "url"),
+    [
+        ("Acme Corp", URL),
+        ("acme", "http://relay.example.com"),
+        ("acme", "relay.example.com"),
+    ],
+)
+def test_bad_input_is_refused_before_the_database_exists(
+    tmp_path: Path, org: str, url: str
+) -> None:
+    """A bad organisation name or an unsafe URL raises ValueError and creates no file."""
+    path = tmp_path / "relay.db"
+    with pytest.raises(ValueError):
+        bootstrap(path, org, url, T0)
+    assert not path.exists()
+
+
+def test_result_repr_hides_the_invite(tmp_path: Path) -> None:
+    """The invite URL carries the secret, so it is left out of the repr."""
+    result = bootstrap(tmp_path / "relay.db", "acme", URL, T0)
+    secret = parse_invite_url(result.invite_url).secret
+    assert secret not in repr(result)
+    assert "acme" in repr(result)

@@ -1,0 +1,632 @@
+"""The call book: routing checks, lifecycle, deadlines and isolation, driven with a Clock."""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+from twisted.internet.task import Clock
+
+from agentcall import limits
+from agentcall.errors import CallErrorCode
+from agentcall.relay.calls import CallBook, Phase
+from agentcall.relay.ratelimit import SlidingWindowLimiter
+from agentcall.relay.switchboard import Switchboard
+from agentcall.testing.channels import (
+    AuditRow,
+    MemoryDirectory,
+    RecordingAudit,
+    RecordingChannel,
+)
+from agentcall.wire.frames import (
+    CallAccepted,
+    CallCancelled,
+    CallError,
+    CallNotCancelled,
+    CallOutcome,
+    CallRejected,
+    CallRequest,
+    CallStarted,
+    CallState,
+    CallStatus,
+    CancelCall,
+    CancelPhase,
+    Direction,
+    Frame,
+    IncomingCall,
+    NotCancelledReason,
+    SealedEnvelope,
+    Terminal,
+)
+
+ORIGIN = "relay.example.test"
+T0 = 1_700_000_000.0
+CORRELATION = "c0ffee" + "0" * 26
+DEADLINE = limits.CALL_DEADLINE_S
+
+
+def envelope(
+    direction: Direction = Direction.REQUEST,
+    origin: str = ORIGIN,
+    from_: str = "@acme/ana",
+    to: str = "@acme/ken",
+) -> SealedEnvelope:
+    # Sealed-looking only: the relay routes on the header and never opens the ciphertext.
+    return SealedEnvelope(
+        v=1,
+        direction=direction,
+        relay_origin=origin,
+        from_=from_,
+        to=to,
+        key_id="ab" * 16,
+        epoch=1,
+        ct="Q2lwaGVydGV4dC10aGF0LXRoZS1yZWxheS1uZXZlci1vcGVucw",
+    )
+
+
+def request(**route: Any) -> CallRequest:
+    return CallRequest(envelope=envelope(**route), correlation_id=CORRELATION)
+
+
+def reply(
+    call_id: str,
+    terminal: Terminal = Terminal.COMPLETED,
+    **route: Any,
+) -> CallOutcome:
+    header: dict[str, Any] = {
+        "direction": Direction.RESPONSE,
+        "from_": "@acme/ken",
+        "to": "@acme/ana",
+    }
+    header.update(route)
+    return CallOutcome(call_id=call_id, terminal=terminal, envelope=envelope(**header))
+
+
+class Relay:
+    """A call book wired to a Clock and recording fakes, with ken listening in acme."""
+
+    def __init__(
+        self,
+        deadline_s: float = DEADLINE,
+        audit: RecordingAudit | None = None,
+        mint_call_id: Callable[[], str] | None = None,
+    ) -> None:
+        self.clock = Clock()
+        self.clock.advance(T0)
+        self.board = Switchboard()
+        self.directory = MemoryDirectory(
+            {("acme", "ana"), ("acme", "ken"), ("acme", "bob"), ("other", "ken"), ("other", "oz")}
+        )
+        self.audit = audit or RecordingAudit()
+        self.limiter = SlidingWindowLimiter(limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S)
+        serial = itertools.count(1)
+        self.book = CallBook(
+            self.clock,
+            self.board,
+            self.directory,
+            self.audit,
+            self.limiter,
+            ORIGIN,
+            deadline_s=deadline_s,
+            mint_call_id=mint_call_id or (lambda: f"00000000-0000-4000-8000-{next(serial):012d}"),
+        )
+        self.ken = self.listen("acme", "ken")
+
+    def listen(self, org: str, handle: str) -> RecordingChannel:
+        channel = RecordingChannel(f"{handle}-listener")
+        self.board.attach_listener(org, handle, channel)
+        return channel
+
+    def call(
+        self,
+        req: CallRequest | None = None,
+        *,
+        caller: str = "ana",
+        target: str = "ken",
+        org: str = "acme",
+    ) -> RecordingChannel:
+        channel = RecordingChannel(f"{caller}-caller")
+        self.book.submit(org, caller, target, channel, req or request())
+        return channel
+
+    def ring(self) -> tuple[RecordingChannel, str]:
+        """Place ana → ken and return the caller channel and the call id."""
+        caller = self.call()
+        status = caller.sent[0]
+        assert isinstance(status, CallStatus)
+        return caller, status.call_id
+
+    def from_ken(self, frame: Frame, channel: RecordingChannel | None = None) -> None:
+        self.book.from_listener("acme", "ken", channel or self.ken, frame)
+
+
+@pytest.fixture
+def relay() -> Relay:
+    return Relay()
+
+
+def status(call_id: str, state: CallState) -> CallStatus:
+    return CallStatus(call_id=call_id, state=state)
+
+
+# --- happy paths ---------------------------------------------------------------------------
+
+
+def test_submit_rings_caller_and_delivers_to_listener(relay: Relay) -> None:
+    """A valid request rings the caller and reaches the listener with the verified caller."""
+    req = request()
+    caller = relay.call(req)
+    call_id = "00000000-0000-4000-8000-000000000001"
+    assert caller.sent == [status(call_id, CallState.RINGING)]
+    assert not caller.closed
+    assert relay.ken.sent == [
+        IncomingCall(
+            call_id=call_id, from_="ana", envelope=req.envelope, correlation_id=CORRELATION
+        )
+    ]
+    assert relay.book.active_count() == 1
+    call = relay.book.get(call_id)
+    assert call is not None
+    assert (call.org, call.caller, call.target, call.phase) == ("acme", "ana", "ken", Phase.RINGING)
+    assert relay.audit.rows == [AuditRow("call.submit", "acme", "ana", "ken", call_id, T0, None)]
+
+
+def test_accepted_then_started_then_outcome(relay: Relay) -> None:
+    """ringing → answered → working → the outcome, then the caller socket closes with done."""
+    caller, call_id = relay.ring()
+    relay.clock.advance(1)
+    relay.from_ken(CallAccepted(call_id=call_id))
+    relay.clock.advance(1)
+    relay.from_ken(CallStarted(call_id=call_id))
+    relay.clock.advance(1)
+    outcome = reply(call_id)
+    relay.from_ken(outcome)
+    assert caller.sent == [
+        status(call_id, CallState.RINGING),
+        status(call_id, CallState.ANSWERED),
+        status(call_id, CallState.WORKING),
+        outcome,
+    ]
+    assert caller.sent[-1] is outcome
+    assert caller.events[-1] == ("close", (1000, "done"))
+    assert relay.audit.rows == [
+        AuditRow("call.submit", "acme", "ana", "ken", call_id, T0, None),
+        AuditRow("call.accept", "acme", "ken", "ana", call_id, T0 + 1, None),
+        AuditRow("call.complete", "acme", "ken", "ana", call_id, T0 + 3, "completed"),
+    ]
+    assert relay.book.active_count() == 0
+    assert relay.book.get(call_id) is None
+    assert relay.clock.getDelayedCalls() == []
+
+
+def test_started_straight_from_ringing_also_accepts(relay: Relay) -> None:
+    """call_started without call_accepted moves to working and still audits call.accept."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallStarted(call_id=call_id))
+    relay.from_ken(reply(call_id, Terminal.FAILED))
+    assert [type(f) for f in caller.sent] == [CallStatus, CallStatus, CallOutcome]
+    assert caller.sent[1] == status(call_id, CallState.WORKING)
+    assert relay.audit.events() == ["call.submit", "call.accept", "call.fail"]
+    assert relay.audit.rows[-1].detail == "failed"
+    assert caller.closes == [(1000, "done")]
+
+
+def test_lifecycle_only_moves_forward(relay: Relay) -> None:
+    """Repeated or backward lifecycle frames change nothing and send nothing."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallStarted(call_id=call_id))
+    relay.from_ken(CallAccepted(call_id=call_id))
+    relay.from_ken(CallStarted(call_id=call_id))
+    assert caller.sent == [status(call_id, CallState.RINGING), status(call_id, CallState.WORKING)]
+    assert relay.audit.events() == ["call.submit", "call.accept"]
+    call = relay.book.get(call_id)
+    assert call is not None and call.phase is Phase.WORKING
+
+
+def test_repeated_accept_is_ignored(relay: Relay) -> None:
+    """A second call_accepted neither re-sends answered nor audits again."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallAccepted(call_id=call_id))
+    relay.from_ken(CallAccepted(call_id=call_id))
+    assert caller.of_type(CallStatus)[1:] == [status(call_id, CallState.ANSWERED)]
+    assert relay.audit.events().count("call.accept") == 1
+
+
+# --- deadline ------------------------------------------------------------------------------
+
+
+def test_deadline_times_out_cancels_and_audits(relay: Relay) -> None:
+    """Nothing happens before the deadline; at it: timeout to caller, cancel to listener."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallAccepted(call_id=call_id))
+    relay.clock.advance(DEADLINE - 0.001)
+    assert len(caller.sent) == 2 and not caller.closed
+    assert relay.ken.of_type(CancelCall) == []
+    relay.clock.advance(0.001)
+    assert caller.sent[-1] == CallError(code=CallErrorCode.TIMEOUT, call_id=call_id)
+    assert caller.closes == [(1000, "timeout")]
+    assert relay.ken.sent[-1] == CancelCall(call_id=call_id)
+    assert relay.audit.rows[-1] == AuditRow(
+        "call.timeout", "acme", None, "ken", call_id, T0 + DEADLINE, "answered"
+    )
+    assert relay.book.active_count() == 0
+
+
+def test_outcome_after_deadline_is_ignored(relay: Relay) -> None:
+    """Once timed out, a late outcome is a stray frame: nothing reaches the caller."""
+    caller, call_id = relay.ring()
+    relay.clock.advance(DEADLINE)
+    sent = list(caller.sent)
+    relay.from_ken(reply(call_id))
+    assert caller.sent == sent
+    assert relay.book.ignored_frames == 1
+    assert relay.audit.events() == ["call.submit", "call.timeout"]
+
+
+def test_deadline_is_the_configured_one() -> None:
+    """A shorter injected deadline is the one armed."""
+    relay = Relay(deadline_s=5.0)
+    caller, _ = relay.ring()
+    relay.clock.advance(4.999)
+    assert not caller.closed
+    relay.clock.advance(0.001)
+    assert caller.closes == [(1000, "timeout")]
+
+
+def test_deadline_with_listener_offline_only_tells_caller(relay: Relay) -> None:
+    """With no listener online at the deadline, the caller still gets timeout."""
+    caller, call_id = relay.ring()
+    relay.board.detach_listener("acme", "ken", relay.ken)
+    relay.book.listener_gone("acme", "ken", relay.ken)
+    relay.clock.advance(DEADLINE)
+    assert relay.ken.of_type(CancelCall) == []
+    assert caller.of_type(CallError) == [CallError(code=CallErrorCode.TIMEOUT, call_id=call_id)]
+
+
+# --- routing checks on submit --------------------------------------------------------------
+
+
+def assert_refused(relay: Relay, caller: RecordingChannel, code: CallErrorCode) -> None:
+    assert len(caller.sent) == 1
+    error = caller.sent[0]
+    assert isinstance(error, CallError)
+    assert error.code is code
+    assert error.call_id is None
+    assert caller.closes == [(1000, str(code))]
+    assert relay.ken.sent == []
+    assert relay.audit.rows == []
+    assert relay.book.active_count() == 0
+    assert relay.clock.getDelayedCalls() == []
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        pytest.param({"from_": "@acme/bob"}, id="forged-from"),
+        pytest.param({"from_": "@other/ana"}, id="from-other-org"),
+        pytest.param({"to": "@other/ken"}, id="cross-org-to"),
+        pytest.param({"to": "@acme/bob"}, id="to-other-handle"),
+        pytest.param({"origin": "evil.example.test"}, id="wrong-relay-origin"),
+        pytest.param({"direction": Direction.RESPONSE}, id="wrong-direction"),
+    ],
+)
+def test_route_mismatch_is_protocol_error(relay: Relay, route: dict[str, Any]) -> None:
+    """A header that disagrees with the authenticated caller, target, org or relay is refused."""
+    caller = relay.call(request(**route))
+    assert_refused(relay, caller, CallErrorCode.PROTOCOL_ERROR)
+    assert relay.limiter.count(("acme", "ana", "ken"), T0) == 0
+
+
+@pytest.mark.parametrize("target", ["zed", "oz", "Bad!", "k", "x" * 40])
+def test_unknown_or_invalid_target_handle(relay: Relay, target: str) -> None:
+    """A handle that is invalid, or not enrolled in the caller's own org, is unknown_handle."""
+    caller = relay.call(target=target)
+    assert_refused(relay, caller, CallErrorCode.UNKNOWN_HANDLE)
+
+
+def test_enrolled_but_not_listening_is_offline(relay: Relay) -> None:
+    """An enrolled target with no live session gets offline, and costs no budget."""
+    caller = relay.call(request(to="@acme/bob"), target="bob")
+    assert_refused(relay, caller, CallErrorCode.OFFLINE)
+    assert relay.limiter.count(("acme", "ana", "bob"), T0) == 0
+
+
+def test_thirty_first_call_in_an_hour_is_rate_limited(relay: Relay) -> None:
+    """Thirty calls to one callee pass; the thirty-first is refused until the window slides."""
+    for i in range(30):
+        relay.clock.advance(1)
+        assert not relay.call().closed, i
+    relay.ken.clear()
+    relay.audit.rows.clear()
+    caller = relay.call()
+    assert caller.sent[0] == CallError(
+        code=CallErrorCode.RATE_LIMITED, detail="too many calls to this handle; retry in 3571 s"
+    )
+    assert caller.closes == [(1000, "rate_limited")]
+    assert relay.ken.sent == []
+    assert relay.audit.rows == []
+    # Another callee, and the same callee from another caller, are separate budgets.
+    relay.listen("acme", "bob")
+    assert not relay.call(request(to="@acme/bob"), target="bob").closed
+    assert not relay.call(request(from_="@acme/bob"), caller="bob").closed
+    # The first of the thirty was at T0 + 1; it leaves the window at exactly T0 + 1 + 3600.
+    relay.clock.advance(limits.RATE_WINDOW_S - 30)
+    assert relay.call().of_type(CallError)[0].code is CallErrorCode.RATE_LIMITED
+    relay.clock.advance(1)
+    assert not relay.call().closed
+
+
+def test_offline_attempts_do_not_use_the_budget(relay: Relay) -> None:
+    """Calling an offline handle many times leaves the full budget once it comes online."""
+    for _ in range(40):
+        relay.call(request(to="@acme/bob"), target="bob")
+    relay.listen("acme", "bob")
+    assert not relay.call(request(to="@acme/bob"), target="bob").closed
+
+
+def test_second_request_on_one_connection_is_protocol_error(relay: Relay) -> None:
+    """A caller connection carries one call; a second request is refused and not delivered."""
+    caller, _ = relay.ring()
+    relay.book.submit("acme", "ana", "ken", caller, request())
+    assert caller.sent[-1] == CallError(
+        code=CallErrorCode.PROTOCOL_ERROR, detail="one call per connection"
+    )
+    assert caller.closes == [(1000, "protocol_error")]
+    assert relay.ken.of_type(IncomingCall) == [relay.ken.sent[0]]
+    assert relay.book.active_count() == 1
+
+
+def test_second_request_after_a_refusal_is_protocol_error(relay: Relay) -> None:
+    """A refused request still uses up the connection."""
+    caller = relay.call(request(to="@acme/bob"), target="bob")
+    relay.book.submit("acme", "ana", "ken", caller, request())
+    assert [e.code for e in caller.of_type(CallError)] == [
+        CallErrorCode.OFFLINE,
+        CallErrorCode.PROTOCOL_ERROR,
+    ]
+    assert relay.ken.sent == []
+
+
+# --- listener frames -----------------------------------------------------------------------
+
+
+def test_outcome_is_forwarded_verbatim(relay: Relay) -> None:
+    """The caller receives the very frame object the listener sent."""
+    caller, call_id = relay.ring()
+    outcome = reply(call_id)
+    relay.from_ken(outcome)
+    assert caller.of_type(CallOutcome) == [outcome]
+    assert caller.of_type(CallOutcome)[0] is outcome
+
+
+@pytest.mark.parametrize(
+    "route",
+    [
+        pytest.param({"from_": "@acme/bob"}, id="forged-from"),
+        pytest.param({"to": "@acme/bob"}, id="to-someone-else"),
+        pytest.param({"to": "@other/ana"}, id="to-other-org"),
+        pytest.param({"origin": "evil.example.test"}, id="wrong-relay-origin"),
+        pytest.param({"direction": Direction.REQUEST}, id="wrong-direction"),
+    ],
+)
+def test_outcome_with_bad_route_is_protocol_error(relay: Relay, route: dict[str, Any]) -> None:
+    """An outcome whose header does not run callee → caller on this relay fails the call."""
+    caller, call_id = relay.ring()
+    relay.from_ken(reply(call_id, **route))
+    assert caller.of_type(CallOutcome) == []
+    assert caller.sent[-1] == CallError(code=CallErrorCode.PROTOCOL_ERROR, call_id=call_id)
+    assert caller.closes == [(1000, "protocol_error")]
+    assert relay.audit.events() == ["call.submit", "call.fail"]
+    assert relay.book.active_count() == 0
+
+
+def test_rejected_call_fails_with_protocol_error(relay: Relay) -> None:
+    """call_rejected: the caller gets protocol_error and the call is audited as failed."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallRejected(call_id=call_id))
+    assert caller.sent[-1] == CallError(code=CallErrorCode.PROTOCOL_ERROR, call_id=call_id)
+    assert caller.closes == [(1000, "protocol_error")]
+    assert relay.audit.rows[-1] == AuditRow(
+        "call.fail", "acme", "ken", "ana", call_id, T0, "rejected"
+    )
+    assert relay.clock.getDelayedCalls() == []
+
+
+def test_cancelled_call_gives_caller_canceled(relay: Relay) -> None:
+    """call_cancelled: the caller gets canceled and the call is audited as cancelled."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallCancelled(call_id=call_id, phase=CancelPhase.RUNNING))
+    assert caller.sent[-1] == CallError(code=CallErrorCode.CANCELED, call_id=call_id)
+    assert caller.closes == [(1000, "canceled")]
+    assert relay.audit.rows[-1] == AuditRow(
+        "call.cancel", "acme", "ken", "ana", call_id, T0, "running"
+    )
+    assert relay.book.active_count() == 0
+
+
+def test_not_cancelled_is_not_terminal(relay: Relay) -> None:
+    """call_not_cancelled sends nothing and the call still completes normally."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallNotCancelled(call_id=call_id, reason=NotCancelledReason.UNKNOWN))
+    assert caller.sent == [status(call_id, CallState.RINGING)]
+    assert relay.book.active_count() == 1
+    relay.from_ken(reply(call_id))
+    assert caller.closes == [(1000, "done")]
+
+
+def isolation_frames(call_id: str) -> list[Frame]:
+    return [
+        CallAccepted(call_id=call_id),
+        CallStarted(call_id=call_id),
+        CallNotCancelled(call_id=call_id, reason=NotCancelledReason.UNKNOWN),
+        CallCancelled(call_id=call_id, phase=CancelPhase.PENDING),
+        CallRejected(call_id=call_id),
+        reply(call_id),
+    ]
+
+
+@pytest.mark.parametrize(("org", "handle"), [("acme", "bob"), ("other", "ken")])
+def test_other_listener_cannot_touch_the_call(relay: Relay, org: str, handle: str) -> None:
+    """Another identity's session sending frames for this call id changes and learns nothing."""
+    caller, call_id = relay.ring()
+    intruder = relay.listen(org, handle)
+    frames = isolation_frames(call_id)
+    for frame in frames:
+        relay.book.from_listener(org, handle, intruder, frame)
+    assert caller.sent == [status(call_id, CallState.RINGING)]
+    assert not caller.closed
+    assert intruder.sent == []
+    assert relay.audit.events() == ["call.submit"]
+    assert relay.book.ignored_frames == len(frames)
+    call = relay.book.get(call_id)
+    assert call is not None and call.phase is Phase.RINGING
+    # The real callee is unaffected and can still finish the call.
+    relay.from_ken(reply(call_id))
+    assert caller.closes == [(1000, "done")]
+
+
+def test_unknown_call_id_is_ignored_and_counted(relay: Relay) -> None:
+    """Frames about a call id the relay does not know are dropped and counted."""
+    caller, _ = relay.ring()
+    relay.from_ken(CallAccepted(call_id="00000000-0000-4000-8000-999999999999"))
+    assert len(caller.sent) == 1
+    assert relay.book.ignored_frames == 1
+
+
+def test_replaced_listener_new_session_delivers(relay: Relay) -> None:
+    """After a reconnect replaces the session mid-call, the new session finishes the call."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallStarted(call_id=call_id))
+    new = relay.listen("acme", "ken")
+    assert relay.ken.closes == [(4000, "replaced by a newer connection")]
+    assert relay.board.detach_listener("acme", "ken", relay.ken) is False
+    relay.book.listener_gone("acme", "ken", relay.ken)
+    assert relay.book.active_count() == 1
+    outcome = reply(call_id)
+    relay.book.from_listener("acme", "ken", new, outcome)
+    assert caller.of_type(CallOutcome) == [outcome]
+    assert relay.audit.events() == ["call.submit", "call.accept", "call.complete"]
+
+
+def test_listener_gone_keeps_call_for_a_reconnect(relay: Relay) -> None:
+    """A dropped listener does not end its calls; a cancel then goes to the new session."""
+    caller, call_id = relay.ring()
+    relay.board.detach_listener("acme", "ken", relay.ken)
+    relay.book.listener_gone("acme", "ken", relay.ken)
+    assert relay.book.get(call_id) is not None
+    assert not caller.closed
+    new = relay.listen("acme", "ken")
+    relay.book.from_caller(caller, CancelCall(call_id=call_id))
+    assert new.sent == [CancelCall(call_id=call_id)]
+
+
+# --- caller side ---------------------------------------------------------------------------
+
+
+def test_cancel_is_forwarded_to_current_listener_once(relay: Relay) -> None:
+    """A caller's cancel of its own call reaches the listener, once, and ends nothing yet."""
+    caller, call_id = relay.ring()
+    relay.book.from_caller(caller, CancelCall(call_id=call_id))
+    relay.book.from_caller(caller, CancelCall(call_id=call_id))
+    assert relay.ken.of_type(CancelCall) == [CancelCall(call_id=call_id)]
+    assert relay.book.active_count() == 1
+    assert not caller.closed
+
+
+def test_cancel_for_another_call_is_ignored(relay: Relay) -> None:
+    """A caller cannot cancel a call its connection does not carry."""
+    caller, call_id = relay.ring()
+    other_caller = relay.call(request(from_="@acme/bob"), caller="bob")
+    relay.book.from_caller(other_caller, CancelCall(call_id=call_id))
+    relay.book.from_caller(caller, CancelCall(call_id="00000000-0000-4000-8000-999999999999"))
+    assert relay.ken.of_type(CancelCall) == []
+
+
+def test_caller_gone_cancels_listener_and_drops_late_outcome(relay: Relay) -> None:
+    """A vanished caller stops the agent; the later outcome is audited but sent to nobody."""
+    caller, call_id = relay.ring()
+    relay.from_ken(CallStarted(call_id=call_id))
+    relay.book.caller_gone(caller)
+    assert relay.ken.sent[-1] == CancelCall(call_id=call_id)
+    call = relay.book.get(call_id)
+    assert call is not None and call.caller_channel is None
+    sent = list(caller.sent)
+    relay.from_ken(reply(call_id))
+    assert caller.sent == sent
+    assert not caller.closed
+    assert relay.book.ignored_frames == 0
+    assert relay.audit.events() == ["call.submit", "call.accept", "call.complete"]
+    assert relay.book.active_count() == 0
+    assert relay.clock.getDelayedCalls() == []
+
+
+def test_caller_gone_after_cancel_sends_no_second_cancel(relay: Relay) -> None:
+    """A cancel already forwarded is not repeated when the caller then disconnects."""
+    caller, call_id = relay.ring()
+    relay.book.from_caller(caller, CancelCall(call_id=call_id))
+    relay.book.caller_gone(caller)
+    assert relay.ken.of_type(CancelCall) == [CancelCall(call_id=call_id)]
+
+
+def test_caller_gone_after_terminal_sends_nothing(relay: Relay) -> None:
+    """The caller's close after its outcome is routine: no cancel reaches the listener."""
+    caller, call_id = relay.ring()
+    relay.from_ken(reply(call_id))
+    relay.book.caller_gone(caller)
+    assert relay.ken.of_type(CancelCall) == []
+
+
+def test_caller_gone_then_deadline_cancels_again_and_audits(relay: Relay) -> None:
+    """A caller-less call still ends at its deadline, with call.timeout and a final cancel."""
+    caller, call_id = relay.ring()
+    relay.book.caller_gone(caller)
+    relay.clock.advance(DEADLINE)
+    assert relay.ken.of_type(CancelCall) == [CancelCall(call_id=call_id)] * 2
+    assert caller.of_type(CallError) == []
+    assert relay.audit.events() == ["call.submit", "call.timeout"]
+
+
+# --- robustness ----------------------------------------------------------------------------
+
+
+def test_audit_failure_does_not_break_routing() -> None:
+    """A failing audit sink is logged; the caller still gets its outcome."""
+
+    class Broken(RecordingAudit):
+        def record(self, *args: object) -> None:
+            raise OSError("disk full")
+
+    relay = Relay(audit=Broken())
+    caller, call_id = relay.ring()
+    relay.from_ken(reply(call_id))
+    assert caller.closes == [(1000, "done")]
+    assert relay.book.active_count() == 0
+
+
+def test_call_ids_never_collide() -> None:
+    """A minter that repeats itself is refused rather than cross-wiring two calls."""
+    relay = Relay(mint_call_id=lambda: "00000000-0000-4000-8000-000000000001")
+    relay.ring()
+    with pytest.raises(RuntimeError, match="minter"):
+        relay.call(request())
+
+
+def test_rate_windows_are_pruned_as_calls_flow(relay: Relay) -> None:
+    """Budget state of pairs that stopped calling is dropped on a later submission."""
+    relay.ring()
+    assert relay.limiter.tracked_keys() == 1
+    relay.clock.advance(limits.RATE_WINDOW_S)
+    relay.call(request(to="@acme/bob"), target="bob")
+    assert relay.limiter.tracked_keys() == 0
+
+
+def test_call_record_holds_no_envelope(relay: Relay) -> None:
+    """The relay keeps metadata only: no field of a call record is an envelope."""
+    _, call_id = relay.ring()
+    call = relay.book.get(call_id)
+    assert call is not None
+    values = attrs.asdict(call, recurse=False).values()
+    assert not any(isinstance(v, SealedEnvelope | CallRequest) for v in values)
