@@ -22,7 +22,6 @@ from twisted.internet import defer, error
 from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
 from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import connectionDone
-from twisted.logger import Logger
 from twisted.python.failure import Failure
 
 from agentcall import ids, limits
@@ -30,6 +29,7 @@ from agentcall.client.api import USER_AGENT, Credentials, RelayUnreachable, desc
 from agentcall.client.endpoint import RelayUrl
 from agentcall.client.tls import chosen_ca_file, client_tls_options, roots_from
 from agentcall.errors import AgentCallError, MalformedFrame
+from agentcall.logevents import Logger
 from agentcall.wire import codec
 from agentcall.wire.frames import (
     TO_CALLER,

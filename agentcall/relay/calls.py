@@ -19,10 +19,10 @@ from collections.abc import Callable
 from typing import Protocol
 
 import attrs
-from twisted.logger import Logger
 
 from agentcall import ids, limits
 from agentcall.errors import CallErrorCode
+from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.switchboard import Channel, Switchboard

@@ -13,12 +13,12 @@ from typing import Any
 import txaio
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
-from twisted.logger import Logger
 from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode, MalformedFrame
 from agentcall.interfaces import IChannel
+from agentcall.logevents import Logger
 from agentcall.relay.calls import CallBook
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard

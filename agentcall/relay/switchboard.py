@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Protocol
 
-from twisted.logger import Logger
+from agentcall.logevents import Logger
 
 CLOSE_REPLACED = 4000
 REPLACED_REASON = "replaced by a newer connection"

@@ -9,11 +9,11 @@ from typing import Any
 from twisted.application import internet, service
 from twisted.internet import endpoints
 from twisted.internet.interfaces import IListeningPort
-from twisted.logger import Logger
 from twisted.python import usage
 from twisted.web import resource, server
 
 from agentcall import limits
+from agentcall.logevents import Logger
 
 _log = Logger(namespace="agentcall.relay")
 

@@ -11,13 +11,13 @@ from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
-from twisted.logger import Logger
 from twisted.web import resource, server
 
 from agentcall import __version__, ids, limits
 from agentcall.crypto import records
 from agentcall.errors import ApiError, ApiErrorCode, CryptoError, MalformedFrame
 from agentcall.invites import make_invite_url
+from agentcall.logevents import Logger
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard
 from agentcall.wire import codec, http

@@ -1,0 +1,186 @@
+"""Real processes for the end-to-end suite: a `twistd agentcall-relay` on loopback with TLS.
+
+The relay is started exactly as an operator would (`agentcall relay bootstrap`, then
+`twistd -n agentcall-relay ...`), with a throwaway CA. Readiness is read from the relay's own
+log line, not guessed with a sleep.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import re
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Sequence
+from pathlib import Path
+
+import attrs
+
+from agentcall.client.endpoint import RelayUrl
+from agentcall.testing.tlsca import CA, make_ca
+
+REPO = Path(__file__).resolve().parents[2]
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 20.0
+
+
+def child_env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    # The checkout on sys.path is how twistd finds twisted/plugins/agentcall_plugins.py here.
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
+    env.update(extra)
+    return env
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port: int = s.getsockname()[1]
+        return port
+
+
+def agentcall_cli(args: Sequence[str], *, env: dict[str, str] | None = None) -> str:
+    done = subprocess.run(
+        [sys.executable, "-m", "agentcall", *args],
+        env=env or child_env(),
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    if done.returncode != 0:
+        raise RuntimeError(f"agentcall {args[0]} failed ({done.returncode}): {done.stderr}")
+    return done.stdout
+
+
+class LogFollower:
+    """Drains a child's stdout on a thread (so it never blocks) and lets tests wait for a line."""
+
+    def __init__(self, stream: object, path: Path) -> None:
+        self.lines: list[str] = []
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._path = path
+        self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
+        self._thread.start()
+
+    def _drain(self, stream: object) -> None:
+        with self._path.open("a", encoding="utf-8") as copy:
+            for line in stream:  # type: ignore[attr-defined]
+                copy.write(line)
+                copy.flush()
+                self.lines.append(line)
+                self._queue.put(line)
+        self._queue.put(None)
+
+    def wait_for(self, pattern: str, timeout: float = START_TIMEOUT_S) -> re.Match[str]:
+        regex = re.compile(pattern)
+        for line in list(self.lines):
+            if match := regex.search(line):
+                return match
+        while True:
+            try:
+                queued = self._queue.get(timeout=timeout)
+            except queue.Empty:
+                raise TimeoutError(f"no log line matching {pattern!r} within {timeout}s") from None
+            if queued is None:
+                raise RuntimeError(f"process exited before logging {pattern!r}")
+            if match := regex.search(queued):
+                return match
+
+    def text(self) -> str:
+        return "".join(self.lines)
+
+
+@attrs.define
+class RelayProcess:
+    url: RelayUrl
+    database: Path
+    ca_file: str
+    process: subprocess.Popen[str]
+    log: LogFollower
+    args: tuple[str, ...]
+
+    def bootstrap(self, org: str) -> str:
+        out = agentcall_cli(
+            [
+                "relay",
+                "bootstrap",
+                "--database",
+                str(self.database),
+                "--org",
+                org,
+                "--url",
+                str(self.url),
+            ]
+        )
+        return out.strip()
+
+    def alive(self) -> bool:
+        return self.process.poll() is None
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=15)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        return self.process.returncode
+
+
+def start_relay(
+    workdir: Path,
+    *,
+    extra_args: Sequence[str] = (),
+    ca: CA | None = None,
+    port: int | None = None,
+    orgs: Sequence[str] = ("acme",),
+) -> tuple[RelayProcess, dict[str, str]]:
+    """Bootstrap and start a TLS relay; returns it and the first admin invite of each org."""
+    workdir.mkdir(parents=True, exist_ok=True)
+    ca = ca or make_ca(workdir / "ca")
+    cert = ca.issue_server(workdir / "tls", hostnames=("localhost",), ips=("127.0.0.1",))
+    port = port or free_port()
+    url = RelayUrl.parse(f"https://localhost:{port}")
+    database = workdir / "relay.sqlite"
+    invites = {}
+    for org in orgs:
+        out = agentcall_cli(
+            ["relay", "bootstrap", "--database", str(database), "--org", org, "--url", str(url)]
+        )
+        invites[org] = out.strip()
+    args = (
+        str(BIN / "twistd"),
+        "-n",
+        "--pidfile=",
+        "--logfile=-",
+        "agentcall-relay",
+        "--database",
+        str(database),
+        "--listen",
+        cert.endpoint_string(port),
+        "--url",
+        str(url),
+        *extra_args,
+    )
+    process = subprocess.Popen(
+        args,
+        env=child_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=workdir,
+    )
+    log = LogFollower(process.stdout, workdir / "relay.log")
+    relay = RelayProcess(url, database, str(cert.ca_cert_file), process, log, args)
+    try:
+        log.wait_for(r"relay_listening port=")
+    except Exception:
+        relay.stop()
+        raise
+    return relay, invites
