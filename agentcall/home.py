@@ -1,0 +1,323 @@
+"""Where an installation keeps its state, and how its private files are written and read.
+
+One installation (one identity) lives in a state directory: ``$AGENTCALL_HOME`` if set,
+otherwise ``$HOME/.agentcall``. Authored tasks live outside it, in ``$HOME/AgentCall/tasks``,
+because people edit them by hand. Everything is resolved from one environ mapping, so a test (or
+a second identity on the same machine) only needs its own ``HOME``.
+
+The state directory is 0700 and every file in it 0600. Reads refuse a file that someone else
+could have written or read, rather than trusting it: a token or key that others can read is no
+longer secret, and a file others can write is no longer ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import pwd
+import stat
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import attrs
+
+from agentcall.errors import AgentCallError
+
+STATE_DIR_MODE = 0o700
+PRIVATE_FILE_MODE = 0o600
+
+
+class LocalStateError(AgentCallError):
+    """The installation's local files are missing, unsafe or malformed (one-line reason)."""
+
+
+class HomeError(LocalStateError):
+    """The environment does not name a usable state directory."""
+
+
+class PrivateFileError(LocalStateError):
+    """A private file or the state directory is not safe to use; the message says the fix."""
+
+    def __init__(self, path: Path, problem: str, fix: str) -> None:
+        super().__init__(f"{path}: {problem}; {fix}")
+        self.path = path
+        self.problem = problem
+        self.fix = fix
+
+
+@attrs.frozen
+class PrivateFileProblem:
+    """One finding of :meth:`Home.private_file_problems`, for ``doctor``."""
+
+    path: Path
+    problem: str
+    fix: str
+
+    def __str__(self) -> str:
+        return f"{self.path}: {self.problem}; {self.fix}"
+
+
+def _absolute(name: str, value: str) -> Path:
+    # A relative directory would depend on the working directory, which differs between the
+    # CLI and the background service: the two would silently use different identities.
+    if not os.path.isabs(value):
+        raise HomeError(f"{name} must be an absolute path, not {value!r}")
+    return Path(os.path.normpath(value))
+
+
+def _user_home(environ: Mapping[str, str]) -> Path:
+    value = environ.get("HOME", "")
+    if value:
+        return _absolute("HOME", value)
+    # Services started without HOME (some init systems) still belong to a user.
+    try:
+        entry = pwd.getpwuid(os.getuid())
+    except KeyError:
+        raise HomeError("HOME is not set and this user has no home directory") from None
+    return _absolute("the home directory of this user", entry.pw_dir)
+
+
+def _file_problem(path: Path, st: os.stat_result) -> PrivateFileProblem | None:
+    """What is wrong with an lstat/fstat result for a private file, if anything."""
+    if stat.S_ISLNK(st.st_mode):
+        return PrivateFileProblem(
+            path, "is a symbolic link", f"replace it with the file itself (rm {path}, re-create)"
+        )
+    if not stat.S_ISREG(st.st_mode):
+        return PrivateFileProblem(path, "is not a regular file", f"remove it (rm -r {path})")
+    uid = os.getuid()
+    if st.st_uid != uid:
+        return PrivateFileProblem(
+            path,
+            f"is owned by uid {st.st_uid}, not by you (uid {uid})",
+            f"check who made it, then remove it or run `chown {uid} {path}`",
+        )
+    if st.st_mode & 0o077:
+        return PrivateFileProblem(
+            path,
+            f"is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o})",
+            f"run `chmod 600 {path}`",
+        )
+    return None
+
+
+@attrs.frozen
+class Home:
+    """The paths of one installation, resolved once from an environ mapping."""
+
+    state_dir: Path
+    user_home: Path
+    # AGENTCALL_RELAY, when set: overrides the relay URL in config.json (see config.py). It is
+    # captured here so that one environ mapping decides everything about an installation.
+    relay_override: str | None = None
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Home:
+        """``$AGENTCALL_HOME`` (else ``$HOME/.agentcall``); empty variables count as unset."""
+        user_home = _user_home(environ)
+        override = environ.get("AGENTCALL_HOME", "")
+        state_dir = _absolute("AGENTCALL_HOME", override) if override else user_home / ".agentcall"
+        relay = environ.get("AGENTCALL_RELAY", "") or None
+        return cls(state_dir=state_dir, user_home=user_home, relay_override=relay)
+
+    # --- paths -----------------------------------------------------------------------------
+
+    @property
+    def tasks_dir(self) -> Path:
+        return self.user_home / "AgentCall" / "tasks"
+
+    @property
+    def config_path(self) -> Path:
+        return self.state_dir / "config.json"
+
+    @property
+    def keys_path(self) -> Path:
+        return self.state_dir / "keys.json"
+
+    @property
+    def policy_path(self) -> Path:
+        return self.state_dir / "policy.json"
+
+    @property
+    def contacts_path(self) -> Path:
+        return self.state_dir / "contacts.json"
+
+    @property
+    def state_db_path(self) -> Path:
+        return self.state_dir / "state.sqlite"
+
+    @property
+    def calls_log_path(self) -> Path:
+        return self.state_dir / "calls.log"
+
+    @property
+    def tools_log_path(self) -> Path:
+        return self.state_dir / "tools.log"
+
+    @property
+    def listener_log_path(self) -> Path:
+        return self.state_dir / "listener.log"
+
+    def private_paths(self) -> tuple[Path, ...]:
+        """Every file in the state directory that must be 0600 when it exists."""
+        db = self.state_db_path
+        return (
+            self.config_path,
+            self.keys_path,
+            self.policy_path,
+            self.contacts_path,
+            db,
+            db.with_name(db.name + "-wal"),
+            db.with_name(db.name + "-shm"),
+            self.calls_log_path,
+            self.tools_log_path,
+            self.listener_log_path,
+        )
+
+    # --- the directory ---------------------------------------------------------------------
+
+    def ensure(self) -> None:
+        """Create the state directory 0700, or tighten an existing one of ours to 0700."""
+        try:
+            self.state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
+            st = os.stat(self.state_dir)
+        except OSError as exc:
+            raise HomeError(f"cannot create {self.state_dir}: {exc.strerror}") from None
+        problem = self._dir_problem(st)
+        if problem is not None:
+            raise PrivateFileError(problem.path, problem.problem, problem.fix)
+        if stat.S_IMODE(st.st_mode) != STATE_DIR_MODE:
+            os.chmod(self.state_dir, STATE_DIR_MODE)
+
+    def _dir_problem(self, st: os.stat_result) -> PrivateFileProblem | None:
+        path = self.state_dir
+        if not stat.S_ISDIR(st.st_mode):
+            return PrivateFileProblem(path, "is not a directory", f"move it away ({path})")
+        uid = os.getuid()
+        if st.st_uid != uid:
+            return PrivateFileProblem(
+                path,
+                f"is owned by uid {st.st_uid}, not by you (uid {uid})",
+                "set AGENTCALL_HOME to a directory of your own",
+            )
+        return None
+
+    # --- private files ---------------------------------------------------------------------
+
+    def write_private(self, path: Path, data: bytes, *, exclusive: bool = False) -> None:
+        """Replace ``path`` atomically with ``data``, mode 0600.
+
+        Readers see the old file or the new one, never a torn write, even after a crash: the
+        data reaches the disk before the rename, and the rename before this returns.
+        With ``exclusive``, an existing file is never replaced (:class:`FileExistsError`).
+        """
+        self.ensure()
+        directory = path.parent
+        # mkstemp creates the file 0600 from the start, so the secret is never readable by others.
+        fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
+        temp = Path(temp_name)
+        try:
+            with os.fdopen(fd, "wb") as handle:
+                handle.write(data)
+                handle.flush()
+                os.fsync(handle.fileno())
+            if exclusive:
+                # link() fails when the target exists, where replace() would overwrite it.
+                os.link(temp, path)
+                temp.unlink()
+            else:
+                os.replace(temp, path)
+        except BaseException:
+            with contextlib.suppress(FileNotFoundError):
+                temp.unlink()
+            raise
+        _fsync_dir(directory)
+
+    def read_private(self, path: Path) -> bytes:
+        """The bytes of a private file, refused unless it is a regular 0600 file of ours.
+
+        A missing file raises :class:`FileNotFoundError` for the caller to interpret.
+        """
+        # O_NOFOLLOW refuses a symlink at open time; O_NONBLOCK keeps a FIFO from hanging us.
+        flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
+        try:
+            fd = os.open(path, flags)
+        except FileNotFoundError:
+            raise
+        except OSError as exc:
+            # ELOOP (or EMLINK on some BSDs) is how O_NOFOLLOW reports a symlink.
+            problem = _file_problem(path, os.lstat(path)) if os.path.lexists(path) else None
+            if problem is not None:
+                raise PrivateFileError(path, problem.problem, problem.fix) from None
+            raise PrivateFileError(path, f"cannot be read ({exc.strerror})", "check it") from None
+        try:
+            # Checked on the open descriptor, so the file cannot be swapped after the check.
+            problem = _file_problem(path, os.fstat(fd))
+            if problem is not None:
+                raise PrivateFileError(path, problem.problem, problem.fix)
+            chunks = []
+            while chunk := os.read(fd, 65536):
+                chunks.append(chunk)
+            return b"".join(chunks)
+        finally:
+            os.close(fd)
+
+    def create_private(self, path: Path) -> None:
+        """Make sure ``path`` exists as an empty 0600 file of ours (for files others fill in)."""
+        self.ensure()
+        flags = os.O_RDONLY | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+        try:
+            fd = os.open(path, flags, PRIVATE_FILE_MODE)
+        except OSError as exc:
+            problem = _file_problem(path, os.lstat(path)) if os.path.lexists(path) else None
+            if problem is not None:
+                raise PrivateFileError(path, problem.problem, problem.fix) from None
+            raise PrivateFileError(
+                path, f"cannot be created ({exc.strerror})", "check it"
+            ) from None
+        try:
+            problem = _file_problem(path, os.fstat(fd))
+        finally:
+            os.close(fd)
+        if problem is not None:
+            raise PrivateFileError(path, problem.problem, problem.fix)
+
+    def private_file_problems(self) -> list[PrivateFileProblem]:
+        """Everything unsafe about the state directory and its private files (read-only)."""
+        try:
+            dir_st = os.stat(self.state_dir)
+        except FileNotFoundError:
+            return []
+        except OSError as exc:
+            return [PrivateFileProblem(self.state_dir, f"cannot be read ({exc.strerror})", "")]
+        problems: list[PrivateFileProblem] = []
+        dir_problem = self._dir_problem(dir_st)
+        if dir_problem is not None:
+            return [dir_problem]
+        if stat.S_IMODE(dir_st.st_mode) != STATE_DIR_MODE:
+            problems.append(
+                PrivateFileProblem(
+                    self.state_dir,
+                    f"has mode {stat.S_IMODE(dir_st.st_mode):04o}, not 0700",
+                    f"run `chmod 700 {self.state_dir}`",
+                )
+            )
+        for path in self.private_paths():
+            try:
+                st = os.lstat(path)
+            except FileNotFoundError:
+                continue
+            problem = _file_problem(path, st)
+            if problem is not None:
+                problems.append(problem)
+        return problems
+
+
+def _fsync_dir(directory: Path) -> None:
+    # The rename is only durable once the directory entry itself is on disk.
+    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

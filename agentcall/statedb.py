@@ -1,0 +1,133 @@
+"""state.sqlite: the installation's machine state (pins, replay reservations), one SQLite file.
+
+People edit the JSON files next to it; nobody edits this one, so it can be a database: WAL mode,
+versioned schema files (``agentcall/db/schema/state-*.sql``), one writer at a time. This module
+holds every query against it. Nothing here reads the clock; callers pass ``now``.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+
+from zope.interface import implementer
+
+from agentcall.crypto.pins import IPinStorage, Pin
+from agentcall.crypto.replay import IReplayStorage
+from agentcall.db import open_database, packaged_schema
+from agentcall.errors import StoreError
+from agentcall.home import Home
+
+STATE_SCHEMA = packaged_schema("state")
+
+_SELECT_PIN = (
+    "SELECT relay_origin, address, identity_pub, fingerprint, first_seen_at, highest_epoch"
+    " FROM pins WHERE relay_origin = ? AND address = ?"
+)
+_UPSERT_PIN = (
+    "INSERT INTO pins"
+    " (relay_origin, address, identity_pub, fingerprint, first_seen_at, highest_epoch)"
+    " VALUES (?, ?, ?, ?, ?, ?)"
+    " ON CONFLICT (relay_origin, address) DO UPDATE SET"
+    " identity_pub = excluded.identity_pub, fingerprint = excluded.fingerprint,"
+    " first_seen_at = excluded.first_seen_at, highest_epoch = excluded.highest_epoch"
+)
+_DELETE_PIN = "DELETE FROM pins WHERE relay_origin = ? AND address = ?"
+_SELECT_RESERVATION = (
+    "SELECT keep_until FROM replay WHERE sender_fingerprint = ? AND request_id = ?"
+)
+_UPSERT_RESERVATION = (
+    "INSERT INTO replay (sender_fingerprint, request_id, keep_until) VALUES (?, ?, ?)"
+    " ON CONFLICT (sender_fingerprint, request_id) DO UPDATE SET keep_until = excluded.keep_until"
+)
+_COUNT_LIVE = "SELECT COUNT(*) FROM replay WHERE keep_until > ?"
+_PRUNE = "DELETE FROM replay WHERE keep_until <= ?"
+
+
+def _run(conn: sqlite3.Connection, sql: str, params: tuple[object, ...]) -> sqlite3.Cursor:
+    # Each statement runs in autocommit mode, so each is its own durable transaction.
+    try:
+        return conn.execute(sql, params)
+    except sqlite3.Error as exc:
+        raise StoreError(f"state database: {exc}") from exc
+
+
+@implementer(IPinStorage)
+class SqlitePinStorage:
+    """Pins in the ``pins`` table, keyed by (relay_origin, address)."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def get(self, relay_origin: str, address: str) -> Pin | None:
+        row = _run(self._conn, _SELECT_PIN, (relay_origin, address)).fetchone()
+        if row is None:
+            return None
+        try:
+            return Pin(*row)
+        except (TypeError, ValueError):
+            # A pin is a trust decision: a row that is not a valid pin must not be guessed at.
+            raise StoreError(f"state database: the pin for {address} is corrupt") from None
+
+    def put(self, pin: Pin) -> None:
+        _run(
+            self._conn,
+            _UPSERT_PIN,
+            (
+                pin.relay_origin,
+                pin.address,
+                pin.identity_pub,
+                pin.fingerprint,
+                pin.first_seen_at,
+                pin.highest_epoch,
+            ),
+        )
+
+    def remove(self, relay_origin: str, address: str) -> bool:
+        return _run(self._conn, _DELETE_PIN, (relay_origin, address)).rowcount > 0
+
+
+@implementer(IReplayStorage)
+class SqliteReplayStorage:
+    """Replay reservations in the ``replay`` table; they outlive the process that made them."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def keep_until(self, sender_fingerprint: str, request_id: str) -> float | None:
+        row = _run(self._conn, _SELECT_RESERVATION, (sender_fingerprint, request_id)).fetchone()
+        return None if row is None else float(row[0])
+
+    def add(self, sender_fingerprint: str, request_id: str, keep_until: float) -> None:
+        _run(self._conn, _UPSERT_RESERVATION, (sender_fingerprint, request_id, keep_until))
+
+    def count_live(self, now: float) -> int:
+        count: int = _run(self._conn, _COUNT_LIVE, (now,)).fetchone()[0]
+        return count
+
+    def prune(self, now: float) -> int:
+        return _run(self._conn, _PRUNE, (now,)).rowcount
+
+
+class StateDb:
+    """The open state database and the storages built on it."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+        self.pins = SqlitePinStorage(conn)
+        self.replay = SqliteReplayStorage(conn)
+
+    @classmethod
+    def open(cls, home: Home) -> StateDb:
+        """Open (creating 0600 if needed) ``state.sqlite`` at the newest state schema."""
+        # Created empty and private first: SQLite would use the umask, and its -wal and -shm
+        # files copy the database file's mode.
+        home.create_private(home.state_db_path)
+        opened = open_database(home.state_db_path, STATE_SCHEMA)
+        return cls(opened.connection)
+
+    @property
+    def connection(self) -> sqlite3.Connection:
+        return self._conn
+
+    def close(self) -> None:
+        self._conn.close()

@@ -1,0 +1,197 @@
+"""state.sqlite: pins and replay reservations that survive closing and reopening the file."""
+
+from __future__ import annotations
+
+import os
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from zope.interface.verify import verifyObject
+
+from agentcall import limits
+from agentcall.crypto import keys
+from agentcall.crypto.pins import IPinStorage, Pin, PinBook
+from agentcall.crypto.replay import IReplayStorage, ReplayWindow
+from agentcall.errors import IdentityChanged, ReplayDetected, StoreError
+from agentcall.home import Home, PrivateFileError
+from agentcall.statedb import SqlitePinStorage, SqliteReplayStorage, StateDb
+from tests.unit.crypto_helpers import NOW, ORIGIN, make_party
+
+KEN = "@acme/ken"
+SENDER = "SHA256:" + "ab" * 16
+REQUEST = "0123456789abcdef" * 2
+
+
+@pytest.fixture
+def home(tmp_path: Path) -> Home:
+    return Home.from_environ({"HOME": str(tmp_path)})
+
+
+@pytest.fixture
+def db(home: Home) -> Iterator[StateDb]:
+    opened = StateDb.open(home)
+    yield opened
+    opened.close()
+
+
+def reopen(home: Home, db: StateDb) -> StateDb:
+    db.close()
+    return StateDb.open(home)
+
+
+def a_pin(**changes: object) -> Pin:
+    fields: dict[str, object] = {
+        "relay_origin": ORIGIN,
+        "address": KEN,
+        "identity_pub": "A" * 43,
+        "fingerprint": "SHA256:" + "0" * 32,
+        "first_seen_at": int(NOW),
+        "highest_epoch": 1,
+    }
+    fields.update(changes)
+    return Pin(**fields)  # type: ignore[arg-type]
+
+
+def test_storages_provide_their_interfaces(db: StateDb) -> None:
+    """The SQLite storages are complete implementations of the crypto interfaces."""
+    assert verifyObject(IPinStorage, db.pins)
+    assert verifyObject(IReplayStorage, db.replay)
+    assert isinstance(db.pins, SqlitePinStorage)
+    assert isinstance(db.replay, SqliteReplayStorage)
+
+
+def test_file_is_private_and_in_wal_mode(home: Home, db: StateDb) -> None:
+    """state.sqlite is 0600 in the 0700 state dir, in WAL mode, at the state schema."""
+    assert os.stat(home.state_db_path).st_mode & 0o777 == 0o600
+    assert os.stat(home.state_dir).st_mode & 0o777 == 0o700
+    assert db.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
+    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 1)]
+    db.pins.put(a_pin())
+    # SQLite gives its side files the database file's mode.
+    for suffix in ("-wal", "-shm"):
+        side = home.state_db_path.with_name(home.state_db_path.name + suffix)
+        assert os.stat(side).st_mode & 0o777 == 0o600
+
+
+def test_loose_database_file_is_refused(home: Home) -> None:
+    """A state.sqlite others can read is refused before SQLite opens it."""
+    StateDb.open(home).close()
+    os.chmod(home.state_db_path, 0o644)
+    with pytest.raises(PrivateFileError, match="chmod 600"):
+        StateDb.open(home)
+
+
+def test_another_schema_is_refused(home: Home) -> None:
+    """A SQLite file that is not a state database is not used."""
+    home.create_private(home.state_db_path)
+    conn = sqlite3.connect(home.state_db_path)
+    conn.execute("CREATE TABLE something (x)")
+    conn.commit()
+    conn.close()
+    with pytest.raises(StoreError):
+        StateDb.open(home)
+
+
+def test_pins_put_get_remove(db: StateDb) -> None:
+    """A pin is stored, replaced by key, and removed once."""
+    assert db.pins.get(ORIGIN, KEN) is None
+    db.pins.put(a_pin())
+    db.pins.put(a_pin(highest_epoch=3))
+    assert db.pins.get(ORIGIN, KEN) == a_pin(highest_epoch=3)
+    assert db.pins.get("other.example", KEN) is None
+    assert db.pins.remove(ORIGIN, KEN) is True
+    assert db.pins.remove(ORIGIN, KEN) is False
+    assert db.pins.get(ORIGIN, KEN) is None
+
+
+def test_pins_persist_across_reopen(home: Home, db: StateDb) -> None:
+    """A pin written before closing is there after reopening the same file."""
+    db.pins.put(a_pin(highest_epoch=2))
+    db = reopen(home, db)
+    try:
+        assert db.pins.get(ORIGIN, KEN) == a_pin(highest_epoch=2)
+    finally:
+        db.close()
+
+
+def test_pin_book_refuses_a_changed_identity_after_restart(home: Home, db: StateDb) -> None:
+    """TOFU holds across processes: a new identity key after reopening is a hard error."""
+    ken = make_party(KEN)
+    PinBook(db.pins).check_and_pin(KEN, ken.identity, ken.encryption, NOW)
+    db = reopen(home, db)
+    try:
+        impostor = make_party(KEN)
+        with pytest.raises(IdentityChanged):
+            PinBook(db.pins).check_and_pin(KEN, impostor.identity, impostor.encryption, NOW)
+        pinned = db.pins.get(ORIGIN, KEN)
+        assert pinned is not None
+        assert pinned.fingerprint == keys.fingerprint(ken.identity.record)
+    finally:
+        db.close()
+
+
+def test_corrupt_pin_row_is_an_error(db: StateDb) -> None:
+    """A row that is not a valid pin is refused rather than trusted."""
+    db.pins.put(a_pin())
+    db.connection.execute("UPDATE pins SET fingerprint = 'nonsense'")
+    with pytest.raises(StoreError, match="corrupt"):
+        db.pins.get(ORIGIN, KEN)
+
+
+def test_replay_storage_basics(db: StateDb) -> None:
+    """Reservations are found by key, counted while live and pruned when spent."""
+    replay = db.replay
+    assert replay.keep_until(SENDER, REQUEST) is None
+    replay.add(SENDER, REQUEST, NOW + 10.5)
+    replay.add(SENDER, "f" * 32, NOW + 20)
+    assert replay.keep_until(SENDER, REQUEST) == NOW + 10.5
+    assert replay.keep_until("SHA256:" + "cd" * 16, REQUEST) is None
+    assert replay.count_live(NOW) == 2
+    assert replay.count_live(NOW + 10.5) == 1
+    replay.add(SENDER, REQUEST, NOW + 30)
+    assert replay.keep_until(SENDER, REQUEST) == NOW + 30
+    assert replay.prune(NOW + 20) == 1
+    assert replay.keep_until(SENDER, "f" * 32) is None
+    assert replay.prune(NOW + 20) == 0
+
+
+def test_replayed_request_is_refused_after_restart(home: Home, db: StateDb) -> None:
+    """The reason this table exists: a request replayed after a restart is still refused."""
+    expires_at = NOW + limits.CALL_DEADLINE_S
+    ReplayWindow(storage=db.replay).reserve(SENDER, REQUEST, expires_at, NOW)
+    db = reopen(home, db)
+    try:
+        window = ReplayWindow(storage=db.replay)
+        with pytest.raises(ReplayDetected):
+            window.reserve(SENDER, REQUEST, expires_at, NOW + 60)
+        # Once the reservation is spent the id is forgotten and the table does not grow.
+        later = expires_at + limits.CLOCK_SKEW_S
+        assert window.prune(later) == 1
+        assert window.live_count(later) == 0
+    finally:
+        db.close()
+
+
+def test_full_window_persists_its_count(home: Home, db: StateDb) -> None:
+    """The live count a full window refuses on is the stored one, also after reopening."""
+    window = ReplayWindow(max_entries=2, storage=db.replay)
+    for request_id in ("1" * 32, "2" * 32):
+        window.reserve(SENDER, request_id, NOW + 60, NOW)
+    db = reopen(home, db)
+    try:
+        with pytest.raises(ReplayDetected, match="full"):
+            ReplayWindow(max_entries=2, storage=db.replay).reserve(SENDER, "3" * 32, NOW + 60, NOW)
+    finally:
+        db.close()
+
+
+def test_closed_database_raises_store_error(home: Home) -> None:
+    """Using a closed database is a StoreError, not a bare sqlite3 error."""
+    db = StateDb.open(home)
+    db.close()
+    with pytest.raises(StoreError):
+        db.replay.count_live(NOW)
+    with pytest.raises(StoreError):
+        db.pins.put(a_pin())
