@@ -84,6 +84,34 @@ FrameHandler = Callable[[Frame], None]
 CloseHandler = Callable[[SocketClosed], None]
 
 
+def set_relay_protocol_options(factory: WebSocketClientFactory) -> None:
+    """The WebSocket options every socket to the relay uses (the listener's too)."""
+    factory.setProtocolOptions(
+        maxFramePayloadSize=limits.MAX_FRAME_BYTES,
+        maxMessagePayloadSize=limits.MAX_FRAME_BYTES,
+        autoPingInterval=limits.KEEPALIVE_INTERVAL_S,
+        autoPingTimeout=limits.KEEPALIVE_TIMEOUT_S,
+        openHandshakeTimeout=OPEN_TIMEOUT_S,
+        perMessageCompressionOffers=[],
+        perMessageCompressionAccept=lambda _response: None,
+    )
+
+
+def relay_endpoint(reactor: Any, relay_url: RelayUrl, ca_file: str | None) -> IStreamClientEndpoint:
+    """TCP to the relay, inside verified TLS for an https relay (the CA file is read now).
+
+    :raises CaFileError: the chosen CA file cannot be used.
+    """
+    endpoint: IStreamClientEndpoint = HostnameEndpoint(
+        reactor, relay_url.host, relay_url.port, timeout=OPEN_TIMEOUT_S
+    )
+    if relay_url.secure:
+        trust = roots_from(chosen_ca_file(ca_file))
+        options = client_tls_options(relay_url.host, trust)
+        endpoint = wrapClientTLS(options, endpoint, clock=reactor)
+    return endpoint
+
+
 class ClientSocket:
     """A socket the relay has declared ready. Frames out with :meth:`send`."""
 
@@ -226,15 +254,7 @@ class _RelayClientFactory(WebSocketClientFactory):
         super().__init__(
             relay_url.ws(query), useragent=USER_AGENT, headers=headers, reactor=reactor
         )
-        self.setProtocolOptions(
-            maxFramePayloadSize=limits.MAX_FRAME_BYTES,
-            maxMessagePayloadSize=limits.MAX_FRAME_BYTES,
-            autoPingInterval=limits.KEEPALIVE_INTERVAL_S,
-            autoPingTimeout=limits.KEEPALIVE_TIMEOUT_S,
-            openHandshakeTimeout=OPEN_TIMEOUT_S,
-            perMessageCompressionOffers=[],
-            perMessageCompressionAccept=lambda _response: None,
-        )
+        set_relay_protocol_options(self)
         self.relay_url = relay_url
         self.role = role
         self.address = ids.format_address(credentials.org, credentials.handle)
@@ -322,13 +342,7 @@ def open_socket(
     if to is not None and not ids.is_handle(to):
         return defer.fail(ValueError(f"not a valid handle: {to!r}"))
     try:
-        endpoint: IStreamClientEndpoint = HostnameEndpoint(
-            reactor, relay_url.host, relay_url.port, timeout=OPEN_TIMEOUT_S
-        )
-        if relay_url.secure:
-            trust = roots_from(chosen_ca_file(ca_file))
-            options = client_tls_options(relay_url.host, trust)
-            endpoint = wrapClientTLS(options, endpoint, clock=reactor)
+        endpoint = relay_endpoint(reactor, relay_url, ca_file)
     except AgentCallError as exc:
         return defer.fail(exc)
     query = {"role": str(role)} if to is None else {"role": str(role), "to": to}

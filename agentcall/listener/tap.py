@@ -1,8 +1,4 @@
-"""``twistd agentcall-listen``: not built yet.
-
-The listener service arrives with the next piece of work. Until then this plugin refuses to
-start with a clear message instead of pretending to listen.
-"""
+"""``twistd agentcall-listen``: parse options, compose the listener service. Nothing else."""
 
 from __future__ import annotations
 
@@ -11,14 +7,27 @@ from twisted.python import usage
 
 
 class Options(usage.Options):
-    synopsis = "(not available yet)"
+    synopsis = ""
     longdesc = (
-        "NOT BUILT YET: the AgentCall listener (answering calls with a local agent) is not part "
-        "of this release. Starting it fails with a clear error; nothing listens."
+        "Answer AgentCall calls on this machine: hold one connection to the relay and, for "
+        "each call the owner's policy admits, run a fresh one-shot agent (claude -p, codex "
+        "exec or the configured command) and send back its sealed, signed answer. The "
+        "installation is found through AGENTCALL_HOME (default $HOME/.agentcall); set it up "
+        "with `agentcall setup` first. AGENTCALL_RELAY overrides the relay URL for this run."
     )
 
 
 def makeService(config: Options) -> IService:
-    raise SystemExit(
-        "agentcall-listen is not available in this release: the listener has not been built yet."
+    from twisted.internet import reactor
+
+    from agentcall.listener.service import (
+        ListenerStartError,
+        listener_environ,
+        make_listener_service,
     )
+
+    try:
+        return make_listener_service(reactor, listener_environ())
+    except ListenerStartError as exc:
+        # twistd prints this and exits non-zero before anything is started.
+        raise SystemExit(f"agentcall-listen: {exc}") from None

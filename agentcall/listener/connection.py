@@ -1,0 +1,422 @@
+"""The listener's one WebSocket to the relay, kept up by ``ClientService``.
+
+- Reconnects with exponential backoff and jitter (:func:`reconnect_delay`).
+- Re-reads the relay URL, token and CA file (through ``load_settings``) on every attempt, so a
+  rotated token or a moved relay is picked up without a restart.
+- Verifies TLS exactly as the client library does (:func:`agentcall.client.ws.relay_endpoint`)
+  and uses the same WebSocket options.
+- Counts a connection only once the relay's ``ready`` frame for our own address arrived: that
+  is ``prepareConnection``. Until then nothing is delivered and nothing is sent.
+- Decodes every frame strictly for the listener role; a malformed one is logged and dropped.
+
+:class:`RelayLink` is what the pipeline sends through: a frame goes to the current usable
+socket, or :meth:`RelayLink.send` returns False and the pipeline keeps what matters.
+"""
+
+from __future__ import annotations
+
+import random as _random
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import txaio
+from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from twisted.application import internet, service
+from twisted.internet import defer
+from twisted.internet.interfaces import IProtocol, IReactorTime, IStreamClientEndpoint
+from twisted.internet.protocol import Factory, connectionDone
+from twisted.python.failure import Failure
+from zope.interface import implementer
+
+from agentcall import limits
+from agentcall.client.api import USER_AGENT, Credentials
+from agentcall.client.endpoint import RelayUrl
+from agentcall.client.ws import (
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+    OPEN_TIMEOUT_S,
+    relay_endpoint,
+    set_relay_protocol_options,
+)
+from agentcall.errors import AgentCallError, MalformedFrame
+from agentcall.logevents import Logger
+from agentcall.wire import codec
+from agentcall.wire.frames import TO_LISTENER, Frame, Ready, Role
+
+txaio.use_twisted()
+
+_log = Logger(namespace="agentcall.listener.connection")
+
+RECONNECT_FACTOR = 2.0
+
+
+def reconnect_delay(attempt: int, random: Callable[[], float]) -> float:
+    """Seconds before retry number ``attempt`` (1, 2, …): 1, 2, 4 … 60, plus ≤ 0.5 s jitter."""
+    exponent = min(max(attempt, 1) - 1, 32)  # 2**32 s is far past the cap; no overflow
+    base = min(limits.RECONNECT_INITIAL_S * RECONNECT_FACTOR**exponent, limits.RECONNECT_MAX_S)
+    return base + random() * limits.RECONNECT_JITTER_S
+
+
+@attrs.frozen
+class RelaySettings:
+    """Where to connect and as whom, as read from config.json for one attempt."""
+
+    relay_url: RelayUrl
+    credentials: Credentials  # its repr hides the token
+    ca_file: str | None
+
+    @property
+    def address(self) -> str:
+        return f"@{self.credentials.org}/{self.credentials.handle}"
+
+
+class NotReady(AgentCallError):
+    """The relay closed, timed out or broke the protocol before declaring the socket ready."""
+
+
+class RelayLink:
+    """The current usable socket, as the pipeline sees it."""
+
+    def __init__(self) -> None:
+        self._protocol: _ListenerProtocol | None = None
+
+    @property
+    def connected(self) -> bool:
+        return self._protocol is not None and self._protocol.usable
+
+    def send(self, frame: Frame) -> bool:
+        """Send one frame now; False (nothing sent) when no usable socket exists."""
+        protocol = self._protocol
+        if protocol is None or not protocol.usable:
+            return False
+        protocol.sendMessage(codec.encode(frame), isBinary=False)
+        return True
+
+    def attach(self, protocol: _ListenerProtocol) -> None:
+        self._protocol = protocol
+
+    def detach(self, protocol: _ListenerProtocol) -> None:
+        if self._protocol is protocol:
+            self._protocol = None
+
+    def close(self) -> None:
+        """Close the current socket normally (the listener is stopping)."""
+        protocol, self._protocol = self._protocol, None
+        if protocol is not None:
+            protocol.close_normally()
+
+
+class _ListenerProtocol(WebSocketClientProtocol):
+    factory: _ListenerFactory
+    # autobahn logs the whole upgrade request, bearer token included, at debug level; this
+    # logger stays at info whatever the global txaio level is.
+    log = txaio.make_logger(level="info")  # type: ignore[attr-defined]
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.usable = False
+        # Set once ClientService counts this connection; from then on its loss is reported to
+        # ClientService (see _Gate).
+        self.counted = False
+        self._ready: Ready | Exception | None = None
+        self._ready_waiters: list[defer.Deferred[_ListenerProtocol]] = []
+
+    # --- ready ----------------------------------------------------------------------------
+
+    def when_ready(self) -> defer.Deferred[_ListenerProtocol]:
+        """Fires with this protocol once ``ready`` arrived, or fails with :class:`NotReady`."""
+        if isinstance(self._ready, Ready):
+            if self.usable:
+                return defer.succeed(self)
+            return defer.fail(NotReady("the socket closed right after ready"))
+        if isinstance(self._ready, Exception):
+            return defer.fail(self._ready)
+        waiter: defer.Deferred[_ListenerProtocol] = defer.Deferred()
+        self._ready_waiters.append(waiter)
+        return waiter
+
+    def _settle(self, outcome: Ready | Exception) -> None:
+        if self._ready is not None:
+            return
+        self._ready = outcome
+        self.usable = isinstance(outcome, Ready)
+        waiters, self._ready_waiters = self._ready_waiters, []
+        for waiter in waiters:
+            if isinstance(outcome, Ready):
+                waiter.callback(self)
+            else:
+                waiter.errback(outcome)
+
+    def mark_counted(self) -> None:
+        self.counted = True
+
+    # --- frames in ------------------------------------------------------------------------
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        try:
+            if isBinary:
+                raise MalformedFrame("binary frames are not part of the protocol")
+            # No frame to a listener is larger than an incoming call.
+            frame = codec.decode_frame(
+                payload, TO_LISTENER, max_bytes=limits.MAX_REQUEST_FRAME_BYTES
+            )
+        except MalformedFrame as exc:
+            if self._ready is None:
+                self._violation(f"malformed frame before ready ({exc})")
+            else:
+                _log.warn("relay_frame_malformed", reason=str(exc), size=len(payload))
+            return
+        if self._ready is None:
+            expected = self.factory.expected_address
+            if isinstance(frame, Ready) and frame.role is Role.LISTEN and frame.address == expected:
+                self._settle(frame)
+            else:
+                self._violation(f"{frame.type} for someone else or before ready")
+        elif isinstance(frame, Ready):
+            _log.warn("relay_frame_malformed", reason="a second ready frame", size=len(payload))
+        elif self.usable:
+            self.factory.deliver(frame)
+
+    def _violation(self, why: str) -> None:
+        _log.warn("relay_protocol_error", reason=why)
+        if self.state == self.STATE_OPEN:
+            # A close reason is at most 123 bytes of UTF-8.
+            self.sendClose(CLOSE_PROTOCOL_ERROR, why.encode()[:100].decode(errors="ignore"))
+        self._settle(NotReady(f"the relay broke the protocol: {why}"))
+
+    # --- closing ----------------------------------------------------------------------------
+
+    def close_normally(self) -> None:
+        self.usable = False
+        if self.state == self.STATE_OPEN:
+            self.sendClose(CLOSE_NORMAL)
+
+    def drop(self) -> None:
+        self.usable = False
+        # A socket already closing finishes its close handshake (autobahn bounds it).
+        if self.state not in (self.STATE_CLOSING, self.STATE_CLOSED):
+            self.dropConnection(abort=True)
+
+    def lose_quietly(self, reason: Failure) -> None:
+        """Connection lost before ClientService counted it: tell only this protocol."""
+        self.connectionLost(reason)
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self.usable = False
+        self._settle(NotReady(f"the relay closed the socket before ready ({code}: {reason})"))
+        self.factory.closed(self, code, reason)
+
+
+class _ListenerFactory(WebSocketClientFactory):
+    protocol = _ListenerProtocol  # type: ignore[assignment]
+
+    def __init__(self, reactor: Any, connection: RelayConnection) -> None:
+        super().__init__(useragent=USER_AGENT, reactor=reactor)
+        set_relay_protocol_options(self)
+        self._connection = connection
+        self.expected_address = ""
+
+    def configure(self, settings: RelaySettings) -> None:
+        """Point the next connection at ``settings`` (URL and credentials as just re-read)."""
+        headers = {k.decode(): v.decode() for k, v in settings.credentials.headers().items()}
+        self.setSessionParameters(
+            url=settings.relay_url.ws({"role": str(Role.LISTEN)}),
+            useragent=USER_AGENT,
+            headers=headers,
+        )
+        self.expected_address = settings.address
+
+    def deliver(self, frame: Frame) -> None:
+        self._connection.frame_received(frame)
+
+    def closed(self, protocol: _ListenerProtocol, code: int | None, reason: str | None) -> None:
+        self._connection.socket_closed(protocol, code, reason)
+
+
+@implementer(IProtocol)
+class _Gate:
+    """Sits between the transport and ClientService's protocol proxy.
+
+    ClientService learns of a lost connection from its proxy's ``connectionLost``. Before
+    ``prepareConnection`` has succeeded that notification has no transition in its state
+    machine and raises; the failed ``prepareConnection`` already reports such a loss. So a
+    loss is passed on to ClientService only for a counted connection.
+    """
+
+    def __init__(self, proxy: Any) -> None:
+        # The proxy forwards unknown attributes to our protocol (ClientService documents it).
+        self.proxy = proxy
+
+    def makeConnection(self, transport: Any) -> None:
+        self.proxy.makeConnection(transport)
+
+    def connectionMade(self) -> None:
+        """Never called: makeConnection hands the transport on, and the proxy calls its own."""
+
+    def dataReceived(self, data: bytes) -> None:
+        self.proxy.dataReceived(data)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        if self.proxy.counted:
+            self.proxy.connectionLost(reason)
+        else:
+            self.proxy.lose_quietly(reason)
+
+
+class _GateFactory(Factory):
+    noisy = False  # one per attempt; relay_connected and relay_connect_failed say enough
+
+    def __init__(self, proxy_factory: Any) -> None:
+        self._proxy_factory = proxy_factory
+
+    def buildProtocol(self, addr: Any) -> _Gate | None:  # type: ignore[override]
+        proxy = self._proxy_factory.buildProtocol(addr)
+        return None if proxy is None else _Gate(proxy)
+
+
+EndpointFor = Callable[[RelayUrl, str | None], IStreamClientEndpoint]
+
+
+@implementer(IStreamClientEndpoint)
+class _ReloadingEndpoint:
+    """Each ``connect`` re-reads the settings, then dials the relay they name."""
+
+    def __init__(self, connection: RelayConnection) -> None:
+        self._connection = connection
+
+    def connect(self, protocolFactory: Any) -> defer.Deferred[Any]:
+        return self._connection.dial(protocolFactory)
+
+    def __repr__(self) -> str:
+        # ClientService logs this on every retry; it names no credential.
+        return f"<relay {self._connection.netloc}>"
+
+
+class RelayConnection(service.MultiService):
+    """One listener socket to the relay, kept up by a ``ClientService`` child."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        *,
+        load_settings: Callable[[], RelaySettings],
+        link: RelayLink,
+        on_frame: Callable[[Frame], None],
+        on_ready: Callable[[], None],
+        clock: IReactorTime | None = None,
+        endpoint_for: EndpointFor | None = None,
+        random: Callable[[], float] = _random.random,
+    ) -> None:
+        super().__init__()
+        self._reactor = reactor
+        self._clock: IReactorTime = reactor if clock is None else clock
+        self._load_settings = load_settings
+        self._endpoint_for: EndpointFor = endpoint_for or (
+            lambda url, ca_file: relay_endpoint(reactor, url, ca_file)
+        )
+        self.link = link
+        self._on_frame = on_frame
+        self._on_ready = on_ready
+        self._random = random
+        self._factory = _ListenerFactory(reactor, self)
+        self.netloc = "?"
+        self.connections = 0  # usable connections so far
+        self._last_failure = "not connected yet"
+        self._lost: tuple[int | None, str | None] | None = None
+        self.client = internet.ClientService(
+            _ReloadingEndpoint(self),
+            self._factory,
+            retryPolicy=self._retry_delay,
+            clock=self._clock,
+            prepareConnection=self._prepare,
+        )
+        self.client.setServiceParent(self)
+
+    # --- dialling ---------------------------------------------------------------------------
+
+    def dial(self, protocol_factory: Any) -> defer.Deferred[Any]:
+        try:
+            settings = self._load_settings()
+            self.netloc = settings.relay_url.netloc
+            endpoint = self._endpoint_for(settings.relay_url, settings.ca_file)
+        except Exception as exc:
+            # A config being edited, a missing CA file: retried with the usual backoff.
+            self._last_failure = f"settings unusable: {exc}"
+            return defer.fail(exc)
+        self._factory.configure(settings)
+        connecting: defer.Deferred[Any] = endpoint.connect(_GateFactory(protocol_factory))
+        connecting.addCallback(lambda gate: gate.proxy)
+        connecting.addErrback(self._dial_failed)
+        return connecting
+
+    def _dial_failed(self, failure: Failure) -> Failure:
+        self._last_failure = f"cannot connect: {type(failure.value).__name__}"
+        return failure
+
+    def _prepare(self, proxy: Any) -> defer.Deferred[None]:
+        """ClientService's prepareConnection: a connection counts once the relay is ready."""
+        waiting: defer.Deferred[_ListenerProtocol] = proxy.when_ready()
+        # ClientService cancels this on stop; a cancel or the timeout drops the socket.
+        result: defer.Deferred[_ListenerProtocol] = defer.Deferred(lambda _d: proxy.drop())
+        waiting.chainDeferred(result)
+        result.addTimeout(OPEN_TIMEOUT_S, self._clock)
+
+        def ready(protocol: _ListenerProtocol) -> None:
+            protocol.mark_counted()
+            self.connections += 1
+            self.link.attach(protocol)
+            _log.info("relay_connected", relay=self.netloc, connections=self.connections)
+            try:
+                self._on_ready()
+            except Exception:
+                _log.failure("relay_ready_handler_failed")
+
+        def not_ready(failure: Failure) -> Failure:
+            if failure.check(defer.TimeoutError):
+                self._last_failure = f"no ready frame within {OPEN_TIMEOUT_S:g} s"
+            else:
+                self._last_failure = str(failure.value)
+            proxy.drop()
+            return failure
+
+        return result.addCallbacks(ready, not_ready)
+
+    def _retry_delay(self, attempt: int) -> float:
+        delay = reconnect_delay(attempt, self._random)
+        if self._lost is not None:
+            code, reason = self._lost
+            self._lost = None
+            _log.info("relay_disconnected", code=code, reason=reason, retry_in_s=round(delay, 3))
+        else:
+            _log.info(
+                "relay_connect_failed",
+                attempt=attempt,
+                reason=self._last_failure,
+                retry_in_s=round(delay, 3),
+            )
+        return delay
+
+    # --- frames and closes ------------------------------------------------------------------
+
+    def frame_received(self, frame: Frame) -> None:
+        try:
+            self._on_frame(frame)
+        except Exception:
+            # One bad frame handler run must not take the socket down.
+            _log.failure("relay_frame_handler_failed", frame_type=frame.type)
+
+    def socket_closed(
+        self, protocol: _ListenerProtocol, code: int | None, reason: str | None
+    ) -> None:
+        self.link.detach(protocol)
+        if protocol.counted:
+            self._lost = (code, reason)
+            if not self.running:
+                _log.info("relay_disconnected", code=code, reason=reason, retry_in_s=None)
+
+    def stopService(self) -> defer.Deferred[None]:
+        # A normal WebSocket close first; ClientService then drops whatever is left.
+        self.link.close()
+        result: defer.Deferred[None] = defer.maybeDeferred(super().stopService)
+        return result

@@ -1,0 +1,422 @@
+"""The listener's per-call pipeline: frames from the relay in, frames to the relay out.
+
+:class:`CallPipeline` never touches a socket, a process or the global reactor. It is handed
+decoded frames (``incoming_call``, ``cancel_call``) and a set of :class:`Effects`: a clock, a
+function that sends a frame if the relay is connected, the caller-key directory, the pin book
+and replay window, the policy loader, the agent spawner and the calls.log writer. The stages
+themselves live in :mod:`agentcall.listener.stages`; this module runs them in their fixed
+order, keeps the one-call slot, handles cancels, and keeps terminal frames that could not be
+sent until the relay is back.
+
+Each call runs on its own Deferred; whatever goes wrong in one is caught, logged, answered
+with ``call_rejected`` if nothing was answered yet, and never reaches the service.
+"""
+
+from __future__ import annotations
+
+import collections
+import os
+import shutil
+from collections.abc import Callable, Mapping
+from typing import Final, Protocol
+
+import attrs
+from twisted.internet import defer
+from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure as TwistedFailure
+
+from agentcall import ids, limits
+from agentcall.config import Config
+from agentcall.crypto.pins import PinBook
+from agentcall.crypto.replay import ReplayWindow
+from agentcall.errors import CallErrorCode
+from agentcall.keystore import LocalKeys
+from agentcall.listener import prompt as prompt_module
+from agentcall.listener import stages
+from agentcall.listener.admission import ASK_TASK
+from agentcall.listener.calllog import CallRecord, CallStatus
+from agentcall.listener.policy import Policy
+from agentcall.listener.runner import AgentRun, OutputParser, RunResult
+from agentcall.logevents import Logger
+from agentcall.wire.frames import (
+    CallAccepted,
+    CallCancelled,
+    CallNotCancelled,
+    CallRejected,
+    CallStarted,
+    CancelCall,
+    CancelPhase,
+    Frame,
+    IncomingCall,
+    NotCancelledReason,
+)
+from agentcall.wire.payloads import Failure, Reply
+
+_log = Logger(namespace="agentcall.listener.core")
+
+BUSY_DETAIL: Final = "the agent is answering another call; try again in a few minutes"
+STOPPING_DETAIL: Final = "the owner's listener is stopping; try again later"
+STOPPED_DETAIL: Final = "the owner's listener stopped before the agent finished"
+SPAWN_FAILED_DETAIL: Final = "the answering agent could not be started"
+# Terminal frames kept while the relay is away; the relay drops a call after its deadline.
+MAX_KEPT_FRAMES: Final = 64
+# Ids of recently finished calls, so a late cancel is told "already terminal".
+MAX_REMEMBERED_CALLS: Final = 256
+
+
+class Cancellable(Protocol):
+    """What the pipeline needs of a running agent (a :class:`~runner.RunHandle`)."""
+
+    def cancel(self) -> None: ...
+
+
+class Spawner(Protocol):
+    """Start one agent run; the Deferred fires with its result once the process is gone."""
+
+    def __call__(
+        self, run: AgentRun, parser: OutputParser
+    ) -> tuple[defer.Deferred[RunResult], Cancellable]: ...
+
+
+class CallLogWriter(Protocol):
+    def append(self, record: CallRecord) -> bool: ...
+
+
+def which_on_path(program: str, path: str) -> str | None:
+    return shutil.which(program, path=path)
+
+
+@attrs.define
+class Effects:
+    """Everything the pipeline does to the world, passed in (fakes in tests)."""
+
+    clock: IReactorTime
+    # Send one frame now; False when no usable relay connection exists.
+    send: Callable[[Frame], bool]
+    fetch_keys: stages.KeyFetcher
+    pins: PinBook
+    replay: ReplayWindow
+    load_policy: Callable[[], Policy]
+    spawn: Spawner
+    call_log: CallLogWriter
+    environ: Mapping[str, str]
+    which: stages.Which = which_on_path
+    is_dir: Callable[[str], bool] = os.path.isdir
+    build_prompt: stages.PromptBuilder = prompt_module.build_prompt
+
+
+@attrs.define
+class _Call:
+    """One inbound call while the pipeline works on it."""
+
+    call_id: str
+    caller_handle: str
+    received_at: float
+    task: str | None = None
+    cancel_requested: bool = False
+    answered: bool = False
+    run: Cancellable | None = None
+
+
+class CallPipeline:
+    """Runs every inbound call through the stages; one agent at a time, none waiting."""
+
+    def __init__(self, config: Config, keys: LocalKeys, effects: Effects) -> None:
+        # Both may be replaced by the service (key rotation, config re-read on reconnect).
+        self.config = config
+        self.keys = keys
+        self._fx = effects
+        self._secrets: set[str] = {config.token}
+        self._calls: dict[str, _Call] = {}
+        self._running: _Call | None = None
+        self._stopping = False
+        self._idle_waiters: list[defer.Deferred[None]] = []
+        self._outbox: list[tuple[float, Frame]] = []
+        self._finished: collections.deque[str] = collections.deque(maxlen=MAX_REMEMBERED_CALLS)
+
+    # --- state, for the service and tests -------------------------------------------------
+
+    @property
+    def running_call_id(self) -> str | None:
+        return None if self._running is None else self._running.call_id
+
+    @property
+    def kept_frames(self) -> tuple[Frame, ...]:
+        return tuple(frame for _, frame in self._outbox)
+
+    def add_secret(self, secret: str) -> None:
+        """Another exact secret to redact from replies and logs (a re-read relay token)."""
+        self._secrets.add(secret)
+
+    # --- frames in --------------------------------------------------------------------------
+
+    def on_frame(self, frame: Frame) -> None:
+        """A decoded frame from the relay (the connection has dropped ``ready`` already)."""
+        if isinstance(frame, IncomingCall):
+            self.handle_incoming(frame)
+        elif isinstance(frame, CancelCall):
+            self.handle_cancel(frame)
+        else:
+            _log.info("relay_frame_ignored", frame_type=frame.type)
+
+    def handle_incoming(self, incoming: IncomingCall) -> defer.Deferred[None]:
+        """Start one call; the Deferred fires (never fails) once it is over."""
+        if incoming.call_id in self._calls or incoming.call_id in self._finished:
+            _log.warn("call_duplicate", call_id=incoming.call_id)
+            return defer.succeed(None)
+        call = _Call(incoming.call_id, incoming.from_, self._fx.clock.seconds())
+        self._calls[call.call_id] = call
+        _log.info(
+            "call_received",
+            call_id=call.call_id,
+            caller=incoming.from_,
+            correlation_id=incoming.correlation_id,
+        )
+        d = defer.Deferred.fromCoroutine(self._pipeline(incoming, call))
+        d.addErrback(self._unexpected, call)
+        d.addBoth(self._forget, call)
+        return d
+
+    def handle_cancel(self, frame: CancelCall) -> None:
+        call = self._calls.get(frame.call_id)
+        if call is None:
+            known = frame.call_id in self._finished
+            reason = NotCancelledReason.ALREADY_TERMINAL if known else NotCancelledReason.UNKNOWN
+            _log.info("call_not_cancelled", call_id=frame.call_id, reason=str(reason))
+            self._deliver(CallNotCancelled(call_id=frame.call_id, reason=reason), keep=False)
+            return
+        if call.cancel_requested:
+            return
+        call.cancel_requested = True
+        _log.info("call_cancel_requested", call_id=call.call_id, running=call.run is not None)
+        if call.run is not None:
+            # call_cancelled goes out once the process is gone (see _pipeline).
+            call.run.cancel()
+
+    # --- the pipeline (ORDER IS THE SECURITY INVARIANT) ------------------------------------
+
+    async def _pipeline(self, incoming: IncomingCall, call: _Call) -> None:
+        fx = self._fx
+        # b. open: keys fetched and pinned, envelope opened and verified, id reserved.
+        try:
+            opened = await stages.open_envelope(
+                incoming,
+                org=self.config.org,
+                keys=self.keys,
+                fetch_keys=fx.fetch_keys,
+                pins=fx.pins,
+                replay=fx.replay,
+                clock=fx.clock,
+            )
+        except stages.Rejected as exc:
+            _log.info("call_rejected", call_id=call.call_id, reason=exc.reason)
+            self._terminal(call, CallRejected(call_id=call.call_id))
+            self._record(call, CallStatus.PROTOCOL_ERROR, error=exc.reason)
+            return
+        call.task = opened.request.task or ASK_TASK
+        if call.cancel_requested:
+            self._cancelled(call, CancelPhase.PENDING)
+            return
+        # c. admission, from the verified caller and local files; the message is not an input.
+        decision = stages.admit_call(
+            fx.load_policy, opened.caller_handle, opened.request.task, opened.request.context_id
+        )
+        if isinstance(decision, stages.Refusal):
+            _log.info(
+                "call_refused",
+                call_id=call.call_id,
+                caller=opened.caller_handle,
+                code=str(decision.failure.code),
+            )
+            self._answer(call, opened, decision.failure, decision.status, flags=decision.flags)
+            return
+        # d. one running, none waiting.
+        if self._running is not None or self._stopping:
+            _log.info("call_busy", call_id=call.call_id, running=self.running_call_id)
+            detail = STOPPING_DETAIL if self._stopping else BUSY_DETAIL
+            busy = Failure(code=CallErrorCode.BUSY, detail=detail)
+            self._answer(call, opened, busy, CallStatus.BUSY)
+            return
+        self._running = call
+        # e. accepted, started, and only now does the message go into a prompt.
+        self._deliver(CallAccepted(call_id=call.call_id), keep=False)
+        self._deliver(CallStarted(call_id=call.call_id), keep=False)
+        plan = stages.plan_run(
+            self.config,
+            opened,
+            environ=fx.environ,
+            which=fx.which,
+            is_dir=fx.is_dir,
+            build_prompt=fx.build_prompt,
+        )
+        if isinstance(plan, Failure):
+            self._answer(call, opened, plan, CallStatus.AGENT_ERROR, error=plan.detail)
+            return
+        try:
+            done, control = fx.spawn(plan.run, plan.parser)
+        except OSError as exc:
+            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=SPAWN_FAILED_DETAIL)
+            self._answer(call, opened, failure, CallStatus.AGENT_ERROR, error=exc.strerror)
+            return
+        call.run = control
+        _log.info("agent_started", call_id=call.call_id, agent=str(self.config.agent_kind))
+        result = await done
+        # f. what the run means.
+        if call.cancel_requested:
+            self._agent_finished(call, CallStatus.CANCELED, result)
+            self._cancelled(call, CancelPhase.RUNNING)
+            return
+        if self._stopping and result.cancelled:
+            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
+            verdict = stages.Verdict(failure, CallStatus.CANCELED, STOPPED_DETAIL)
+        else:
+            verdict = stages.judge_run(
+                plan.adapter,
+                result,
+                plan.parser,
+                secrets=self._secrets,
+                timeout_s=plan.run.timeout_s,
+            )
+        self._agent_finished(call, verdict.status, result)
+        self._answer(call, opened, verdict.outcome, verdict.status, error=verdict.error)
+
+    # --- answers ------------------------------------------------------------------------------
+
+    def _answer(
+        self,
+        call: _Call,
+        opened: stages.OpenedCall,
+        outcome: Reply | Failure,
+        status: CallStatus,
+        *,
+        error: str | None = None,
+        flags: tuple[str, ...] = (),
+    ) -> None:
+        """Seal, send (or keep) and log one outcome."""
+        frame = stages.seal_outcome(self.keys, opened, outcome, self._fx.clock.seconds())
+        self._terminal(call, frame)
+        text = outcome.text if isinstance(outcome, Reply) else (outcome.detail or "")
+        self._record(call, status, text=text, error=error, flags=flags)
+        _log.info(
+            "call_answered",
+            call_id=call.call_id,
+            status=str(status),
+            terminal=str(frame.terminal),
+        )
+
+    def _cancelled(self, call: _Call, phase: CancelPhase) -> None:
+        _log.info("call_cancelled", call_id=call.call_id, phase=str(phase))
+        self._terminal(call, CallCancelled(call_id=call.call_id, phase=phase))
+        self._record(call, CallStatus.CANCELED)
+
+    def _terminal(self, call: _Call, frame: Frame) -> None:
+        call.answered = True
+        self._deliver(frame, keep=True)
+
+    def _deliver(self, frame: Frame, *, keep: bool) -> None:
+        if self._fx.send(frame):
+            return
+        if not keep:
+            # Progress frames only matter while the call is live; the outcome says the rest.
+            return
+        deadline = self._fx.clock.seconds() + limits.CALL_DEADLINE_S
+        self._outbox.append((deadline, frame))
+        if len(self._outbox) > MAX_KEPT_FRAMES:
+            dropped = self._outbox.pop(0)[1]
+            _log.warn("outcome_dropped", frame_type=dropped.type)
+        _log.info("outcome_kept", frame_type=frame.type, kept=len(self._outbox))
+
+    def relay_ready(self) -> None:
+        """A relay connection became usable: send what was kept for it, in order."""
+        now = self._fx.clock.seconds()
+        kept, self._outbox = self._outbox, []
+        sent = 0
+        for deadline, frame in kept:
+            if deadline <= now:
+                _log.info("outcome_expired", frame_type=frame.type)
+            elif self._fx.send(frame):
+                sent += 1
+            else:
+                self._outbox.append((deadline, frame))
+        if sent:
+            _log.info("outcome_delivered_late", count=sent)
+
+    def _record(
+        self,
+        call: _Call,
+        status: CallStatus,
+        *,
+        text: str = "",
+        error: str | None = None,
+        flags: tuple[str, ...] = (),
+    ) -> None:
+        now = self._fx.clock.seconds()
+        self._fx.call_log.append(
+            CallRecord(
+                at=now,
+                call_id=call.call_id,
+                caller=ids.format_address(self.config.org, call.caller_handle),
+                task=call.task,
+                status=status,
+                duration_ms=max(0, int((now - call.received_at) * 1000)),
+                outcome_text=text,
+                error=error,
+                flags=flags,
+            )
+        )
+
+    def _agent_finished(self, call: _Call, status: CallStatus, result: RunResult) -> None:
+        _log.info(
+            "agent_finished",
+            call_id=call.call_id,
+            status=str(status),
+            duration_s=round(result.duration_s, 3),
+            exit_code=result.exit_code,
+        )
+
+    # --- failures and bookkeeping -------------------------------------------------------------
+
+    def _unexpected(self, failure: TwistedFailure, call: _Call) -> None:
+        try:
+            _log.failure("call_failed", failure=failure, call_id=call.call_id)
+            if call.run is not None:
+                call.run.cancel()
+            if not call.answered:
+                self._terminal(call, CallRejected(call_id=call.call_id))
+                self._record(call, CallStatus.PROTOCOL_ERROR, error="internal error")
+        except Exception:
+            # Whatever happens here stays here: the service keeps listening.
+            _log.failure("call_cleanup_failed", call_id=call.call_id)
+
+    def _forget(self, _result: object, call: _Call) -> None:
+        self._calls.pop(call.call_id, None)
+        self._finished.append(call.call_id)
+        if self._running is call:
+            self._running = None
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for waiter in waiters:
+                if not waiter.called:  # it may have timed out already
+                    waiter.callback(None)
+
+    # --- stopping -----------------------------------------------------------------------------
+
+    def shutdown(self, grace_s: float) -> defer.Deferred[None]:
+        """Refuse new work, stop the running agent, and fire once it is gone (or after
+        ``grace_s``), its answer sent if the relay is still there."""
+        self._stopping = True
+        running = self._running
+        if running is None:
+            return defer.succeed(None)
+        _log.info("listener_stopping_agent", call_id=running.call_id)
+        if running.run is not None:
+            running.run.cancel()
+        waiter: defer.Deferred[None] = defer.Deferred()
+        self._idle_waiters.append(waiter)
+        waiter.addTimeout(grace_s, self._fx.clock)
+
+        def gave_up(failure: TwistedFailure) -> None:
+            failure.trap(defer.TimeoutError)
+            _log.warn("listener_stop_timeout", call_id=running.call_id, grace_s=grace_s)
+
+        waiter.addErrback(gave_up)
+        return waiter

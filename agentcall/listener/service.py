@@ -1,0 +1,257 @@
+"""The listener service: ``twistd -n agentcall-listen``, and the same for ``agentcall listen``.
+
+:func:`make_listener_service` checks everything that would make every call fail before it
+connects anywhere (config, caller-only, keys, policy, state database, CA file) and refuses to
+start with one clear sentence (:class:`ListenerStartError`). It rotates the encryption key if
+due; publishing a new epoch happens once the relay is connected, and a failed publish is
+retried on the next connection instead of stopping the listener.
+
+:class:`ListenerService` composes the relay connection, the call pipeline and a periodic key
+check. Stopping it (SIGTERM under twistd) refuses new calls, stops a running agent and waits
+for it (bounded by the kill grace plus a little), sends what can still be sent, and closes the
+socket normally.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping
+from typing import Any, Final
+
+from twisted.application import internet, service
+from twisted.internet import defer
+
+from agentcall.client.api import Credentials, RelayApi
+from agentcall.config import Config, load_config
+from agentcall.crypto.pins import PinBook
+from agentcall.crypto.replay import ReplayWindow
+from agentcall.errors import AgentCallError, ApiError
+from agentcall.home import Home
+from agentcall.keystore import LocalKeys, load_keys, rotate_if_needed
+from agentcall.listener.calllog import CallLog
+from agentcall.listener.connection import RelayConnection, RelayLink, RelaySettings
+from agentcall.listener.core import CallPipeline, Effects
+from agentcall.listener.policy import PolicyError, load_policy
+from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
+from agentcall.logevents import Logger
+from agentcall.statedb import StateDb
+from agentcall.wire.http import KeysResponse
+
+_log = Logger(namespace="agentcall.listener")
+
+# Beyond the kill grace: the runner's own drain and the sending of the last answer.
+STOP_MARGIN_S: Final = 2.0
+# Keys are valid for 30 days and rotated in their last 7; checking a few times a day is plenty.
+KEY_CHECK_INTERVAL_S: Final = 6 * 3600.0
+CALLER_ONLY_MESSAGE: Final = (
+    "this installation was set up with --caller-only: it places calls but does not answer "
+    "them (run `agentcall setup` again without --caller-only to answer calls)"
+)
+
+
+class ListenerStartError(AgentCallError):
+    """The listener cannot start; the message says why in one sentence."""
+
+
+def _identity(config: Config) -> tuple[str, str]:
+    return config.address, config.relay_origin
+
+
+def _check_identity(config: Config, keys: LocalKeys) -> None:
+    if _identity(config) != (keys.address, keys.relay_origin):
+        raise ListenerStartError(
+            f"config.json names {config.address} at {config.relay_origin}, but keys.json "
+            f"belongs to {keys.address} at {keys.relay_origin}; restore the matching files"
+        )
+
+
+def make_listener_service(reactor: Any, environ: Mapping[str, str]) -> ListenerService:
+    """Check the installation named by ``environ`` and build its listener service.
+
+    :raises ListenerStartError: with a one-line reason, when it must not start.
+    """
+    try:
+        home = Home.from_environ(environ)
+        config = load_config(home)
+    except AgentCallError as exc:
+        raise ListenerStartError(str(exc)) from None
+    if config.caller_only:
+        raise ListenerStartError(CALLER_ONLY_MESSAGE)
+    try:
+        keys = load_keys(home)
+    except AgentCallError as exc:
+        raise ListenerStartError(str(exc)) from None
+    _check_identity(config, keys)
+    try:
+        # Validated now so a broken policy stops startup; every call reads it afresh.
+        load_policy(home.policy_path)
+    except PolicyError as exc:
+        raise ListenerStartError(
+            f"the policy cannot be used, so no call could be answered: {exc}"
+        ) from None
+    try:
+        keys = rotate_if_needed(home, keys, reactor.seconds()) or keys
+    except AgentCallError as exc:
+        # The current keys still work; the periodic check tries again.
+        _log.warn("key_rotation_failed", reason=str(exc))
+    try:
+        api = _relay_api(reactor, config)
+        db = StateDb.open(home)
+    except AgentCallError as exc:
+        raise ListenerStartError(str(exc)) from None
+    return ListenerService(reactor, home, environ, config, keys, db=db, api=api)
+
+
+def _relay_api(reactor: Any, config: Config) -> RelayApi:
+    credentials = Credentials(org=config.org, handle=config.handle, token=config.token)
+    return RelayApi(reactor, config.relay, credentials, config.ca_file)
+
+
+class ListenerService(service.MultiService):
+    """The relay connection, the call pipeline and the key check, started and stopped together."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        home: Home,
+        environ: Mapping[str, str],
+        config: Config,
+        keys: LocalKeys,
+        *,
+        db: StateDb,
+        api: RelayApi,
+    ) -> None:
+        super().__init__()
+        self._reactor = reactor
+        self._home = home
+        self._config = config
+        self._db = db
+        self._api = api
+        self.link = RelayLink()
+        self.core = CallPipeline(
+            config,
+            keys,
+            Effects(
+                clock=reactor,
+                send=self.link.send,
+                fetch_keys=self._fetch_keys,
+                pins=PinBook(db.pins),
+                replay=ReplayWindow(storage=db.replay),
+                load_policy=lambda: load_policy(home.policy_path),
+                spawn=self._spawn,
+                call_log=CallLog(home.calls_log_path, secrets=[config.token]),
+                environ=dict(environ),
+            ),
+        )
+        self.connection = RelayConnection(
+            reactor,
+            load_settings=self._reload_settings,
+            link=self.link,
+            on_frame=self.core.on_frame,
+            on_ready=self._relay_ready,
+        )
+        self.connection.setServiceParent(self)
+        internet.TimerService(KEY_CHECK_INTERVAL_S, self._check_keys).setServiceParent(self)
+
+    # --- effects ----------------------------------------------------------------------------
+
+    def _fetch_keys(self, handle: str) -> defer.Deferred[KeysResponse]:
+        return self._api.get_keys(handle)
+
+    def _spawn(
+        self, run: AgentRun, parser: OutputParser
+    ) -> tuple[defer.Deferred[RunResult], RunHandle]:
+        return run_agent(self._reactor, run, parser)
+
+    def _reload_settings(self) -> RelaySettings:
+        """Called before every connection attempt: config.json as it is now."""
+        config = load_config(self._home)
+        if _identity(config) != _identity(self._config) or config.caller_only:
+            raise ListenerStartError(
+                "config.json now names another identity or no agent; restart the listener"
+            )
+        if (config.relay_url, config.token, config.ca_file) != (
+            self._config.relay_url,
+            self._config.token,
+            self._config.ca_file,
+        ):
+            self._api = _relay_api(self._reactor, config)
+            self.core.add_secret(config.token)
+            self._config = config
+            _log.info("listener_settings_reloaded", relay=config.relay.netloc)
+        return RelaySettings(
+            relay_url=config.relay,
+            credentials=Credentials(org=config.org, handle=config.handle, token=config.token),
+            ca_file=config.ca_file,
+        )
+
+    def _relay_ready(self) -> None:
+        self.core.relay_ready()
+        defer.Deferred.fromCoroutine(self._publish_if_behind())
+
+    # --- keys -------------------------------------------------------------------------------
+
+    def _check_keys(self) -> None:
+        # A periodic job never raises: TimerService would stop calling it.
+        try:
+            updated = rotate_if_needed(self._home, self.core.keys, self._reactor.seconds())
+        except Exception:
+            _log.failure("key_rotation_failed")
+            return
+        if updated is None:
+            return
+        self.core.keys = updated
+        _log.info("key_rotated", epoch=updated.current_record.record.epoch)
+        if self.link.connected:
+            defer.Deferred.fromCoroutine(self._publish_if_behind())
+
+    async def _publish_if_behind(self) -> None:
+        """Publish our current encryption epoch if the relay serves an older one."""
+        current = self.core.keys.current_record
+        try:
+            served: KeysResponse = await self._api.get_keys(self._config.handle)
+            served_epoch = 0 if served.encryption is None else served.encryption.record.epoch
+            if served_epoch >= current.record.epoch:
+                return
+            await self._api.put_encryption_key(current)
+        except ApiError as exc:
+            _log.warn("key_publish_failed", reason=str(exc.code), retry="next connection")
+            return
+        except Exception as exc:
+            _log.warn("key_publish_failed", reason=type(exc).__name__, retry="next connection")
+            return
+        _log.info("key_published", epoch=current.record.epoch)
+
+    # --- start and stop ---------------------------------------------------------------------
+
+    def startService(self) -> None:
+        super().startService()
+        _log.info(
+            "listener_started",
+            address=self._config.address,
+            agent=str(self._config.agent_kind),
+            relay=self._config.relay.netloc,
+            epoch=self.core.keys.current_record.record.epoch,
+        )
+
+    def stopService(self) -> defer.Deferred[None]:
+        if not self.running:
+            self._closed(None)
+            return defer.succeed(None)
+        grace = self._config.kill_grace_s + STOP_MARGIN_S
+        stopping = self.core.shutdown(grace)
+        stopping.addBoth(lambda _: super(ListenerService, self).stopService())
+        stopping.addBoth(self._closed)
+        return stopping
+
+    def _closed(self, result: object) -> None:
+        try:
+            self._db.close()
+        except Exception:
+            _log.failure("state_db_close_failed")
+        _log.info("listener_stopped")
+
+
+def listener_environ() -> dict[str, str]:
+    """A snapshot of this process's environment, for :func:`make_listener_service`."""
+    return dict(os.environ)

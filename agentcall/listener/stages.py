@@ -1,0 +1,363 @@
+"""The stages of one inbound call, each a function whose effects are passed in.
+
+:mod:`agentcall.listener.core` runs them in this order, which is the security invariant:
+
+1. :func:`open_envelope`: fetch and pin the caller's keys, open and verify the request, reserve
+   its id against replay. Any failure is :class:`Rejected`.
+2. :func:`admit_call`: may this caller run this task? Decided from the relay-verified caller,
+   the requested task id and local files only. The caller's message is not a parameter, so it
+   cannot influence the decision.
+3. (the core's one-call slot: ``busy``)
+4. :func:`plan_run`: only now does the message go into a prompt, for an admitted caller.
+5. :func:`judge_run`: the agent's result becomes a reply (redacted, then cut) or a failure.
+6. :func:`seal_outcome`: sign and seal it to the caller's pinned encryption key.
+
+Nothing here reads a clock or the environment of the process: time comes from a clock the
+caller passes, and the environment is a mapping.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Callable, Iterable, Mapping
+from typing import Final
+
+import attrs
+from twisted.internet.defer import Deferred
+from twisted.internet.interfaces import IReactorTime
+
+from agentcall import ids, limits
+from agentcall.config import Config
+from agentcall.crypto.envelope import open_request, seal_response
+from agentcall.crypto.pins import PinBook
+from agentcall.crypto.replay import ReplayWindow
+from agentcall.errors import CallErrorCode, CryptoError, StoreError
+from agentcall.keystore import LocalKeys
+from agentcall.listener.admission import ASK_TASK, Admitted, Refused, admit
+from agentcall.listener.agent_env import agent_environment
+from agentcall.listener.agents import AgentAdapter, AgentParser, adapter_for
+from agentcall.listener.agents.base import (
+    AgentAnswer,
+    AgentSpec,
+    FailureKind,
+    clean_text,
+    cut_utf8,
+    sanitize_detail,
+)
+from agentcall.listener.calllog import CallStatus
+from agentcall.listener.policy import Policy, PolicyError
+from agentcall.listener.prompt import PromptParts
+from agentcall.listener.redact import redact
+from agentcall.listener.runner import AgentRun, RunResult
+from agentcall.wire.frames import CallOutcome, IncomingCall, Terminal
+from agentcall.wire.http import AgentKind, EncryptionKeyRecord, KeysResponse
+from agentcall.wire.payloads import Failure, Reply, RequestPayload
+
+# Tasks on this machine: only the built-in one until SKILL.md tasks arrive.
+AVAILABLE_TASKS: Final = frozenset({ASK_TASK})
+ASK_TASK_NAME: Final = "Ask a question"
+# The built-in task reads and does nothing else.
+ASK_TOOLS: Final = frozenset({"read"})
+
+POLICY_ERROR_DETAIL: Final = "a local policy error prevented this call"
+CONTEXT_UNKNOWN_DETAIL: Final = (
+    "this agent does not keep conversations yet, so a call cannot continue one; "
+    "place a new call without a conversation id"
+)
+NOT_INSTALLED_DETAIL: Final = "the answering agent is not installed"
+NOT_LOGGED_IN_DETAIL: Final = "the answering agent is not logged in"
+NO_WORKDIR_DETAIL: Final = "none of the directories the owner shares exists on their machine"
+
+KeyFetcher = Callable[[str], Deferred[KeysResponse]]
+PromptBuilder = Callable[[PromptParts, str], str]
+# (program name, PATH) -> absolute path of the executable, or None; shutil.which in service.
+Which = Callable[[str, str], str | None]
+
+
+class Rejected(Exception):
+    """The request cannot be trusted: answer ``call_rejected`` and spawn nothing.
+
+    ``reason`` is a fixed identifier, safe to log: never key material or plaintext.
+    """
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
+
+
+# --- 1. open ---------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class OpenedCall:
+    """A request that was opened, verified and reserved. The message is in ``request``."""
+
+    call_id: str
+    caller_handle: str
+    caller_address: str
+    sender_fingerprint: str
+    caller_encryption: EncryptionKeyRecord
+    request: RequestPayload = attrs.field(repr=False)
+
+
+def _my_record(keys: LocalKeys, key_id: str, epoch: int) -> EncryptionKeyRecord | None:
+    for entry in keys.epochs:
+        if entry.epoch == epoch and entry.key_id == key_id:
+            return entry.record.record
+    return None
+
+
+async def open_envelope(
+    incoming: IncomingCall,
+    *,
+    org: str,
+    keys: LocalKeys,
+    fetch_keys: KeyFetcher,
+    pins: PinBook,
+    replay: ReplayWindow,
+    clock: IReactorTime,
+) -> OpenedCall:
+    """Open ``incoming`` addressed to us from ``@org/<incoming.from_>``, or raise Rejected."""
+    caller_address = ids.format_address(org, incoming.from_)
+    try:
+        served = await fetch_keys(incoming.from_)
+    except Exception:
+        raise Rejected("caller_keys_unavailable") from None
+    if served.encryption is None:
+        raise Rejected("caller_has_no_encryption_key")
+    now = clock.seconds()
+    try:
+        # The relay we are connected to is the one whose records we accept.
+        pin = pins.check_and_pin(
+            caller_address,
+            served.identity,
+            served.encryption,
+            now,
+            relay_origin=keys.relay_origin,
+        )
+    except CryptoError as exc:
+        raise Rejected(f"caller_keys_untrusted:{type(exc).__name__}") from None
+    except StoreError:
+        raise Rejected("state_db_error") from None
+    envelope = incoming.envelope
+    my_key = keys.key_for(envelope.key_id, envelope.epoch)
+    my_record = _my_record(keys, envelope.key_id, envelope.epoch)
+    if my_key is None or my_record is None:
+        raise Rejected("unknown_recipient_key")
+    try:
+        request = open_request(
+            envelope,
+            my_key=my_key,
+            my_record=my_record,
+            relay_origin=keys.relay_origin,
+            expected_from=caller_address,
+            expected_to=keys.address,
+            sender_identity_pub=pin.identity_pub,
+            now=now,
+        )
+    except (CryptoError, ValueError) as exc:
+        raise Rejected(f"envelope_invalid:{type(exc).__name__}") from None
+    try:
+        # Reserved in the state database, so a replay is refused even after a restart.
+        replay.reserve(pin.fingerprint, request.request_id, request.expires_at, now)
+    except CryptoError as exc:
+        raise Rejected(f"replay_refused:{type(exc).__name__}") from None
+    except StoreError:
+        raise Rejected("state_db_error") from None
+    return OpenedCall(
+        call_id=incoming.call_id,
+        caller_handle=incoming.from_,
+        caller_address=caller_address,
+        sender_fingerprint=pin.fingerprint,
+        caller_encryption=served.encryption.record,
+        request=request,
+    )
+
+
+# --- 2. admission ----------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Refusal:
+    """A call turned away before anything was spawned, with the sealed failure to send."""
+
+    failure: Failure
+    status: CallStatus
+    flags: tuple[str, ...] = ()
+
+
+_REFUSAL_STATUS: Final = {
+    CallErrorCode.BLOCKED: (CallStatus.BLOCKED, ("blocked_caller_attempt",)),
+    CallErrorCode.TASK_UNKNOWN: (CallStatus.TASK_UNKNOWN, ("unknown_task_request",)),
+    CallErrorCode.TASK_NOT_OFFERED: (CallStatus.TASK_NOT_OFFERED, ()),
+}
+
+
+def admit_call(
+    load_policy: Callable[[], Policy],
+    caller_handle: str,
+    requested_task: str | None,
+    context_id: str | None,
+) -> Admitted | Refusal:
+    """Decide a call from the policy file, the verified caller and the task id alone."""
+    try:
+        policy = load_policy()
+    except PolicyError:
+        return Refusal(
+            Failure(code=CallErrorCode.AGENT_ERROR, detail=POLICY_ERROR_DETAIL),
+            CallStatus.POLICY_ERROR,
+        )
+    decision = admit(policy, caller_handle, requested_task, AVAILABLE_TASKS)
+    if isinstance(decision, Refused):
+        status, flags = _REFUSAL_STATUS.get(decision.code, (CallStatus.BLOCKED, ()))
+        failure = Failure(code=decision.code, detail=decision.detail, offered=decision.offered)
+        return Refusal(failure, status, flags)
+    if context_id is not None:
+        # A conversation id may only narrow a call; with no conversations kept, none matches.
+        return Refusal(
+            Failure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL),
+            CallStatus.CONTEXT_UNKNOWN,
+        )
+    return decision
+
+
+# --- 4. the run ------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class RunPlan:
+    """Everything needed to spawn one agent and read what it prints."""
+
+    run: AgentRun = attrs.field(repr=False)  # its stdin holds the prompt
+    adapter: AgentAdapter
+    parser: AgentParser
+    workdir: str
+
+
+def resolve_program(
+    config: Config, environ: Mapping[str, str], which: Which
+) -> tuple[str, tuple[str, ...]] | None:
+    """The agent's absolute program path and its extra arguments, or None if not found."""
+    if config.agent_kind is AgentKind.COMMAND and config.agent_command is not None:
+        program, *extra = config.agent_command
+    elif config.agent_kind in (AgentKind.CLAUDE, AgentKind.CODEX):
+        program, extra = str(config.agent_kind), []
+    else:
+        return None
+    # Searched on the listener's PATH (a path with a slash is taken as it is). Symlinks are
+    # not followed: a multi-call binary may choose its behaviour by the name it runs under.
+    found = which(program, environ.get("PATH", os.defpath))
+    if found is None:
+        return None
+    return os.path.abspath(found), tuple(extra)
+
+
+def plan_run(
+    config: Config,
+    opened: OpenedCall,
+    *,
+    environ: Mapping[str, str],
+    which: Which,
+    is_dir: Callable[[str], bool],
+    build_prompt: PromptBuilder,
+) -> RunPlan | Failure:
+    """Build the prompt and the process to run, or the failure that says why not."""
+    shared = [root for root in config.read_roots if is_dir(root)]
+    if not shared:
+        return Failure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
+    found = resolve_program(config, environ, which)
+    if found is None:
+        return Failure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
+    program, extra_args = found
+    workdir = os.path.realpath(shared[0])
+    parts = PromptParts(
+        owner_address=config.address,
+        caller_address=opened.caller_address,
+        task_id=ASK_TASK,
+        task_name=ASK_TASK_NAME,
+        task_instructions=None,
+        workdir=workdir,
+        readable_roots=config.read_roots,
+    )
+    prompt = build_prompt(parts, opened.request.message)
+    adapter = adapter_for(str(config.agent_kind))
+    spec = AgentSpec(binary=program, workdir=workdir, tools=ASK_TOOLS, read_roots=tuple(shared))
+    invocation = adapter.build(spec, prompt)
+    # The command adapter runs the program alone; the owner's configured arguments follow it.
+    argv = invocation.argv + extra_args
+    run = AgentRun(
+        argv=argv,
+        cwd=invocation.cwd,
+        env=agent_environment(environ, opened.call_id, invocation.env_additions),
+        stdin=invocation.stdin_bytes,
+        timeout_s=config.agent_timeout_s,
+        kill_grace_s=config.kill_grace_s,
+    )
+    return RunPlan(run=run, adapter=adapter, parser=adapter.new_parser(), workdir=workdir)
+
+
+# --- 5. the result ---------------------------------------------------------------------------
+
+
+@attrs.frozen
+class Verdict:
+    """What a finished run means for the caller and for calls.log."""
+
+    outcome: Reply | Failure = attrs.field(repr=False)
+    status: CallStatus
+    # For the owner's log only (already redacted); None when the outcome says it all.
+    error: str | None = None
+
+
+def short_detail(text: str, secrets: Iterable[str]) -> str:
+    """A failure detail safe to send: redacted first, then one short clean line."""
+    return sanitize_detail(redact(clean_text(text), secrets=secrets))
+
+
+def reply_text(text: str, secrets: Iterable[str]) -> str:
+    """The agent's answer as sent: redacted before the cut, so no secret is half-kept."""
+    cut, _ = cut_utf8(redact(clean_text(text), secrets=secrets), limits.MAX_REPLY_BYTES)
+    return cut
+
+
+def judge_run(
+    adapter: AgentAdapter,
+    result: RunResult,
+    parser: AgentParser,
+    *,
+    secrets: Iterable[str],
+    timeout_s: float,
+) -> Verdict:
+    """Interpret a finished run into the reply or failure for the caller."""
+    secrets = tuple(secrets)
+    outcome = adapter.interpret(result, parser)
+    if isinstance(outcome, AgentAnswer):
+        return Verdict(Reply(text=reply_text(outcome.text, secrets), task=ASK_TASK), CallStatus.OK)
+    if outcome.kind is FailureKind.TIMEOUT:
+        detail = f"the agent did not answer within {timeout_s:g} s"
+        return Verdict(Failure(code=CallErrorCode.TIMEOUT, detail=detail), CallStatus.TIMEOUT)
+    if outcome.kind is FailureKind.UNAUTHENTICATED:
+        failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=NOT_LOGGED_IN_DETAIL)
+        return Verdict(failure, CallStatus.AGENT_ERROR, short_detail(outcome.detail, secrets))
+    detail = short_detail(outcome.detail, secrets) or "the agent failed without saying why"
+    cancelled = outcome.kind is FailureKind.CANCELLED
+    status = CallStatus.CANCELED if cancelled else CallStatus.AGENT_ERROR
+    return Verdict(Failure(code=CallErrorCode.AGENT_ERROR, detail=detail), status, detail)
+
+
+# --- 6. sealing ------------------------------------------------------------------------------
+
+
+def seal_outcome(
+    keys: LocalKeys, opened: OpenedCall, outcome: Reply | Failure, now: float
+) -> CallOutcome:
+    """The signed, sealed answer to ``opened``, to the caller's pinned encryption key."""
+    envelope = seal_response(
+        responder=keys.identity,
+        request=opened.request,
+        outcome=outcome,
+        caller_encryption=opened.caller_encryption,
+        now=now,
+    )
+    terminal = Terminal.COMPLETED if isinstance(outcome, Reply) else Terminal.FAILED
+    return CallOutcome(call_id=opened.call_id, terminal=terminal, envelope=envelope)

@@ -1,0 +1,348 @@
+"""The listener's relay connection, against a scripted autobahn relay connected in memory.
+
+``iosim`` pumps bytes between the real client and server protocols; txaio's timers and
+ClientService's retries run on a Clock, so nothing here waits on real time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import attrs
+import pytest
+import txaio as _txaio
+from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
+from autobahn.websocket.types import ConnectionRequest
+from twisted.internet import defer
+from twisted.internet.address import IPv4Address
+from twisted.internet.interfaces import IStreamClientEndpoint
+from twisted.internet.task import Clock
+from twisted.logger import LogEvent, capturedLogs
+from twisted.test import iosim
+from zope.interface import implementer
+
+from agentcall import limits
+from agentcall.client.api import Credentials
+from agentcall.client.endpoint import RelayUrl
+from agentcall.listener.connection import (
+    RelayConnection,
+    RelayLink,
+    RelaySettings,
+    reconnect_delay,
+)
+from agentcall.wire import codec
+from agentcall.wire.frames import (
+    CallAccepted,
+    CancelCall,
+    Frame,
+    Ready,
+    Role,
+)
+
+txaio: Any = _txaio  # txaio's config is untyped
+TOKEN_A = "AAAAaaaaAAAAaaaaAAAAaaaaAAAAaaaaAAAAaaaa123"
+TOKEN_B = "BBBBbbbbBBBBbbbbBBBBbbbbBBBBbbbbBBBBbbbb456"
+CALL_ID = "0b6e0c1e-7a51-4b51-9a3d-2f0d6f1c9e11"
+ORIGIN = "relay.acme.test"
+ADDR = IPv4Address("TCP", "127.0.0.1", 4433)
+
+
+@pytest.mark.parametrize(
+    ("attempt", "jitter", "expected"),
+    [
+        (1, 0.0, 1.0),
+        (2, 0.0, 2.0),
+        (3, 0.0, 4.0),
+        (6, 0.0, 32.0),
+        (7, 0.0, 60.0),
+        (50, 0.0, 60.0),
+        (10_000, 0.0, 60.0),
+        (1, 1.0, 1.5),
+        (7, 1.0, 60.5),
+        (3, 0.5, 4.25),
+    ],
+)
+def test_reconnect_delay_doubles_from_one_second_to_a_minute_plus_jitter(
+    attempt: int, jitter: float, expected: float
+) -> None:
+    """1 s, factor 2, at most 60 s, plus up to 0.5 s of jitter from the random source."""
+    assert reconnect_delay(attempt, lambda: jitter) == expected
+    assert limits.RECONNECT_JITTER_S == 0.5
+
+
+# --- an in-memory relay ------------------------------------------------------------------------
+
+
+class RelaySide(WebSocketServerProtocol):
+    factory: FakeRelay
+
+    def onConnect(self, request: ConnectionRequest) -> None:
+        headers: dict[str, str] = request.headers
+        self.factory.upgrades.append(headers)
+
+    def onOpen(self) -> None:
+        self.factory.sockets.append(self)
+        if self.factory.ready_address is not None:
+            self.send(
+                Ready(role=Role.LISTEN, address=self.factory.ready_address, relay_origin=ORIGIN)
+            )
+
+    def send(self, frame: Frame) -> None:
+        self.sendMessage(codec.encode(frame), isBinary=False)
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.factory.received.append(codec.decode_frame(payload))
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self.factory.closes.append(code)
+
+
+class FakeRelay(WebSocketServerFactory):
+    protocol = RelaySide  # type: ignore[assignment]
+
+    def __init__(self, clock: Clock) -> None:
+        super().__init__("ws://relay.acme.test/v1/ws", reactor=clock)
+        self.ready_address: str | None = "@acme/ken"
+        self.upgrades: list[dict[str, str]] = []
+        self.sockets: list[RelaySide] = []
+        self.received: list[Frame] = []
+        self.closes: list[int | None] = []
+        self.pumps: list[iosim.IOPump] = []
+        self.dialled: list[tuple[str, str | None]] = []
+
+    def endpoint_for(self, url: RelayUrl, ca_file: str | None) -> IStreamClientEndpoint:
+        self.dialled.append((str(url), ca_file))
+        return MemoryEndpoint(self)
+
+    def flush(self) -> None:
+        for pump in self.pumps:
+            pump.flush()
+
+
+@implementer(IStreamClientEndpoint)
+class MemoryEndpoint:
+    def __init__(self, relay: FakeRelay) -> None:
+        self._relay = relay
+
+    def connect(self, protocolFactory: Any) -> defer.Deferred[Any]:
+        client = protocolFactory.buildProtocol(ADDR)
+        server = self._relay.buildProtocol(ADDR)
+        pump = iosim.connect(
+            server,
+            iosim.FakeTransport(server, isServer=True),
+            client,
+            iosim.FakeTransport(client, isServer=False),
+            greet=False,
+        )
+        self._relay.pumps.append(pump)
+        return defer.succeed(client)
+
+
+def settings(token: str = TOKEN_A, url: str = "https://relay.acme.test") -> RelaySettings:
+    return RelaySettings(
+        relay_url=RelayUrl.parse(url),
+        credentials=Credentials(org="acme", handle="ken", token=token),
+        ca_file="/etc/agentcall/ca.pem",
+    )
+
+
+@attrs.define
+class Listener:
+    clock: Clock
+    relay: FakeRelay
+    loads: list[RelaySettings] = attrs.field(factory=list)
+    next_settings: RelaySettings | Exception = attrs.field(factory=settings)
+    frames: list[Frame] = attrs.field(factory=list)
+    readies: int = 0
+    link: RelayLink = attrs.field(factory=RelayLink)
+    connection: RelayConnection = attrs.field(init=False)
+
+    def __attrs_post_init__(self) -> None:
+        self.connection = RelayConnection(
+            self.clock,
+            load_settings=self.load,
+            link=self.link,
+            on_frame=self.frames.append,
+            on_ready=self.ready,
+            clock=self.clock,
+            endpoint_for=self.relay.endpoint_for,
+            random=lambda: 0.0,
+        )
+
+    def load(self) -> RelaySettings:
+        if isinstance(self.next_settings, Exception):
+            raise self.next_settings
+        self.loads.append(self.next_settings)
+        return self.next_settings
+
+    def ready(self) -> None:
+        self.readies += 1
+
+
+@pytest.fixture
+def clock() -> Iterator[Clock]:
+    """autobahn's timers go through txaio; point them at the test clock."""
+    clock = Clock()
+    previous = txaio.config.loop
+    txaio.config.loop = clock
+    try:
+        yield clock
+    finally:
+        txaio.config.loop = previous
+
+
+@pytest.fixture
+def listener(clock: Clock) -> Iterator[Listener]:
+    relay = FakeRelay(clock)
+    listener = Listener(clock, relay)
+    yield listener
+    if listener.connection.running:
+        listener.connection.stopService()
+        relay.flush()
+
+
+def events_named(events: Sequence[LogEvent], name: str) -> list[LogEvent]:
+    return [event for event in events if event.get("event") == name]
+
+
+# --- counting a connection -------------------------------------------------------------------
+
+
+def test_a_connection_counts_only_once_ready_arrives(listener: Listener) -> None:
+    """Upgraded but not ready: nothing counted or sendable; ready: counted, once."""
+    listener.relay.ready_address = None
+    listener.connection.startService()
+    listener.relay.flush()
+    assert len(listener.relay.sockets) == 1  # the upgrade went through
+    assert (listener.connection.connections, listener.readies) == (0, 0)
+    assert not listener.link.connected
+    assert listener.link.send(CallAccepted(call_id=CALL_ID)) is False
+    connected = listener.connection.client.whenConnected()
+    assert not connected.called
+    listener.relay.sockets[0].send(
+        Ready(role=Role.LISTEN, address="@acme/ken", relay_origin=ORIGIN)
+    )
+    listener.relay.flush()
+    assert (listener.connection.connections, listener.readies) == (1, 1)
+    assert connected.called
+    assert listener.link.send(CallAccepted(call_id=CALL_ID)) is True
+    listener.relay.flush()
+    assert listener.relay.received == [CallAccepted(call_id=CALL_ID)]
+
+
+def test_ready_for_another_identity_is_refused_and_redialled(listener: Listener) -> None:
+    listener.relay.ready_address = "@acme/someone-else"
+    with capturedLogs() as events:
+        listener.connection.startService()
+        listener.relay.flush()
+    assert (listener.connection.connections, listener.readies) == (0, 0)
+    assert listener.relay.closes == [4002]
+    [failed] = events_named(events, "relay_connect_failed")
+    assert (failed["attempt"], failed["retry_in_s"]) == (1, 1.0)
+    listener.relay.ready_address = "@acme/ken"
+    listener.clock.advance(1.0)
+    listener.relay.flush()
+    assert listener.connection.connections == 1
+
+
+def test_no_ready_within_the_open_timeout_drops_and_redials(listener: Listener) -> None:
+    listener.relay.ready_address = None
+    listener.connection.startService()
+    listener.relay.flush()
+    listener.clock.advance(limits.WS_OPENING_HANDSHAKE_TIMEOUT_S)
+    listener.relay.flush()
+    assert listener.connection.connections == 0
+    assert len(listener.relay.dialled) == 1
+    listener.relay.ready_address = "@acme/ken"
+    listener.clock.advance(1.0)
+    listener.relay.flush()
+    assert len(listener.relay.dialled) == 2
+    assert listener.connection.connections == 1
+
+
+# --- settings ----------------------------------------------------------------------------------
+
+
+def test_settings_are_read_again_for_every_attempt(listener: Listener) -> None:
+    """A new token and relay URL from config.json take effect on the next connection."""
+    listener.connection.startService()
+    listener.relay.flush()
+    assert listener.relay.upgrades[0]["authorization"] == f"Bearer {TOKEN_A}"
+    listener.next_settings = settings(TOKEN_B, "https://relay2.acme.test:8443")
+    with capturedLogs() as events:
+        listener.relay.sockets[0].transport.abortConnection()  # type: ignore[union-attr]
+        listener.relay.flush()
+    [gone] = events_named(events, "relay_disconnected")
+    assert gone["retry_in_s"] == 1.0
+    assert not listener.link.connected
+    listener.clock.advance(1.0)
+    listener.relay.flush()
+    assert len(listener.loads) == 2
+    assert listener.relay.upgrades[1]["authorization"] == f"Bearer {TOKEN_B}"
+    assert listener.relay.upgrades[1]["x-agentcall-handle"] == "ken"
+    assert listener.relay.dialled[1] == ("https://relay2.acme.test:8443", "/etc/agentcall/ca.pem")
+    assert (listener.connection.connections, listener.readies) == (2, 2)
+
+
+def test_unusable_settings_are_retried_with_backoff(listener: Listener) -> None:
+    """A config being edited does not stop the listener; the attempts back off."""
+    listener.next_settings = ValueError("config.json: token: not a valid token")
+    with capturedLogs() as events:
+        listener.connection.startService()
+        listener.clock.advance(1.0)
+    delays = [event["retry_in_s"] for event in events_named(events, "relay_connect_failed")]
+    assert delays == [1.0, 2.0]
+    assert "not a valid token" in events_named(events, "relay_connect_failed")[0]["reason"]
+    listener.next_settings = settings()
+    listener.clock.advance(2.0)
+    listener.relay.flush()
+    assert listener.connection.connections == 1
+
+
+# --- frames ------------------------------------------------------------------------------------
+
+
+def test_frames_after_ready_reach_the_handler_and_malformed_ones_are_dropped(
+    listener: Listener,
+) -> None:
+    listener.connection.startService()
+    listener.relay.flush()
+    relay_side = listener.relay.sockets[0]
+    with capturedLogs() as events:
+        relay_side.sendMessage(b'{"type":"incoming_call","call_id":"nope"}', isBinary=False)
+        relay_side.sendMessage(b"not json", isBinary=False)
+        relay_side.send(CancelCall(call_id=CALL_ID))
+        listener.relay.flush()
+    assert listener.frames == [CancelCall(call_id=CALL_ID)]
+    assert len(events_named(events, "relay_frame_malformed")) == 2
+    assert listener.link.connected  # still the same socket
+    assert listener.relay.closes == []
+
+
+def test_a_failing_frame_handler_does_not_take_the_socket_down(listener: Listener) -> None:
+    def broken(_frame: Frame) -> None:
+        raise RuntimeError("handler bug")
+
+    listener.connection._on_frame = broken
+    listener.connection.startService()
+    listener.relay.flush()
+    with capturedLogs() as events:
+        listener.relay.sockets[0].send(CancelCall(call_id=CALL_ID))
+        listener.relay.flush()
+    assert events_named(events, "relay_frame_handler_failed")
+    assert listener.link.connected
+
+
+# --- stopping ----------------------------------------------------------------------------------
+
+
+def test_stopping_closes_the_socket_normally_and_stops_redialling(listener: Listener) -> None:
+    listener.connection.startService()
+    listener.relay.flush()
+    stopped = listener.connection.stopService()
+    listener.relay.flush()
+    assert listener.relay.closes == [1000]
+    assert stopped.called
+    listener.clock.advance(limits.RECONNECT_MAX_S * 2)
+    assert len(listener.relay.dialled) == 1

@@ -1,0 +1,754 @@
+"""The listener's call stages, one at a time, with every effect faked and time on a Clock.
+
+The helpers here (parties, config, incoming calls, a key directory) are shared with
+``test_listener_core.py``.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TypeVar
+
+import attrs
+import pytest
+from twisted.internet import defer
+from twisted.internet.task import Clock
+from twisted.python.failure import Failure as TwistedFailure
+
+from agentcall import ids, limits
+from agentcall.config import Config
+from agentcall.crypto import envelope as crypto_envelope
+from agentcall.crypto.pins import IPinStorage, MemoryPinStorage, Pin, PinBook
+from agentcall.crypto.replay import IReplayStorage, MemoryReplayStorage, ReplayWindow
+from agentcall.errors import CallErrorCode
+from agentcall.home import Home
+from agentcall.keystore import EpochKey, LocalKeys
+from agentcall.listener import stages
+from agentcall.listener.admission import Admitted
+from agentcall.listener.agent_env import CALL_ID_ENV, agent_environment
+from agentcall.listener.agents import claude, command
+from agentcall.listener.calllog import CallStatus
+from agentcall.listener.policy import Access, CallerRule, Policy, PolicyError
+from agentcall.listener.prompt import PromptParts, build_prompt
+from agentcall.listener.redact import REDACTED
+from agentcall.listener.runner import RunResult
+from agentcall.statedb import StateDb
+from agentcall.wire.frames import IncomingCall, SealedEnvelope, Terminal
+from agentcall.wire.http import KeysResponse
+from agentcall.wire.payloads import Failure, Reply, RequestPayload
+from tests.unit.crypto_helpers import NOW, ORIGIN, Party, make_party, rotate
+
+T = TypeVar("T")
+
+TOKEN = "TOKENtokenTOKENtokenTOKENtokenTOKENtoken123"
+CALL_ID = "0b6e0c1e-7a51-4b51-9a3d-2f0d6f1c9e11"
+OTHER_CALL_ID = "1c7f1d2f-8b62-4c62-8b4e-3a1e7a2d0f22"
+CORRELATION = "c" * 32
+MESSAGE = "why does the build fail on main?"
+ANN = make_party("@acme/ann")
+KEN = make_party("@acme/ken")
+MALLORY = make_party("@acme/mallory")
+
+
+def keys_of(party: Party) -> LocalKeys:
+    """A party's keys as the listener's key store holds them."""
+    return LocalKeys(
+        identity=party.identity_key,
+        identity_record=party.identity,
+        epochs=(EpochKey(key=party.enc_key, record=party.encryption),),
+    )
+
+
+def make_config(**changes: Any) -> Config:
+    fields: dict[str, Any] = {
+        "relay_url": f"https://{ORIGIN}",
+        "relay_origin": ORIGIN,
+        "org": "acme",
+        "handle": "ken",
+        "role": "member",
+        "token": TOKEN,
+        "agent_kind": "command",
+        "agent_command": ["/opt/agent/answer"],
+        "read_roots": ["/srv/shared", "/srv/other"],
+        "agent_timeout_s": 120.0,
+        "kill_grace_s": 3.0,
+    }
+    fields.update(changes)
+    return Config(**fields)
+
+
+def seal_from(
+    sender: Party,
+    *,
+    message: str = MESSAGE,
+    task: str | None = None,
+    context_id: str | None = None,
+    claimed_from: str | None = None,
+    to: Party = KEN,
+    now: float = NOW,
+    request_id: str | None = None,
+) -> tuple[SealedEnvelope, RequestPayload]:
+    return crypto_envelope.seal_request(
+        sender=sender.identity_key,
+        sender_address=claimed_from or sender.address,
+        recipient_identity=to.identity.record,
+        recipient_encryption=to.enc_record,
+        relay_origin=ORIGIN,
+        message=message,
+        task=task,
+        context_id=context_id,
+        now=now,
+        request_id=request_id,
+    )
+
+
+def incoming(sealed: SealedEnvelope, *, from_: str = "ann", call_id: str = CALL_ID) -> IncomingCall:
+    return IncomingCall(call_id=call_id, from_=from_, envelope=sealed, correlation_id=CORRELATION)
+
+
+def call_from(sender: Party = ANN, call_id: str = CALL_ID, **kw: Any) -> IncomingCall:
+    sealed, _ = seal_from(sender, **kw)
+    return incoming(sealed, from_=ids.parse_address(sender.address).handle, call_id=call_id)
+
+
+class FakeDirectory:
+    """The relay's key directory: served records per handle, answered as Deferreds.
+
+    With ``hold`` set, answers wait until :meth:`release`.
+    """
+
+    def __init__(self, *parties: Party) -> None:
+        self.served: dict[str, KeysResponse] = {}
+        self.asked: list[str] = []
+        self.hold = False
+        self.waiting: list[tuple[str, defer.Deferred[KeysResponse]]] = []
+        for party in parties:
+            self.serve(party)
+
+    def serve(self, party: Party, *, encryption: bool = True) -> None:
+        handle = ids.parse_address(party.address).handle
+        self.served[handle] = KeysResponse(
+            identity=party.identity, encryption=party.encryption if encryption else None
+        )
+
+    def fetch(self, handle: str) -> defer.Deferred[KeysResponse]:
+        self.asked.append(handle)
+        d: defer.Deferred[KeysResponse] = defer.Deferred()
+        if self.hold:
+            self.waiting.append((handle, d))
+        else:
+            self._answer(handle, d)
+        return d
+
+    def release(self) -> None:
+        waiting, self.waiting = self.waiting, []
+        for handle, d in waiting:
+            self._answer(handle, d)
+
+    def _answer(self, handle: str, d: defer.Deferred[KeysResponse]) -> None:
+        if handle in self.served:
+            d.callback(self.served[handle])
+        else:
+            d.errback(ConnectionError("the relay did not answer"))
+
+
+def clock_at(now: float = NOW) -> Clock:
+    clock = Clock()
+    clock.advance(now)
+    return clock
+
+
+def outcome_of(d: defer.Deferred[T]) -> T:
+    """The result of a Deferred that has already fired (its failure is raised)."""
+    results: list[Any] = []
+    d.addBoth(results.append)
+    assert results, "the Deferred has not fired"
+    if isinstance(results[0], TwistedFailure):
+        results[0].raiseException()
+    result: T = results[0]
+    return result
+
+
+def run_result(**changes: Any) -> RunResult:
+    fields: dict[str, Any] = {
+        "exit_code": 0,
+        "signal": None,
+        "stdout": b"",
+        "stderr": b"",
+        "stdout_truncated": False,
+        "stderr_truncated": False,
+        "timed_out": False,
+        "cancelled": False,
+        "early_finish": False,
+        "duration_s": 1.5,
+        "swept_pids": 0,
+    }
+    fields.update(changes)
+    return RunResult(**fields)
+
+
+# --- 1. opening ------------------------------------------------------------------------------
+
+
+@attrs.define
+class Opener:
+    directory: FakeDirectory = attrs.field(factory=lambda: FakeDirectory(ANN, MALLORY))
+    pin_storage: IPinStorage = attrs.field(factory=MemoryPinStorage)
+    replay_storage: IReplayStorage = attrs.field(factory=MemoryReplayStorage)
+    clock: Clock = attrs.field(factory=clock_at)
+    keys: LocalKeys = attrs.field(factory=lambda: keys_of(KEN))
+
+    def open(self, call: IncomingCall) -> stages.OpenedCall:
+        return outcome_of(
+            defer.Deferred.fromCoroutine(
+                stages.open_envelope(
+                    call,
+                    org="acme",
+                    keys=self.keys,
+                    fetch_keys=self.directory.fetch,
+                    pins=PinBook(self.pin_storage),
+                    replay=ReplayWindow(storage=self.replay_storage),
+                    clock=self.clock,
+                )
+            )
+        )
+
+    def rejection(self, call: IncomingCall) -> str:
+        with pytest.raises(stages.Rejected) as caught:
+            self.open(call)
+        return caught.value.reason
+
+
+def test_a_good_request_opens_and_pins_the_caller() -> None:
+    """The caller's keys are fetched by handle, pinned, and the message comes out verified."""
+    opener = Opener()
+    opened = opener.open(call_from(ANN))
+    assert opened.caller_address == "@acme/ann"
+    assert opened.request.message == MESSAGE
+    assert opened.caller_encryption == ANN.enc_record
+    assert opener.directory.asked == ["ann"]
+    pin = opener.pin_storage.get(ORIGIN, "@acme/ann")
+    assert pin is not None and pin.identity_pub == ANN.identity_pub
+    assert opened.sender_fingerprint == pin.fingerprint
+    assert opener.replay_storage.count_live(NOW) == 1
+
+
+def _tampered(call: IncomingCall) -> IncomingCall:
+    ct = call.envelope.ct
+    flipped = ct[:-5] + ("A" if ct[-5] != "A" else "B") + ct[-4:]
+    return attrs.evolve(call, envelope=attrs.evolve(call.envelope, ct=flipped))
+
+
+def _pinned_to_mallory(opener: Opener) -> None:
+    wrong = PinBook(opener.pin_storage)
+    served = KeysResponse(identity=MALLORY.identity, encryption=MALLORY.encryption)
+    # A pin for ann's address holding another identity key, as if ann's key had changed.
+    pin = wrong.check_and_pin("@acme/mallory", served.identity, MALLORY.encryption, NOW)
+    opener.pin_storage.put(attrs.evolve(pin, address="@acme/ann"))
+
+
+def _unknown_caller(opener: Opener) -> IncomingCall:
+    opener.directory.served.pop("ann")
+    return call_from(ANN)
+
+
+def _no_encryption(opener: Opener) -> IncomingCall:
+    opener.directory.serve(ANN, encryption=False)
+    return call_from(ANN)
+
+
+def _mislabelled() -> IncomingCall:
+    return incoming(seal_from(MALLORY)[0], from_="ann")
+
+
+def _forged() -> IncomingCall:
+    sealed, _ = seal_from(MALLORY, claimed_from="@acme/ann")
+    return incoming(sealed, from_="ann")
+
+
+def _to_unknown_key() -> IncomingCall:
+    sealed, _ = seal_from(ANN, to=rotate(KEN))
+    return incoming(sealed)
+
+
+def _expired(opener: Opener) -> IncomingCall:
+    call = call_from(ANN)
+    opener.clock.advance(limits.CALL_DEADLINE_S + 1)
+    return call
+
+
+def _pin_changed(opener: Opener) -> IncomingCall:
+    _pinned_to_mallory(opener)
+    return call_from(ANN)
+
+
+REJECTIONS: list[tuple[str, Callable[[Opener], IncomingCall], str]] = [
+    ("keys unavailable", _unknown_caller, "caller_keys_unavailable"),
+    ("no encryption key", _no_encryption, "caller_has_no_encryption_key"),
+    (
+        "tampered ciphertext",
+        lambda _o: _tampered(call_from(ANN)),
+        "envelope_invalid:EnvelopeInvalid",
+    ),
+    (
+        "relay says ann, envelope says mallory",
+        lambda _o: _mislabelled(),
+        "envelope_invalid:EnvelopeInvalid",
+    ),
+    ("signed by someone else", lambda _o: _forged(), "envelope_invalid:SignatureInvalid"),
+    ("sealed to a key we do not hold", lambda _o: _to_unknown_key(), "unknown_recipient_key"),
+    ("expired", _expired, "envelope_invalid:RequestExpired"),
+    ("pin changed", _pin_changed, "caller_keys_untrusted:IdentityChanged"),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "make", "reason"), REJECTIONS, ids=[case for case, _, _ in REJECTIONS]
+)
+def test_an_untrustworthy_request_is_rejected_with_a_safe_reason(
+    case: str, make: Callable[[Opener], IncomingCall], reason: str
+) -> None:
+    """Every failure to fetch, pin, open or verify is one Rejected with a loggable reason."""
+    opener = Opener()
+    assert opener.rejection(make(opener)) == reason
+    # Nothing was reserved for a request that was not opened.
+    assert opener.replay_storage.count_live(opener.clock.seconds()) == 0
+
+
+def test_a_replayed_request_is_rejected() -> None:
+    """The same sealed request a second time (under a new call id) is refused."""
+    opener = Opener()
+    sealed, _ = seal_from(ANN)
+    opener.open(incoming(sealed))
+    assert opener.rejection(incoming(sealed, call_id=OTHER_CALL_ID)) == (
+        "replay_refused:ReplayDetected"
+    )
+
+
+def test_a_replay_is_refused_after_a_restart(tmp_path: Path) -> None:
+    """Reservations live in state.sqlite, so a new process refuses the same request."""
+    home = Home(state_dir=tmp_path / "state", user_home=tmp_path)
+    sealed, _ = seal_from(ANN)
+    first = StateDb.open(home)
+    Opener(replay_storage=first.replay).open(incoming(sealed))
+    first.close()
+    second = StateDb.open(home)
+    again = Opener(replay_storage=second.replay)
+    assert again.rejection(incoming(sealed)) == "replay_refused:ReplayDetected"
+    second.close()
+
+
+def test_rejection_reasons_never_carry_the_message_or_keys() -> None:
+    """Reasons are fixed identifiers: no plaintext and no key material to leak into logs."""
+    for case, make, _ in REJECTIONS:
+        opener = Opener()
+        reason = opener.rejection(make(opener))
+        assert MESSAGE not in reason, case
+        for secret in ANN.secrets() + KEN.secrets():
+            assert secret not in reason, case
+
+
+# --- 2. admission -----------------------------------------------------------------------------
+
+
+def _policy(policy: Policy) -> Callable[[], Policy]:
+    return lambda: policy
+
+
+def _broken() -> Policy:
+    raise PolicyError("/home/ken/.agentcall/policy.json", "is not valid JSON")
+
+
+BLOCK_ANN = Policy(callers=[CallerRule("ann", Access.BLOCKED)])
+
+ADMISSIONS: list[tuple[str, Callable[[], Policy], str | None, str | None, Any]] = [
+    ("default policy", _policy(Policy()), None, None, Admitted("ask")),
+    ("ask named", _policy(Policy()), "ask", None, Admitted("ask")),
+    (
+        "caller blocked",
+        _policy(BLOCK_ANN),
+        None,
+        None,
+        (CallErrorCode.BLOCKED, CallStatus.BLOCKED),
+    ),
+    (
+        "everyone blocked by default",
+        _policy(Policy(default_access=Access.BLOCKED)),
+        None,
+        None,
+        (CallErrorCode.BLOCKED, CallStatus.BLOCKED),
+    ),
+    (
+        "unknown task",
+        _policy(Policy()),
+        "deploy",
+        None,
+        (CallErrorCode.TASK_UNKNOWN, CallStatus.TASK_UNKNOWN),
+    ),
+    (
+        "unreadable policy",
+        _broken,
+        None,
+        None,
+        (CallErrorCode.AGENT_ERROR, CallStatus.POLICY_ERROR),
+    ),
+    (
+        "a conversation id",
+        _policy(Policy()),
+        None,
+        "ctx_" + "a" * 22,
+        (CallErrorCode.CONTEXT_UNKNOWN, CallStatus.CONTEXT_UNKNOWN),
+    ),
+    (
+        "blocked wins over a conversation id",
+        _policy(BLOCK_ANN),
+        None,
+        "ctx_" + "a" * 22,
+        (CallErrorCode.BLOCKED, CallStatus.BLOCKED),
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "load", "task", "context", "expected"),
+    ADMISSIONS,
+    ids=[case for case, *_ in ADMISSIONS],
+)
+def test_admission_decides_from_policy_caller_and_task(
+    case: str,
+    load: Callable[[], Policy],
+    task: str | None,
+    context: str | None,
+    expected: Any,
+) -> None:
+    """Each decision, with the failure code and calls.log status of a refusal."""
+    decision = stages.admit_call(load, "ann", task, context)
+    if isinstance(expected, Admitted):
+        assert decision == expected
+    else:
+        assert isinstance(decision, stages.Refusal)
+        assert (decision.failure.code, decision.status) == expected
+
+
+def test_refusal_details_say_why_without_leaking_the_policy() -> None:
+    """A policy error names nothing of the file; context_unknown says conversations are absent."""
+    broken = stages.admit_call(_broken, "ann", None, None)
+    assert isinstance(broken, stages.Refusal)
+    assert broken.failure.detail == "a local policy error prevented this call"
+    context = stages.admit_call(_policy(Policy()), "ann", None, "ctx_" + "a" * 22)
+    assert isinstance(context, stages.Refusal)
+    assert "conversations" in (context.failure.detail or "")
+    blocked = stages.admit_call(_policy(BLOCK_ANN), "ann", None, None)
+    assert isinstance(blocked, stages.Refusal) and blocked.flags == ("blocked_caller_attempt",)
+    assert blocked.failure.offered == ()
+
+
+def test_admission_has_no_way_to_see_the_message() -> None:
+    """The decision's inputs are the policy, the caller, the task id and a context id."""
+    assert list(inspect.signature(stages.admit_call).parameters) == [
+        "load_policy",
+        "caller_handle",
+        "requested_task",
+        "context_id",
+    ]
+
+
+# --- 4. planning the run ------------------------------------------------------------------------
+
+ENVIRON = {
+    "PATH": "/usr/local/bin:/usr/bin",
+    "HOME": "/home/ken",
+    "LANG": "C.UTF-8",
+    "LC_ALL": "C.UTF-8",
+    "ANTHROPIC_API_KEY": "vendor-key",
+    "FAKE_AGENT_SCENARIO": "happy",
+    "AGENTCALL_HOME": "/home/ken/.agentcall",
+    "AGENTCALL_CALL_ID": "forged",
+    "GITHUB_TOKEN": "ghp_not_for_agents",
+    "DATABASE_URL": "postgres://secret",
+}
+
+
+def opened_call(**kw: Any) -> stages.OpenedCall:
+    return Opener().open(call_from(ANN, **kw))
+
+
+@attrs.define
+class Planner:
+    existing: set[str] = attrs.field(factory=lambda: {"/srv/shared", "/srv/other"})
+    installed: dict[str, str] = attrs.field(factory=dict)
+    lookups: list[tuple[str, str]] = attrs.field(factory=list)
+    prompts: list[tuple[PromptParts, str]] = attrs.field(factory=list)
+
+    def which(self, program: str, path: str) -> str | None:
+        self.lookups.append((program, path))
+        if program.startswith("/"):
+            return program
+        return self.installed.get(program)
+
+    def build(self, parts: PromptParts, message: str) -> str:
+        self.prompts.append((parts, message))
+        return build_prompt(parts, message)
+
+    def plan(self, config: Config, opened: stages.OpenedCall) -> stages.RunPlan | Failure:
+        return stages.plan_run(
+            config,
+            opened,
+            environ=ENVIRON,
+            which=self.which,
+            is_dir=lambda path: path in self.existing,
+            build_prompt=self.build,
+        )
+
+
+def test_a_claude_run_is_planned_on_path_with_a_filtered_environment() -> None:
+    """claude is found on the listener's PATH; env keeps vendor and fake-agent variables only."""
+    planner = Planner(installed={"claude": "/usr/local/bin/claude"})
+    plan = planner.plan(make_config(agent_kind="claude", agent_command=None), opened_call())
+    assert isinstance(plan, stages.RunPlan)
+    assert planner.lookups == [("claude", ENVIRON["PATH"])]
+    assert plan.run.argv[0] == "/usr/local/bin/claude"
+    assert "--add-dir" in plan.run.argv
+    assert MESSAGE not in " ".join(plan.run.argv)
+    assert plan.run.cwd == os.path.realpath("/srv/shared") == plan.workdir
+    assert (plan.run.timeout_s, plan.run.kill_grace_s) == (120.0, 3.0)
+    env = plan.run.env
+    assert env[CALL_ID_ENV] == CALL_ID
+    assert env["ANTHROPIC_API_KEY"] == "vendor-key"
+    assert env["FAKE_AGENT_SCENARIO"] == "happy"
+    assert env["CLAUDE_CODE_MAX_RETRIES"] == "2"  # the adapter's own addition
+    for dropped in ("AGENTCALL_HOME", "GITHUB_TOKEN", "DATABASE_URL"):
+        assert dropped not in env
+    assert MESSAGE in plan.run.stdin.decode()
+
+
+def test_the_prompt_is_built_for_the_verified_caller_and_the_ask_task() -> None:
+    """Owner and caller addresses, task ask, no instructions, the configured read roots."""
+    planner = Planner()
+    planner.plan(make_config(), opened_call())
+    [(parts, message)] = planner.prompts
+    assert message == MESSAGE
+    assert (parts.owner_address, parts.caller_address) == ("@acme/ken", "@acme/ann")
+    assert (parts.task_id, parts.task_name, parts.task_instructions) == (
+        "ask",
+        "Ask a question",
+        None,
+    )
+    assert parts.readable_roots == ("/srv/shared", "/srv/other")
+
+
+def test_a_command_agent_keeps_its_configured_arguments() -> None:
+    """agent_command is the argv: the program resolved, the arguments after it."""
+    planner = Planner()
+    config = make_config(agent_command=["/opt/agent/answer", "--quiet", "-"])
+    plan = planner.plan(config, opened_call())
+    assert isinstance(plan, stages.RunPlan)
+    assert plan.run.argv == ("/opt/agent/answer", "--quiet", "-")
+
+
+def test_the_workdir_is_the_first_shared_directory_that_exists() -> None:
+    """A missing first root is skipped; none at all is a failure, not a wider directory."""
+    plan = Planner(existing={"/srv/other"}).plan(make_config(), opened_call())
+    assert isinstance(plan, stages.RunPlan) and plan.workdir == os.path.realpath("/srv/other")
+    nothing = Planner(existing=set()).plan(make_config(), opened_call())
+    assert nothing == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
+
+
+def test_a_missing_agent_binary_is_an_agent_error() -> None:
+    """Neither on PATH nor at its configured path: "the answering agent is not installed"."""
+    codex = Planner().plan(make_config(agent_kind="codex", agent_command=None), opened_call())
+    assert codex == Failure(
+        code=CallErrorCode.AGENT_ERROR, detail="the answering agent is not installed"
+    )
+
+    class Gone(Planner):
+        def which(self, program: str, path: str) -> str | None:
+            return None
+
+    gone = Gone().plan(make_config(), opened_call())
+    assert isinstance(gone, Failure) and gone.detail == "the answering agent is not installed"
+
+
+# --- agent environment -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("name", "kept"),
+    [
+        ("PATH", True),
+        ("HOME", True),
+        ("USER", True),
+        ("LANG", True),
+        ("LC_CTYPE", True),
+        ("TERM", True),
+        ("TMPDIR", True),
+        ("SHELL", True),
+        ("https_proxy", True),
+        ("NO_PROXY", True),
+        ("ANTHROPIC_BASE_URL", True),
+        ("CLAUDE_CONFIG_DIR", True),
+        ("OPENAI_API_KEY", True),
+        ("CODEX_HOME", True),
+        ("FAKE_AGENT_LOG", True),
+        ("XDG_CONFIG_HOME", True),
+        ("AGENTCALL_HOME", False),
+        ("AGENTCALL_RELAY", False),
+        ("AWS_SECRET_ACCESS_KEY", False),
+        ("GITHUB_TOKEN", False),
+        ("SSH_AUTH_SOCK", False),
+        ("PYTHONPATH", False),
+    ],
+)
+def test_agent_environment_keeps_only_what_agents_need(name: str, kept: bool) -> None:
+    """A fixed allow-list; anything AGENTCALL_* from outside is dropped."""
+    env = agent_environment({name: "value"}, CALL_ID, {})
+    assert (name in env) is kept
+
+
+def test_the_call_id_variable_cannot_be_forged() -> None:
+    """Neither the environment nor the adapter's additions can set AGENTCALL_* variables."""
+    env = agent_environment(
+        {CALL_ID_ENV: "outer"},
+        CALL_ID,
+        {CALL_ID_ENV: "adapter", "AGENTCALL_OTHER": "x", "CLAUDE_CODE_MAX_RETRIES": "2"},
+    )
+    assert env == {CALL_ID_ENV: CALL_ID, "CLAUDE_CODE_MAX_RETRIES": "2"}
+
+
+# --- 5. judging the result ----------------------------------------------------------------------
+
+
+def judge(result: RunResult, adapter: Any = command.ADAPTER) -> stages.Verdict:
+    parser = adapter.new_parser()
+    for line in result.stdout.splitlines():
+        parser.feed_line(line)
+    return stages.judge_run(adapter, result, parser, secrets=[TOKEN], timeout_s=120.0)
+
+
+def test_an_answer_becomes_a_reply_for_the_ask_task() -> None:
+    verdict = judge(run_result(stdout=b"It fails because of a stale cache.\n"))
+    assert verdict.status is CallStatus.OK
+    assert verdict.outcome == Reply(text="It fails because of a stale cache.\n", task="ask")
+
+
+def test_credential_shapes_and_the_installation_token_are_redacted() -> None:
+    """A token-shaped string and config.token never leave in a reply."""
+    text = f"key sk-ant-api03-FAKEfakeFAKEfake0123 and ours {TOKEN} done"
+    verdict = judge(run_result(stdout=text.encode()))
+    assert isinstance(verdict.outcome, Reply)
+    assert verdict.outcome.text == f"key {REDACTED} and ours {REDACTED} done"
+
+
+def test_a_long_reply_is_cut_at_the_limit_on_a_code_point_boundary() -> None:
+    """256,000 bytes at most, never half a character."""
+    text = "a" + "€" * 100_000  # 300,001 bytes; 3-byte characters straddle the limit
+    verdict = judge(run_result(stdout=text.encode()))
+    assert isinstance(verdict.outcome, Reply)
+    data = verdict.outcome.text.encode("utf-8")
+    assert len(data) == 1 + 3 * ((limits.MAX_REPLY_BYTES - 1) // 3) <= limits.MAX_REPLY_BYTES
+    assert verdict.outcome.text.endswith("€")
+
+
+def test_redaction_comes_before_the_cut() -> None:
+    """A key straddling the limit is removed whole, not cut into a leaking prefix."""
+    text = "a" * (limits.MAX_REPLY_BYTES - 11) + " sk-ant-api03-" + "x" * 40
+    verdict = judge(run_result(stdout=text.encode()))
+    assert isinstance(verdict.outcome, Reply)
+    assert verdict.outcome.text.endswith(REDACTED)
+    assert "sk-ant" not in verdict.outcome.text
+
+
+FAILURES: list[tuple[str, RunResult, Any, CallErrorCode, CallStatus]] = [
+    (
+        "kill timer",
+        run_result(exit_code=None, signal=15, timed_out=True),
+        command.ADAPTER,
+        CallErrorCode.TIMEOUT,
+        CallStatus.TIMEOUT,
+    ),
+    (
+        "not logged in",
+        run_result(
+            stdout=b'{"type":"result","subtype":"success","is_error":true,'
+            b'"result":"Not logged in \\u00b7 Please run /login"}\n'
+        ),
+        claude.ADAPTER,
+        CallErrorCode.AGENT_ERROR,
+        CallStatus.AGENT_ERROR,
+    ),
+    (
+        "crash",
+        run_result(exit_code=3, stderr=b"boom"),
+        command.ADAPTER,
+        CallErrorCode.AGENT_ERROR,
+        CallStatus.AGENT_ERROR,
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    ("case", "result", "adapter", "code", "status"),
+    FAILURES,
+    ids=[case for case, *_ in FAILURES],
+)
+def test_failures_map_to_codes_and_statuses(
+    case: str, result: RunResult, adapter: Any, code: CallErrorCode, status: CallStatus
+) -> None:
+    verdict = judge(result, adapter)
+    assert isinstance(verdict.outcome, Failure)
+    assert (verdict.outcome.code, verdict.status) == (code, status)
+
+
+def test_failure_details_are_fixed_or_short_clean_and_redacted() -> None:
+    """Timeout and login have fixed words; other details are one redacted line."""
+    timeout = judge(run_result(exit_code=None, signal=15, timed_out=True)).outcome
+    assert (
+        isinstance(timeout, Failure) and timeout.detail == "the agent did not answer within 120 s"
+    )
+    login = judge(FAILURES[1][1], claude.ADAPTER).outcome
+    assert isinstance(login, Failure) and login.detail == "the answering agent is not logged in"
+    stderr = f"fatal: token {TOKEN} rejected\n\x1b[31mred\x1b[0m\n".encode()
+    crash = judge(run_result(exit_code=1, stderr=stderr)).outcome
+    assert isinstance(crash, Failure) and crash.detail is not None
+    assert TOKEN not in crash.detail and REDACTED in crash.detail
+    assert "\x1b" not in crash.detail and "\n" not in crash.detail
+    assert len(crash.detail) <= limits.MAX_DETAIL_CHARS
+
+
+# --- 6. sealing ----------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("outcome", "terminal"),
+    [
+        (Reply(text="answer", task="ask"), Terminal.COMPLETED),
+        (Failure(code=CallErrorCode.BUSY, detail="busy"), Terminal.FAILED),
+    ],
+)
+def test_the_outcome_is_sealed_to_the_caller_and_signed_by_us(
+    outcome: Reply | Failure, terminal: Terminal
+) -> None:
+    """Only the caller can open it, it verifies against our identity, and binds the request."""
+    opened = opened_call()
+    frame = stages.seal_outcome(keys_of(KEN), opened, outcome, NOW + 5)
+    assert (frame.call_id, frame.terminal) == (CALL_ID, terminal)
+    payload = crypto_envelope.open_response(
+        frame.envelope,
+        my_key=ANN.enc_key,
+        my_record=ANN.enc_record,
+        request=opened.request,
+        responder_identity_pub=KEN.identity_pub,
+        now=NOW + 6,
+    )
+    assert payload.outcome == outcome
+
+
+def test_pin_helpers_are_consistent() -> None:
+    """(Guard for the fixtures above) a pin for ann made by the helper is mallory's key."""
+    opener = Opener()
+    _pinned_to_mallory(opener)
+    pin = opener.pin_storage.get(ORIGIN, "@acme/ann")
+    assert isinstance(pin, Pin) and pin.identity_pub == MALLORY.identity_pub
