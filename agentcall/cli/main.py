@@ -16,6 +16,17 @@ from agentcall import __version__
 # command name → (module, one-line summary). Each module has `add_arguments(parser)` and
 # `run(args) -> int`; nested commands use their own subparsers inside add_arguments.
 COMMANDS: dict[str, tuple[str, str]] = {
+    "setup": (
+        "agentcall.cli.setup",
+        "Enrol this machine with an invite, publish its keys and start the listener.",
+    ),
+    "call": ("agentcall.cli.call", "Call a coworker's agent and print its answer."),
+    "listen": ("agentcall.cli.listen", "Answer calls here (the listener, in the foreground)."),
+    "invite": ("agentcall.cli.invite", "Create, list or revoke invites (organisation admins)."),
+    "block": ("agentcall.cli.access", "Refuse calls from one person."),
+    "unblock": ("agentcall.cli.access", "Take back a block."),
+    "access": ("agentcall.cli.access", "Show or change who may call you by default."),
+    "contacts": ("agentcall.cli.contacts", "Short names for the agents you call."),
     "relay": (
         "agentcall.cli.relay",
         "Operate a relay: bootstrap its database and first admin invite.",

@@ -8,13 +8,13 @@ log line, not guessed with a sleep.
 from __future__ import annotations
 
 import os
-import queue
 import re
 import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -62,7 +62,8 @@ class LogFollower:
 
     def __init__(self, stream: object, path: Path) -> None:
         self.lines: list[str] = []
-        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._ended = False
+        self._changed = threading.Condition()
         self._path = path
         self._thread = threading.Thread(target=self._drain, args=(stream,), daemon=True)
         self._thread.start()
@@ -72,27 +73,40 @@ class LogFollower:
             for line in stream:  # type: ignore[attr-defined]
                 copy.write(line)
                 copy.flush()
-                self.lines.append(line)
-                self._queue.put(line)
-        self._queue.put(None)
+                with self._changed:
+                    self.lines.append(line)
+                    self._changed.notify_all()
+        with self._changed:
+            self._ended = True
+            self._changed.notify_all()
 
-    def wait_for(self, pattern: str, timeout: float = START_TIMEOUT_S) -> re.Match[str]:
+    def mark(self) -> int:
+        """A position in the log; ``wait_for(..., since=mark)`` ignores lines before it."""
+        with self._changed:
+            return len(self.lines)
+
+    def wait_for(
+        self, pattern: str, timeout: float = START_TIMEOUT_S, *, since: int = 0
+    ) -> re.Match[str]:
         regex = re.compile(pattern)
-        for line in list(self.lines):
-            if match := regex.search(line):
-                return match
-        while True:
-            try:
-                queued = self._queue.get(timeout=timeout)
-            except queue.Empty:
-                raise TimeoutError(f"no log line matching {pattern!r} within {timeout}s") from None
-            if queued is None:
-                raise RuntimeError(f"process exited before logging {pattern!r}")
-            if match := regex.search(queued):
-                return match
+        deadline = time.monotonic() + timeout
+        checked = since
+        with self._changed:
+            while True:
+                for line in self.lines[checked:]:
+                    if match := regex.search(line):
+                        return match
+                checked = len(self.lines)
+                if self._ended:
+                    raise RuntimeError(f"process exited before logging {pattern!r}")
+                remaining = deadline - time.monotonic()
+                if remaining <= 0:
+                    raise TimeoutError(f"no log line matching {pattern!r} within {timeout}s")
+                self._changed.wait(remaining)
 
     def text(self) -> str:
-        return "".join(self.lines)
+        with self._changed:
+            return "".join(self.lines)
 
 
 @attrs.define

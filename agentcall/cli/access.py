@@ -1,0 +1,154 @@
+"""``agentcall block|unblock HANDLE`` and ``agentcall access``: who may call this agent.
+
+All three edit policy.json through :mod:`agentcall.listener.policy`. The existing file is read
+with the listener's own strict parser first: a file it cannot read is reported, never replaced,
+because replacing it would silently drop the owner's decisions. The running listener reads
+policy.json for every call, so a change applies to the next call without a restart.
+"""
+
+from __future__ import annotations
+
+import argparse
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from agentcall.listener.policy import Policy
+
+APPLIES = "The listener reads policy.json for every call: this applies from the next call."
+
+BLOCK_DESCRIPTION = """\
+Refuse calls from one person in your organisation. An individual block always wins over the
+default and over any other grant. The running listener picks it up on the next call."""
+
+UNBLOCK_DESCRIPTION = """\
+Take back a block. With the default `allowed` the person's individual rule is removed; with
+the default `blocked` they are explicitly allowed."""
+
+ACCESS_DESCRIPTION = """\
+Show or change who may call this agent by default. Without options, prints the current
+policy. `--default blocked` refuses everyone without an individual rule; `agentcall unblock
+HANDLE` then lets one person in."""
+
+
+def _handle(text: str) -> str:
+    from agentcall import ids
+
+    value = text.lower() if text.isascii() else text
+    if value.startswith("@") and "/" in value:
+        # Accept a full address of one's own org for convenience; the org is checked in run.
+        return value
+    if not ids.is_handle(value):
+        raise argparse.ArgumentTypeError(f"{text!r} is not a handle (e.g. ken)")
+    return value
+
+
+def _add(parser: argparse.ArgumentParser, command: str, description: str, example: str) -> None:
+    parser.description = description
+    parser.epilog = f"example:\n  {example}"
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.set_defaults(access_command=command)
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """One module serves three commands; the name they were registered under picks the form."""
+    command = parser.prog.rsplit(" ", 1)[-1]
+    if command == "block":
+        _add(parser, "block", BLOCK_DESCRIPTION, "agentcall block mallory")
+        parser.add_argument("handle", metavar="HANDLE", type=_handle, help="who to refuse")
+    elif command == "unblock":
+        _add(parser, "unblock", UNBLOCK_DESCRIPTION, "agentcall unblock mallory")
+        parser.add_argument("handle", metavar="HANDLE", type=_handle, help="who to let call again")
+    else:
+        _add(parser, "access", ACCESS_DESCRIPTION, "agentcall access --default blocked")
+        parser.add_argument(
+            "--default",
+            choices=["allowed", "blocked"],
+            help="whether callers without an individual rule may call",
+        )
+
+
+def _plain_handle(value: str) -> str:
+    """A handle, from a handle or an address in this installation's organisation."""
+    from agentcall import ids
+    from agentcall.cli.main import CommandError
+
+    if not value.startswith("@"):
+        return value
+    try:
+        address = ids.parse_address(value)
+    except ids.AddressError:
+        raise CommandError(f"{value!r} is neither a handle nor an address @org/handle") from None
+    from agentcall.config import NotSetUp, load_config
+    from agentcall.home import Home, LocalStateError
+
+    try:
+        org = load_config(Home.from_environ()).org
+    except NotSetUp:
+        org = None
+    except LocalStateError as exc:
+        raise CommandError(str(exc)) from None
+    if org is not None and address.org != org:
+        raise CommandError(f"{address} is not in your organisation ({org}); give a handle")
+    return address.handle
+
+
+def _describe(policy: Policy) -> str:
+    lines = [f"default: {policy.default_access} (callers without an individual rule)"]
+    for rule in policy.callers:
+        lines.append(f"  {rule.handle}: {rule.access or 'follows the default'}")
+    if not policy.callers:
+        lines.append("no individual rules")
+    return "\n".join(lines)
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentcall.cli.main import CommandError
+    from agentcall.home import Home, LocalStateError
+    from agentcall.listener.policy import (
+        Access,
+        PolicyError,
+        load_policy,
+        save_policy,
+        with_caller_access,
+        with_default_access,
+    )
+
+    try:
+        home = Home.from_environ()
+    except LocalStateError as exc:
+        raise CommandError(str(exc)) from None
+    path = home.policy_path
+    try:
+        policy = load_policy(path)
+    except PolicyError as exc:
+        raise CommandError(
+            f"cannot change the policy: {exc}; fix the file by hand (it is never overwritten)"
+        ) from None
+    command = args.access_command
+    if command == "access" and args.default is None:
+        print(_describe(policy))
+        return 0
+    if command == "access":
+        changed = with_default_access(policy, Access(args.default))
+        said = f"default access is now {args.default}"
+    else:
+        handle = _plain_handle(args.handle)
+        if command == "block":
+            changed = with_caller_access(policy, handle, Access.BLOCKED)
+            said = f"blocked {handle}: their calls are refused"
+        elif policy.default_access is Access.ALLOWED:
+            changed = with_caller_access(policy, handle, None)
+            said = f"unblocked {handle}: they may call you (the default is allowed)"
+        else:
+            changed = with_caller_access(policy, handle, Access.ALLOWED)
+            said = f"unblocked {handle}: explicitly allowed (the default is blocked)"
+    try:
+        home.ensure()
+        save_policy(path, changed)
+    except (PolicyError, LocalStateError) as exc:
+        raise CommandError(f"cannot save the policy: {exc}") from None
+    except OSError as exc:
+        raise CommandError(f"cannot save {path}: {exc.strerror or exc}") from None
+    print(said)
+    print(APPLIES)
+    return 0

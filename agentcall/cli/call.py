@@ -1,0 +1,318 @@
+"""``agentcall call TARGET MESSAGE``: ask a coworker's agent, print its answer.
+
+The answer goes to stdout, made terminal-safe; the lifecycle (ringing, answered, working, with
+elapsed time) goes to stderr as it happens. Exit 0 on an answer, 1 on any failure with one line
+on stderr. ``--json`` prints exactly one JSON object on stdout, also on failure.
+
+This module also holds what the other network commands share: running one piece of work on
+the reactor, and loading the installation with errors worded for the CLI.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import os
+import sys
+from collections.abc import Callable, Coroutine
+from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
+
+from agentcall import ids, limits
+
+if TYPE_CHECKING:
+    from agentcall.caller import CallResult
+    from agentcall.config import Config
+    from agentcall.home import Home
+    from agentcall.wire.frames import CallStatus
+
+T = TypeVar("T")
+
+# Set by the listener in the environment of the agent answering a call.
+NESTED_CALL_ENV = "AGENTCALL_CALL_ID"
+MAX_TIMEOUT_S = limits.CLIENT_CALL_TIMEOUT_S
+MAX_DETAIL_SHOWN = 300
+
+DESCRIPTION = """\
+Call a coworker's coding agent and print its answer.
+
+TARGET is a contact name (see `agentcall contacts`), an address @org/handle in your own
+organisation, or a bare handle in your organisation. MESSAGE is the question; several words
+are joined with spaces, and `-` reads the message from stdin (at most 64,000 bytes of UTF-8).
+
+The answer is printed on stdout; progress (ringing, answered, working, with elapsed time) on
+stderr. The exit status is 0 when an answer came back and 1 otherwise, with a one-line reason.
+Calls cannot be placed from inside an agent that is answering a call."""
+
+EPILOG = """\
+examples:
+  agentcall call @acme/ken "why does the nightly build fail on arm64?"
+  agentcall call ken --task review -   < notes.md
+  agentcall call ken "summarise the open TODOs" --json | jq -r .text"""
+
+
+def _task_id(text: str) -> str:
+    if not ids.is_task_id(text):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a task id (lowercase letters, digits and '-', at most 64)"
+        )
+    return text
+
+
+def _timeout(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not 1 <= value <= MAX_TIMEOUT_S:
+        raise argparse.ArgumentTypeError(f"the timeout must be 1..{MAX_TIMEOUT_S:g} seconds")
+    return value
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    parser.description = DESCRIPTION
+    parser.epilog = EPILOG
+    parser.formatter_class = argparse.RawDescriptionHelpFormatter
+    parser.add_argument("target", metavar="TARGET", help="contact name, @org/handle, or handle")
+    parser.add_argument(
+        "message", metavar="MESSAGE", nargs="+", help="the question; `-` reads it from stdin"
+    )
+    parser.add_argument(
+        "--task", type=_task_id, metavar="ID", help="run one of the agent's named tasks"
+    )
+    parser.add_argument(
+        "--json", action="store_true", help="print one JSON object on stdout instead of text"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=_timeout,
+        default=MAX_TIMEOUT_S,
+        metavar="SECONDS",
+        help=f"give up after this long (default and maximum {MAX_TIMEOUT_S:g})",
+    )
+
+
+# --- shared by the network commands --------------------------------------------------------------
+
+
+def run_on_reactor(work: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
+    """Run ``work(reactor)`` on the global reactor until it finishes; return or raise its result.
+
+    Ctrl-C or SIGTERM cancels the work (a call in flight hangs up) and raises
+    KeyboardInterrupt. The reactor runs once per process, which is all a command needs.
+    """
+    from twisted.internet import defer, reactor, task
+
+    outcome: list[tuple[bool, Any]] = []
+    interrupted: list[bool] = []
+
+    async def main(running: Any) -> None:
+        pending = defer.ensureDeferred(work(running))
+
+        def cancel() -> None:
+            if not pending.called:
+                # Whatever the cancelled work reports (often "cancelled" as a network
+                # failure), the truth is that the person stopped it.
+                interrupted.append(True)
+                pending.cancel()
+
+        running.addSystemEventTrigger("before", "shutdown", cancel)
+        try:
+            outcome.append((True, await pending))
+        except BaseException as exc:  # handed back to the caller below, whatever it is
+            outcome.append((False, exc))
+
+    # react() always ends in sys.exit; the outcome recorded above is what counts.
+    with contextlib.suppress(SystemExit):
+        task.react(main, (), reactor)
+    if interrupted or not outcome:
+        raise KeyboardInterrupt
+    ok, value = outcome[0]
+    if ok:
+        result: T = value
+        return result
+    raise value
+
+
+def load_installation() -> tuple[Home, Config]:
+    """This installation's paths and config, or a CommandError saying what to do."""
+    from agentcall.cli.main import CommandError
+    from agentcall.config import load_config
+    from agentcall.home import Home, LocalStateError
+
+    try:
+        home = Home.from_environ()
+        return home, load_config(home)
+    except LocalStateError as exc:
+        raise CommandError(str(exc)) from None
+
+
+# --- the call ------------------------------------------------------------------------------------
+
+
+def _read_message(words: list[str]) -> bytes:
+    if words == ["-"]:
+        return sys.stdin.buffer.read(limits.MAX_MESSAGE_BYTES + 1)
+    try:
+        return " ".join(words).encode("utf-8")
+    except UnicodeEncodeError:
+        # Bytes that are not UTF-8 in argv arrive as lone surrogates.
+        return b"\xff"
+
+
+class _Reporter:
+    """Writes the outcome in the chosen form: text, or one JSON object."""
+
+    def __init__(self, as_json: bool) -> None:
+        self.as_json = as_json
+        self.address: str | None = None
+
+    def fail(self, code: str, message: str, call_id: str | None = None) -> NoReturn:
+        from agentcall.cli.main import CommandError
+        from agentcall.cli.render import safe_json
+
+        if self.as_json:
+            body: dict[str, object] = {
+                "ok": False,
+                "address": self.address,
+                "code": code,
+                "message": message,
+            }
+            if call_id is not None:
+                body["call_id"] = call_id
+            print(safe_json(body))
+        raise CommandError(message)
+
+    def result(self, result: CallResult, task: str | None) -> int:
+        from agentcall.cli.render import describe_error, safe_cell, safe_json, safe_text
+
+        if result.reply is not None:
+            answered_task = result.reply.task or task
+            if self.as_json:
+                body = {
+                    "ok": True,
+                    "address": result.address,
+                    "call_id": result.call_id,
+                    "text": result.reply.text,
+                    "task": answered_task,
+                }
+                print(safe_json(body))
+            else:
+                text = safe_text(result.reply.text)
+                sys.stdout.write(text if text.endswith("\n") else text + "\n")
+            return 0
+        if result.code is None:
+            raise ValueError("a CallResult without a reply must carry a code")
+        message = describe_error(result.code)
+        if result.detail:
+            detail = safe_cell(result.detail)
+            if len(detail) > MAX_DETAIL_SHOWN:
+                detail = detail[: MAX_DETAIL_SHOWN - 1] + "…"
+            message += f" ({detail})"
+        if result.offered:
+            message += " Tasks offered to you: " + ", ".join(result.offered) + "."
+        # The code too, so people can search for it and scripts can match it.
+        message += f" [{result.code}]"
+        self.fail(str(result.code), message, result.call_id)
+
+
+class _Progress:
+    """The lifecycle on one stderr line, extended as each state arrives.
+
+    One line keeps a failing call's stderr to the progress and the reason, even when it is
+    captured rather than shown on a terminal.
+    """
+
+    LABELS = {"ringing": "ringing…"}
+
+    def __init__(self) -> None:
+        self._open = False
+
+    def state(self, state: str, elapsed_s: float) -> None:
+        separator = "  " if self._open else ""
+        label = self.LABELS.get(state, state)
+        sys.stderr.write(f"{separator}{label} {elapsed_s:.1f}s")
+        sys.stderr.flush()
+        self._open = True
+
+    def end(self) -> None:
+        if self._open:
+            sys.stderr.write("\n")
+            sys.stderr.flush()
+            self._open = False
+
+
+def run(args: argparse.Namespace) -> int:
+    from agentcall.cli.main import CommandError
+
+    report = _Reporter(args.json)
+    if NESTED_CALL_ENV in os.environ:
+        report.fail(
+            "nested_call",
+            "nested calls are not supported: this agent is answering a call "
+            f"({NESTED_CALL_ENV} is set), and may not place calls of its own",
+        )
+    raw = _read_message(args.message)
+    if len(raw) > limits.MAX_MESSAGE_BYTES:
+        size = f"more than {limits.MAX_MESSAGE_BYTES}" if args.message == ["-"] else len(raw)
+        report.fail(
+            "message_too_large",
+            f"the message is {size} bytes; the limit is {limits.MAX_MESSAGE_BYTES} bytes",
+        )
+    try:
+        message = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        report.fail("bad_request", "the message is not valid UTF-8 text")
+    if not message.strip():
+        report.fail("bad_request", "the message is empty")
+
+    from agentcall import caller
+    from agentcall.contacts import ContactBook
+    from agentcall.home import LocalStateError
+    from agentcall.keystore import load_keys
+
+    try:
+        home, config = load_installation()
+    except CommandError as exc:
+        report.fail("not_set_up", str(exc))
+    try:
+        address = ContactBook(home).resolve(args.target, config.org)
+    except LocalStateError as exc:
+        report.fail("bad_target", str(exc))
+    report.address = address
+    try:
+        keys = load_keys(home)
+    except LocalStateError as exc:
+        report.fail("local_error", str(exc))
+
+    progress = _Progress()
+
+    async def work(reactor: Any) -> CallResult:
+        start = reactor.seconds()
+
+        def on_status(frame: CallStatus) -> None:
+            progress.state(str(frame.state), reactor.seconds() - start)
+
+        def on_note(text: str) -> None:
+            progress.end()
+            print(f"agentcall: warning: {text}", file=sys.stderr, flush=True)
+
+        return await caller.place(
+            reactor,
+            home,
+            config,
+            keys,
+            address,
+            message,
+            args.task,
+            on_status,
+            timeout_s=args.timeout,
+            on_note=on_note,
+        )
+
+    try:
+        result = run_on_reactor(work)
+    except caller.CallRefused as exc:
+        report.fail(exc.code, str(exc))
+    finally:
+        progress.end()
+    return report.result(result, args.task)

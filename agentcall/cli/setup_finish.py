@@ -1,0 +1,180 @@
+"""The steps of ``agentcall setup`` after enrolment; each is safe to repeat.
+
+Publishing the keys, installing the listener service and the self-check call run both right
+after enrolment and under ``agentcall setup --resume``, so each of them first looks at what is
+already done: published records are not sent again, an unchanged running unit is not
+restarted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import sys
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any
+
+import attrs
+
+if TYPE_CHECKING:
+    from agentcall.config import Config
+    from agentcall.home import Home
+    from agentcall.keystore import LocalKeys
+    from agentcall.service_unit import Systemctl
+
+SELF_CHECK_MESSAGE = (
+    "This is the AgentCall setup check, a test call from your own machine. "
+    "Reply with one short sentence saying you received it."
+)
+
+
+# --- dependencies (replaced in tests) ------------------------------------------------------------
+
+
+@attrs.frozen
+class SetupDeps:
+    """Everything setup reaches outside the process with; tests pass fakes."""
+
+    make_api: Callable[..., Any]  # (reactor, RelayUrl, Credentials | None, ca_file) -> RelayApi
+    run: Callable[..., Any]  # run_on_reactor
+    place: Callable[..., Any]  # agentcall.caller.place
+    systemctl: Systemctl
+    which: Callable[[str], str | None] = shutil.which
+    environ: Mapping[str, str] = attrs.field(factory=lambda: os.environ)
+    python: str = sys.executable
+    presence_wait_s: float = 30.0
+    poll_interval_s: float = 0.5
+
+
+def say(text: str) -> None:
+    """Progress for the person, on stderr (stdout carries only the final summary)."""
+    print(text, file=sys.stderr, flush=True)
+
+
+def _resume_hint(config: Config, what: str, exc: object) -> str:
+    return (
+        f"enrolled as {config.address}, but {what} failed: {exc}; "
+        "fix that and run `agentcall setup --resume` to finish"
+    )
+
+
+async def finish(
+    reactor: Any,
+    args: argparse.Namespace,
+    home: Home,
+    config: Config,
+    keys: LocalKeys,
+    deps: SetupDeps,
+    agent_executable: str | None = None,
+) -> int:
+    from agentcall import caller
+    from agentcall.cli.main import CommandError
+    from agentcall.client.api import Credentials
+    from agentcall.crypto.keys import fingerprint
+    from agentcall.errors import AgentCallError
+
+    credentials = Credentials(config.org, config.handle, config.token)
+    try:
+        api = deps.make_api(reactor, config.relay, credentials, config.ca_file)
+        published = await caller.ensure_published(api, keys, reactor.seconds())
+    except AgentCallError as exc:
+        raise CommandError(_resume_hint(config, "publishing the keys", exc)) from None
+    say("published " + ", ".join(published) if published else "keys already published")
+
+    listener_started = False
+    if config.caller_only:
+        say("caller-only: this installation places calls and never answers them")
+    elif args.skip_service:
+        say(_run_yourself("--skip-service was given"))
+    else:
+        listener_started = _install_service(home, config, deps, agent_executable)
+
+    summary = f"address: {config.address}\nfingerprint: {fingerprint(keys.identity_record.record)}"
+    if not listener_started or args.no_verify:
+        print(summary)
+        return 0
+    failure = await _self_check(reactor, api, home, config, keys, deps)
+    print(summary)
+    if failure is not None:
+        raise CommandError(failure)
+    return 0
+
+
+def _run_yourself(why: str) -> str:
+    return (
+        f"{why}: to answer calls, run `agentcall listen` (or `twistd -n agentcall-listen`) "
+        "under your own supervisor (launchd, a container, tmux)"
+    )
+
+
+def _install_service(
+    home: Home, config: Config, deps: SetupDeps, agent_executable: str | None
+) -> bool:
+    """Install and start the user unit; False when systemd is not there to do it."""
+    from agentcall import service_unit
+    from agentcall.cli.main import CommandError
+
+    if not service_unit.systemd_available(deps.systemctl):
+        say(_run_yourself("no systemd user manager answers here"))
+        return False
+    dirs = [os.path.dirname(agent_executable)] if agent_executable else []
+    node = deps.which("node")
+    if node:
+        # Claude Code and Codex are node programs started through `#!/usr/bin/env node`.
+        dirs.append(os.path.dirname(os.path.abspath(node)))
+    try:
+        spec = service_unit.listener_spec(
+            home, deps.environ, python=deps.python, path_dirs=[*dirs, os.path.dirname(deps.python)]
+        )
+        path = service_unit.unit_path(home, deps.environ)
+        started = service_unit.install(path, service_unit.render_unit(spec), deps.systemctl)
+    except service_unit.ServiceUnitError as exc:
+        raise CommandError(
+            _resume_hint(config, "installing the listener service", exc)
+            + " (or run `agentcall listen` yourself)"
+        ) from None
+    say(
+        f"listener service {'started' if started else 'already running'}: {path} "
+        f"(log: {home.listener_log_path})"
+    )
+    return True
+
+
+async def _self_check(
+    reactor: Any, api: Any, home: Home, config: Config, keys: LocalKeys, deps: SetupDeps
+) -> str | None:
+    """Call ourselves through the new listener; None when it answered, else why not."""
+    from twisted.internet import task
+
+    from agentcall.cli.render import describe_error, safe_cell
+    from agentcall.errors import AgentCallError
+
+    waited = 0.0
+    while True:
+        try:
+            presence = await api.presence()
+            if presence.online:
+                break
+        except AgentCallError:
+            pass  # the relay may be briefly unreachable; the deadline below decides
+        if waited >= deps.presence_wait_s:
+            return (
+                f"the listener did not connect to the relay within {deps.presence_wait_s:g} s; "
+                f"see {home.listener_log_path} and `systemctl --user status "
+                "agentcall-listener`"
+            )
+        await task.deferLater(reactor, deps.poll_interval_s, lambda: None)
+        waited += deps.poll_interval_s
+    say(f"test call to {config.address}…")
+    result = await deps.place(
+        reactor, home, config, keys, config.address, SELF_CHECK_MESSAGE, None, lambda _s: None
+    )
+    if result.ok:
+        say(f"test call answered in {result.elapsed_s:.1f}s: the listener works")
+        return None
+    detail = f" ({safe_cell(result.detail)[:200]})" if result.detail else ""
+    return (
+        f"setup is complete, but the test call failed: {describe_error(result.code)}{detail}; "
+        f"check {home.listener_log_path}, then try `agentcall call {config.address} hello`"
+    )

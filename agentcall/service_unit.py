@@ -1,0 +1,260 @@
+"""The listener as a systemd user service: the unit text, and installing it with systemctl.
+
+``agentcall setup`` writes ``~/.config/systemd/user/agentcall-listener.service`` (0600) and asks
+the user's own service manager (``systemctl --user``) to run it. The unit runs this very Python
+with ``-m agentcall listen``, so it uses the same installation of the package as the setup did.
+
+Every value written into the unit comes from the environment (paths, ``PATH``), so it is made
+inert before it goes in: each value is double-quoted with ``\\`` and ``"`` escaped, ``%``
+(systemd's specifier prefix) is doubled, and in the arguments of ``ExecStart=`` ``$`` (variable
+expansion) is doubled too; the program path itself gets no ``$`` expansion and may not contain
+quotes or backslashes at all (systemd refuses them). A NUL or a line break could end the line
+and start a new directive, so values with any control character are refused outright.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import re
+import subprocess
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+
+import attrs
+
+from agentcall.errors import AgentCallError
+from agentcall.home import Home
+
+UNIT_NAME = "agentcall-listener.service"
+UNIT_FILE_MODE = 0o600
+# The dirs an agent CLI usually needs besides its own (node for Claude Code, git, a shell).
+BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
+# Variables passed into the unit when they are set where setup runs: they decide which
+# identity, which trust roots and which package the listener uses.
+PASSED_THROUGH = ("AGENTCALL_HOME", "SSL_CERT_FILE", "PYTHONPATH")
+SYSTEMCTL_TIMEOUT_S = 30.0
+
+_ENV_NAME_RE = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*\Z")
+_CONTROL_RE = re.compile(r"[\x00-\x1f\x7f]")
+
+
+class ServiceUnitError(AgentCallError):
+    """The unit cannot be written safely, or systemctl refused it (one-line reason)."""
+
+
+# --- quoting -------------------------------------------------------------------------------------
+
+
+def _refuse_controls(value: str, what: str) -> None:
+    if _CONTROL_RE.search(value):
+        raise ServiceUnitError(
+            f"{what} contains a NUL, a line break or another control character; "
+            "it cannot be written into a systemd unit"
+        )
+
+
+def _quoted(value: str) -> str:
+    # systemd unquotes with C-style escapes, so the backslash is escaped before the quote.
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("%", "%%") + '"'
+
+
+def quote_exec_arg(value: str) -> str:
+    """One ``ExecStart=`` argument: quoted, with specifiers and ``$`` expansion disabled."""
+    _refuse_controls(value, "a command-line argument")
+    return _quoted(value).replace("$", "$$")
+
+
+def quote_exec_program(value: str) -> str:
+    """The program of ``ExecStart=``: systemd expands no ``$`` there and refuses quotes."""
+    _refuse_controls(value, "the program path")
+    if any(char in value for char in "\\\"'"):
+        raise ServiceUnitError(
+            f"the program path {value!r} contains a quote or a backslash, which systemd refuses"
+        )
+    if not os.path.isabs(value):
+        raise ServiceUnitError(f"the program path {value!r} is not absolute")
+    return _quoted(value)
+
+
+def quote_environment(name: str, value: str) -> str:
+    """One ``Environment=`` assignment; systemd does not expand ``$`` there, only ``%``."""
+    if _ENV_NAME_RE.match(name) is None:
+        raise ServiceUnitError(f"{name!r} is not a valid environment variable name")
+    _refuse_controls(value, f"the value of {name}")
+    return _quoted(f"{name}={value}")
+
+
+def escape_path(value: str) -> str:
+    """A path for ``StandardOutput=append:``, which takes no quotes but expands ``%``."""
+    _refuse_controls(value, "the log file path")
+    if not os.path.isabs(value) or value != value.strip():
+        raise ServiceUnitError(
+            f"the log file path {value!r} must be absolute, without surrounding spaces"
+        )
+    return value.replace("%", "%%")
+
+
+# --- the unit ------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class UnitSpec:
+    """What the unit runs and with which environment; rendered by :func:`render_unit`."""
+
+    argv: tuple[str, ...]
+    environment: tuple[tuple[str, str], ...]
+    log_path: str
+
+
+def unit_search_path(path_dirs: Sequence[str]) -> str:
+    """``PATH`` for the service: the given dirs first, then the usual ones, no duplicates."""
+    seen: list[str] = []
+    for directory in [*path_dirs, *BASE_PATH]:
+        if directory and os.path.isabs(directory) and directory not in seen:
+            seen.append(directory)
+    return os.pathsep.join(seen)
+
+
+def listener_spec(
+    home: Home,
+    environ: Mapping[str, str],
+    *,
+    python: str,
+    path_dirs: Sequence[str] = (),
+) -> UnitSpec:
+    """The listener unit for this installation, run by ``python -m agentcall listen``."""
+    if not os.path.isabs(python):
+        raise ServiceUnitError(f"the Python interpreter {python!r} is not an absolute path")
+    environment = [("HOME", str(home.user_home)), ("PATH", unit_search_path(path_dirs))]
+    environment += [(name, environ[name]) for name in PASSED_THROUGH if environ.get(name)]
+    return UnitSpec(
+        argv=(python, "-m", "agentcall", "listen"),
+        environment=tuple(environment),
+        log_path=str(home.listener_log_path),
+    )
+
+
+def render_unit(spec: UnitSpec) -> str:
+    """The text of the unit file; raises :class:`ServiceUnitError` for an unsafe value."""
+    if not spec.argv:
+        raise ServiceUnitError("the unit needs a program to run")
+    program, *arguments = spec.argv
+    exec_start = " ".join([quote_exec_program(program), *map(quote_exec_arg, arguments)])
+    environment = [f"Environment={quote_environment(k, v)}" for k, v in spec.environment]
+    log = escape_path(spec.log_path)
+    lines = [
+        "# Written by `agentcall setup`; `agentcall setup --resume` rewrites it.",
+        "[Unit]",
+        "Description=AgentCall listener",
+        "Wants=network-online.target",
+        "After=network-online.target",
+        "",
+        "[Service]",
+        "Type=simple",
+        f"ExecStart={exec_start}",
+        "Restart=always",
+        "RestartSec=2",
+        *environment,
+        f"StandardOutput=append:{log}",
+        f"StandardError=append:{log}",
+        "",
+        "[Install]",
+        "WantedBy=default.target",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+def unit_path(home: Home, environ: Mapping[str, str]) -> Path:
+    """Where systemd looks for this user's units: ``$XDG_CONFIG_HOME`` or ``~/.config``."""
+    config_home = environ.get("XDG_CONFIG_HOME", "")
+    base = Path(config_home) if os.path.isabs(config_home) else home.user_home / ".config"
+    return base / "systemd" / "user" / UNIT_NAME
+
+
+# --- systemctl -----------------------------------------------------------------------------------
+
+# Runs `systemctl --user ARGS…` and returns the finished process (never raises for a non-zero
+# exit). Tests pass a recording fake.
+Systemctl = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def run_systemctl(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """The real ``systemctl --user``; a missing binary or a hang reads as a failure."""
+    try:
+        return subprocess.run(
+            ["systemctl", "--user", *args],
+            capture_output=True,
+            text=True,
+            timeout=SYSTEMCTL_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(args, 127, "", "systemctl: command not found")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", "systemctl did not answer in time")
+
+
+def systemd_available(systemctl: Systemctl) -> bool:
+    """True when a systemd user manager answers (not in most containers, nor over plain su)."""
+    return systemctl(["show-environment"]).returncode == 0
+
+
+def _checked(systemctl: Systemctl, *args: str) -> subprocess.CompletedProcess[str]:
+    done = systemctl(list(args))
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit status {done.returncode}"
+        raise ServiceUnitError(f"`systemctl --user {' '.join(args)}` failed: {reason[:200]}")
+    return done
+
+
+def _write_unit(path: Path, text: str) -> None:
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+    # mkstemp makes the file 0600 from the start; the rename replaces the unit atomically.
+    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.chmod(temp, UNIT_FILE_MODE)
+        os.replace(temp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(temp)
+        raise
+
+
+def install(path: Path, text: str, systemctl: Systemctl) -> bool:
+    """Write the unit, enable it and make sure it runs; True when it was (re)started.
+
+    An unchanged unit that is already active is left running, so finishing a setup again does
+    not kill a call the listener is answering.
+    """
+    try:
+        unchanged = path.read_text(encoding="utf-8") == text
+    except FileNotFoundError:
+        unchanged = False
+    except OSError as exc:
+        raise ServiceUnitError(f"cannot read {path}: {exc.strerror or exc}") from None
+    if unchanged and systemctl(["is-active", "--quiet", UNIT_NAME]).returncode == 0:
+        return False
+    try:
+        _write_unit(path, text)
+    except OSError as exc:
+        raise ServiceUnitError(f"cannot write {path}: {exc.strerror or exc}") from None
+    _checked(systemctl, "daemon-reload")
+    _checked(systemctl, "enable", UNIT_NAME)
+    _checked(systemctl, "restart", UNIT_NAME)
+    return True
+
+
+def uninstall(path: Path, systemctl: Systemctl) -> None:
+    """Stop and disable the unit, remove its file, and forget any failed state."""
+    if path.exists():
+        _checked(systemctl, "disable", "--now", UNIT_NAME)
+        path.unlink()
+    _checked(systemctl, "daemon-reload")
+    # Only clears a remembered failure; nothing to reset is not an error.
+    systemctl(["reset-failed", UNIT_NAME])

@@ -1,0 +1,165 @@
+"""Installations as a person has them: a HOME each, `agentcall` as a subprocess, and a real
+`twistd agentcall-listen` whose agent is the fake `claude`/`codex` from tests/fakes on PATH."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import attrs
+
+from tests.e2e.processes import BIN, REPO, LogFollower, child_env
+
+FAKE_AGENT = REPO / "tests" / "fakes" / "fake_agent.py"
+
+
+def fake_bin(directory: Path) -> Path:
+    """A directory holding the fake agent as both `claude` and `codex`."""
+    directory.mkdir(parents=True, exist_ok=True)
+    for name in ("claude", "codex"):
+        link = directory / name
+        if not link.exists():
+            link.symlink_to(FAKE_AGENT)
+    return directory
+
+
+@attrs.define
+class ListenerProcess:
+    process: subprocess.Popen[str]
+    log: LogFollower
+
+    def stop(self) -> int:
+        if self.process.poll() is None:
+            self.process.send_signal(signal.SIGTERM)
+            try:
+                self.process.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                self.process.kill()
+                self.process.wait(timeout=5)
+        return self.process.returncode
+
+
+@attrs.define
+class Install:
+    """One person's machine: its own HOME, a fake agent on PATH, scenario and run log files."""
+
+    name: str
+    root: Path
+    ca_file: str
+    listener: ListenerProcess | None = None
+
+    @property
+    def home(self) -> Path:
+        return self.root / "home"
+
+    @property
+    def agent_log(self) -> Path:
+        return self.root / "agent-runs.jsonl"
+
+    @property
+    def scenario_file(self) -> Path:
+        return self.root / "scenario.json"
+
+    @property
+    def state_dir(self) -> Path:
+        return self.home / ".agentcall"
+
+    def env(self, **extra: str) -> dict[str, str]:
+        bin_dir = fake_bin(self.root / "bin")
+        base = child_env()
+        for key in [k for k in base if k.startswith(("AGENTCALL_", "FAKE_AGENT_"))]:
+            del base[key]
+        base.update(
+            HOME=str(self.home),
+            PATH=os.pathsep.join([str(bin_dir), str(BIN), base.get("PATH", "")]),
+            SSL_CERT_FILE=self.ca_file,
+            FAKE_AGENT_LOG=str(self.agent_log),
+            FAKE_AGENT_SCENARIO_FILE=str(self.scenario_file),
+        )
+        base.update(extra)
+        return base
+
+    def cli(
+        self, *args: str, stdin: str | None = None, timeout: float = 120, **env: str
+    ) -> subprocess.CompletedProcess[str]:
+        return subprocess.run(
+            [sys.executable, "-m", "agentcall", *args],
+            env=self.env(**env),
+            input=stdin,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            check=False,
+            cwd=self.root,
+        )
+
+    def cli_async(self, *args: str) -> subprocess.Popen[str]:
+        return subprocess.Popen(
+            [sys.executable, "-m", "agentcall", *args],
+            env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            cwd=self.root,
+        )
+
+    def setup(self, invite_url: str, handle: str, *extra: str) -> subprocess.CompletedProcess[str]:
+        self.home.mkdir(parents=True, exist_ok=True)
+        done = self.cli(
+            "setup", "--invite", invite_url, "--handle", handle, "--skip-service", "--no-verify",
+            *extra,
+        )
+        if done.returncode != 0:
+            raise RuntimeError(f"setup of {handle} failed: {done.stderr}")
+        return done
+
+    def set_scenario(self, scenario: str | dict[str, Any]) -> None:
+        text = scenario if isinstance(scenario, str) else json.dumps(scenario)
+        self.scenario_file.write_text(text)
+
+    def edit_config(self, **changes: Any) -> None:
+        """Change config.json the way an owner editing it by hand would (kept 0600)."""
+        path = self.state_dir / "config.json"
+        data = json.loads(path.read_text())
+        data.update(changes)
+        path.write_text(json.dumps(data))
+        path.chmod(0o600)
+
+    def _agent_log(self) -> list[dict[str, Any]]:
+        if not self.agent_log.exists():
+            return []
+        return [json.loads(line) for line in self.agent_log.read_text().splitlines() if line]
+
+    def agent_runs(self) -> list[dict[str, Any]]:
+        """One record per agent process the listener started (argv, cwd, env, prompt, pid)."""
+        return [entry for entry in self._agent_log() if "argv" in entry]
+
+    def agent_children(self, pid: int) -> list[int]:
+        """Detached children the fake agent with this pid reported spawning."""
+        return [
+            child
+            for entry in self._agent_log()
+            if entry.get("pid") == pid and "children" in entry
+            for child in entry["children"]
+        ]
+
+    def start_listener(self, **env: str) -> ListenerProcess:
+        process = subprocess.Popen(
+            [str(BIN / "twistd"), "-n", "--pidfile=", "--logfile=-", "agentcall-listen"],
+            env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            cwd=self.root,
+        )
+        log = LogFollower(process.stdout, self.root / "listener.log")
+        self.listener = ListenerProcess(process, log)
+        try:
+            log.wait_for(r"relay_connected")
+        except Exception:
+            self.listener.stop()
+            raise
+        return self.listener
+
+    def stop(self) -> None:
+        if self.listener is not None:
+            self.listener.stop()

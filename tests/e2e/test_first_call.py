@@ -1,0 +1,200 @@
+"""The first real call, end to end: relay, listener and CLI as processes, fake agents on PATH.
+
+ann (admin, caller) and ken (member, callee) each have their own HOME. ken's listener is a real
+`twistd agentcall-listen`; his "claude" is tests/fakes/fake_agent.py, whose behaviour each test
+picks through a scenario file.
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+
+from tests.e2e.installs import Install
+from tests.e2e.processes import RelayProcess, start_relay
+
+pytestmark = pytest.mark.e2e
+
+
+@attrs.define
+class World:
+    relay: RelayProcess
+    ann: Install
+    ken: Install
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    root: Path = tmp_path_factory.mktemp("world")
+    relay, invites = start_relay(root / "relay")
+    ann = Install("ann", root / "ann", relay.ca_file)
+    ken = Install("ken", root / "ken", relay.ca_file)
+    try:
+        ann.setup(invites["acme"], "ann", "--caller-only")
+        made = ann.cli("invite", "create")
+        assert made.returncode == 0, made.stderr
+        ken.setup(made.stdout.strip(), "ken", "--agent", "claude")
+        ken.edit_config(agent_timeout_s=2, kill_grace_s=0.5)
+        ken.set_scenario("happy")
+        ken.start_listener()
+        yield World(relay, ann, ken)
+    finally:
+        ken.stop()
+        relay.stop()
+
+
+def test_the_answer_arrives(world: World) -> None:
+    """A call by address prints the agent's answer on stdout and the lifecycle on stderr."""
+    world.ken.set_scenario("happy")
+    before = len(world.ken.agent_runs())
+    done = world.ann.cli("call", "@acme/ken", "why did CI fail on main?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == "FAKE-AGENT-ANSWER: why did CI fail on main?"
+    for state in ("ringing", "answered", "working"):
+        assert state in done.stderr
+    runs = world.ken.agent_runs()[before:]
+    assert len(runs) == 1
+    run = runs[0]
+    assert "why did CI fail on main?" in run["prompt"]
+    assert "@acme/ann" in run["prompt"]  # the relay-verified caller is named to the agent
+    assert not any("why did CI fail" in arg for arg in run["argv"])
+    assert run["env"].get("AGENTCALL_CALL_ID")
+
+
+def test_json_output_is_one_object(world: World) -> None:
+    """`--json` prints exactly one JSON object, also for a bare handle in one's own org."""
+    import json
+
+    world.ken.set_scenario("happy")
+    done = world.ann.cli("call", "ken", "status?", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert body["ok"] is True
+    assert body["text"] == "FAKE-AGENT-ANSWER: status?"
+
+
+def test_a_blocked_caller_is_refused_and_nothing_spawns(world: World) -> None:
+    """The owner's block is decided before any agent runs."""
+    world.ken.set_scenario("happy")
+    assert world.ken.cli("block", "ann").returncode == 0
+    try:
+        before = len(world.ken.agent_runs())
+        done = world.ann.cli("call", "@acme/ken", "let me in")
+        assert done.returncode != 0
+        assert "blocked" in done.stderr.lower()
+        assert done.stdout == ""
+        assert len(world.ken.agent_runs()) == before
+    finally:
+        assert world.ken.cli("unblock", "ann").returncode == 0
+
+
+def test_a_concurrent_call_gets_busy(world: World) -> None:
+    """One call runs, none waits: a second caller meanwhile is told the agent is busy."""
+    world.ken.set_scenario({"name": "slow", "seconds": 1.5})
+    assert world.ken.listener is not None
+    mark = world.ken.listener.log.mark()
+    first = world.ann.cli_async("call", "@acme/ken", "first question")
+    world.ken.listener.log.wait_for(r"agent_started", timeout=30, since=mark)
+    second = world.ann.cli("call", "@acme/ken", "second question")
+    assert second.returncode != 0
+    assert "busy" in second.stderr.lower()
+    out, err = first.communicate(timeout=60)
+    assert first.returncode == 0, err
+    assert out.strip() == "FAKE-AGENT-ANSWER: first question"
+
+
+@pytest.mark.parametrize("scenario", ["ignore_term", "hang"])
+def test_a_stuck_agent_is_killed_and_the_caller_gets_timeout(world: World, scenario: str) -> None:
+    """The kill timer (shortened in config) ends the agent, its group and detached children."""
+    world.ken.set_scenario({"name": scenario, "seconds": 600})
+    before = len(world.ken.agent_runs())
+    done = world.ann.cli("call", "@acme/ken", "never answered")
+    assert done.returncode != 0
+    assert "time" in done.stderr.lower()
+    runs = world.ken.agent_runs()[before:]
+    assert len(runs) == 1
+    pids = [runs[0]["pid"], *world.ken.agent_children(runs[0]["pid"])]
+    for pid in pids:
+        assert not _alive(pid), f"process {pid} of a timed-out agent survived"
+
+
+@pytest.mark.parametrize(
+    ("scenario", "expected"),
+    [("unauthenticated", "not logged in"), ("api_error", "agent"), ("usage_error", "agent")],
+)
+def test_agent_failures_give_clear_errors(world: World, scenario: str, expected: str) -> None:
+    world.ken.set_scenario(scenario)
+    done = world.ann.cli("call", "@acme/ken", "hello")
+    assert done.returncode != 0
+    assert expected in done.stderr.lower()
+    assert len(done.stderr.strip().splitlines()) <= 2
+
+
+def test_huge_output_is_capped_without_blocking(world: World) -> None:
+    """A 1.5 MB answer comes back cut at 256,000 bytes; a flood of stdout does not hang."""
+    world.ken.set_scenario("huge_result")
+    done = world.ann.cli("call", "@acme/ken", "tell me everything")
+    assert done.returncode == 0, done.stderr
+    assert 200_000 < len(done.stdout.encode()) <= 256_001
+    world.ken.set_scenario("flood_stdout")
+    done = world.ann.cli("call", "@acme/ken", "and more")
+    assert done.returncode != 0 or len(done.stdout.encode()) <= 256_001
+
+
+def test_escapes_and_credentials_never_reach_the_caller_raw(world: World) -> None:
+    world.ken.set_scenario("escapes")
+    done = world.ann.cli("call", "@acme/ken", "colours please")
+    assert done.returncode == 0, done.stderr
+    assert "\x1b" not in done.stdout and "\r" not in done.stdout and "\x9b" not in done.stdout
+    world.ken.set_scenario("secrets")
+    done = world.ann.cli("call", "@acme/ken", "keys please")
+    assert done.returncode == 0, done.stderr
+    for leaked in ("sk-ant-api03", "ghp_FAKE", "AKIAFAKE", "eyJhbGciOiJIUzI1NiJ9", "Bearer FAKE"):
+        assert leaked not in done.stdout
+    assert "[redacted]" in done.stdout
+
+
+def test_detached_children_of_a_finished_agent_are_swept(world: World) -> None:
+    """An agent that answers but leaves `setsid`/`nohup` children behind: they are killed."""
+    world.ken.set_scenario({"name": "orphans", "seconds": 600})
+    before = len(world.ken.agent_runs())
+    done = world.ann.cli("call", "@acme/ken", "leave nothing behind")
+    assert done.returncode == 0, done.stderr
+    (run,) = world.ken.agent_runs()[before:]
+    children = world.ken.agent_children(run["pid"])
+    assert children, "the fake agent should have recorded its detached children"
+    for pid in children:
+        assert not _alive(pid), f"detached child {pid} survived the sweep"
+
+
+def test_calls_log_records_metadata_without_the_message(world: World) -> None:
+    world.ken.set_scenario({"name": "happy", "answer": "a plain answer"})
+    done = world.ann.cli("call", "@acme/ken", "a very private question 4711")
+    assert done.returncode == 0
+    log = (world.ken.state_dir / "calls.log").read_text()
+    assert "a very private question 4711" not in log
+    assert '"caller"' in log and "ann" in log
+    assert oct((world.ken.state_dir / "calls.log").stat().st_mode & 0o777) == "0o600"
+
+
+def test_nested_calls_are_refused(world: World) -> None:
+    done = world.ann.cli("call", "@acme/ken", "hi", AGENTCALL_CALL_ID="x" * 8)
+    assert done.returncode != 0
+    assert "nested" in done.stderr.lower() or "inside" in done.stderr.lower()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    status = Path(f"/proc/{pid}/status")
+    if status.exists():
+        return "State:\tZ" not in status.read_text()
+    return True

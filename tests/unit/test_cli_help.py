@@ -1,0 +1,80 @@
+"""Every command explains itself with an example, and help stays free of Twisted and crypto."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentcall.cli.main import COMMANDS, main
+
+REPO = Path(__file__).resolve().parents[2]
+PERSON_COMMANDS = [
+    ["setup"],
+    ["call"],
+    ["listen"],
+    ["invite"],
+    ["invite", "create"],
+    ["invite", "list"],
+    ["invite", "revoke"],
+    ["block"],
+    ["unblock"],
+    ["access"],
+    ["contacts"],
+    ["contacts", "add"],
+    ["contacts", "list"],
+    ["contacts", "remove"],
+]
+
+
+def test_every_person_command_is_registered() -> None:
+    """The commands of the command-line contract are all reachable from `agentcall`."""
+    assert {argv[0] for argv in PERSON_COMMANDS} <= set(COMMANDS)
+
+
+@pytest.mark.parametrize("argv", PERSON_COMMANDS, ids=" ".join)
+def test_help_explains_with_an_example(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """--help exits 0 and shows at least one runnable example of the command."""
+    with pytest.raises(SystemExit) as exited:
+        main([*argv, "--help"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0
+    assert "example" in out
+    assert f"agentcall {argv[0]}" in out.split("example", 1)[1]
+
+
+def test_block_unblock_and_access_have_their_own_forms(capsys: pytest.CaptureFixture[str]) -> None:
+    """One module serves three commands, each with its own arguments."""
+    forms = {}
+    for name in ("block", "unblock", "access"):
+        with pytest.raises(SystemExit):
+            main([name, "--help"])
+        forms[name] = capsys.readouterr().out
+    assert "HANDLE" in forms["block"] and "--default" not in forms["block"]
+    assert "HANDLE" in forms["unblock"]
+    assert "--default" in forms["access"] and "HANDLE" not in forms["access"].split("\n")[0]
+
+
+def test_help_and_version_load_no_twisted_or_crypto() -> None:
+    """Building the whole parser (for help) imports no reactor, Twisted or crypto module."""
+    probe = (
+        "import sys, contextlib\n"
+        "from agentcall.cli.main import main\n"
+        "with contextlib.suppress(SystemExit):\n"
+        "    main(['call', '--help'])\n"
+        "main(['--version'])\n"
+        "heavy = [m for m in sys.modules if m.split('.')[0] in "
+        "('twisted', 'cryptography', 'nacl', 'autobahn', 'OpenSSL')]\n"
+        "print('HEAVY', heavy)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe],
+        cwd=REPO,
+        capture_output=True,
+        text=True,
+        check=True,
+        env={"PYTHONPATH": str(REPO), "HOME": str(REPO)},
+    )
+    assert "HEAVY []" in done.stdout
