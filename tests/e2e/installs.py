@@ -101,14 +101,23 @@ class Install:
     def cli_async(self, *args: str) -> subprocess.Popen[str]:
         return subprocess.Popen(
             [sys.executable, "-m", "agentcall", *args],
-            env=self.env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+            env=self.env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
             cwd=self.root,
         )
 
     def setup(self, invite_url: str, handle: str, *extra: str) -> subprocess.CompletedProcess[str]:
         self.home.mkdir(parents=True, exist_ok=True)
         done = self.cli(
-            "setup", "--invite", invite_url, "--handle", handle, "--skip-service", "--no-verify",
+            "setup",
+            "--invite",
+            invite_url,
+            "--handle",
+            handle,
+            "--skip-service",
+            "--no-verify",
             *extra,
         )
         if done.returncode != 0:
@@ -148,7 +157,10 @@ class Install:
     def start_listener(self, **env: str) -> ListenerProcess:
         process = subprocess.Popen(
             [str(BIN / "twistd"), "-n", "--pidfile=", "--logfile=-", "agentcall-listen"],
-            env=self.env(**env), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env=self.env(**env),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
             cwd=self.root,
         )
         log = LogFollower(process.stdout, self.root / "listener.log")

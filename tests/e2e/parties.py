@@ -193,6 +193,19 @@ class Party:
             now=time.time(),
         )
 
+    def open_outcome_with(
+        self, outcome: frames.CallOutcome, request: payloads.RequestPayload, responder_pub: str
+    ) -> payloads.ResponsePayload:
+        assert self.encryption_record is not None
+        return envelope.open_response(
+            outcome.envelope,
+            my_key=self.encryption,
+            my_record=self.encryption_record.record,
+            request=request,
+            responder_identity_pub=responder_pub,
+            now=time.time(),
+        )
+
 
 def _correlation() -> str:
     from agentcall import ids

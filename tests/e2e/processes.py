@@ -133,6 +133,20 @@ class RelayProcess:
         )
         return out.strip()
 
+    def restart(self) -> None:
+        """Stop and start the same relay (same port, database and certificate)."""
+        self.stop()
+        self.process = subprocess.Popen(
+            self.args,
+            env=child_env(),
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+            cwd=self.database.parent,
+        )
+        self.log = LogFollower(self.process.stdout, self.database.parent / "relay.log")
+        self.log.wait_for(r"relay_listening port=")
+
     def alive(self) -> bool:
         return self.process.poll() is None
 
