@@ -208,6 +208,8 @@ class RelayWebSocketFactory(WebSocketServerFactory):
             openHandshakeTimeout=limits.WS_OPENING_HANDSHAKE_TIMEOUT_S,
             closeHandshakeTimeout=5,
             perMessageCompressionAccept=lambda _offers: None,
+            # Frames are decoded as strict UTF-8 by agentcall.wire.codec; no second pass.
+            utf8validateIncoming=False,
         )
 
     def authenticate(self, headers: dict[str, str]) -> Member | None:
