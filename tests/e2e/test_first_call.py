@@ -110,14 +110,16 @@ def test_a_concurrent_call_gets_busy(world: World) -> None:
 @pytest.mark.parametrize("scenario", ["ignore_term", "hang"])
 def test_a_stuck_agent_is_killed_and_the_caller_gets_timeout(world: World, scenario: str) -> None:
     """The kill timer (shortened in config) ends the agent, its group and detached children."""
-    world.ken.set_scenario({"name": scenario, "seconds": 600})
+    world.ken.set_scenario({"name": scenario, "seconds": 600, "detach": True})
     before = len(world.ken.agent_runs())
     done = world.ann.cli("call", "@acme/ken", "never answered")
     assert done.returncode != 0
     assert "time" in done.stderr.lower()
     runs = world.ken.agent_runs()[before:]
     assert len(runs) == 1
-    pids = [runs[0]["pid"], *world.ken.agent_children(runs[0]["pid"])]
+    children = world.ken.agent_children(runs[0]["pid"])
+    assert children, "the fake agent should have left detached children behind"
+    pids = [runs[0]["pid"], *children]
     for pid in pids:
         assert not _alive(pid), f"process {pid} of a timed-out agent survived"
 

@@ -17,7 +17,9 @@ can change it between calls), else from ``$FAKE_AGENT_SCENARIO``. Either holds a
 Options every scenario understands: ``marker`` (default ``FAKE-AGENT-ANSWER``), ``echo``
 (default true: the answer is ``<marker>: <first line of the caller's message>``), ``answer``
 (the literal answer), ``divider`` (what separates the caller's message from the preamble),
-``version``. The scenario names are the keys of ``CLAUDE_SCENARIOS`` / ``CODEX_SCENARIOS``.
+``version``, ``detach`` (true: first leave detached children behind, as a Bash tool's
+``setsid … &`` would, then behave as the named scenario). The scenario names are the keys of
+``CLAUDE_SCENARIOS`` / ``CODEX_SCENARIOS``.
 
 The facts imitated come from ``reference/agent-clis/ANALYSIS.md`` §1-§5. Standard library only.
 """
@@ -722,6 +724,8 @@ def claude_main(argv: list[str], scenario: Scenario) -> int:
     behaviour = CLAUDE_SCENARIOS.get(scenario["name"])
     if behaviour is None:
         refuse(f"unknown scenario {scenario['name']!r}")
+    if scenario.get("detach"):
+        record_children(spawn_orphans(scenario))
     return behaviour(ClaudeOut(opts, scenario, version), prompt, scenario)
 
 
@@ -1050,6 +1054,8 @@ def codex_main(argv: list[str], scenario: Scenario) -> int:
     behaviour = CODEX_SCENARIOS.get(scenario["name"])
     if behaviour is None:
         refuse(f"unknown scenario {scenario['name']!r}")
+    if scenario.get("detach"):
+        record_children(spawn_orphans(scenario))
     return behaviour(CodexOut(opts), prompt, scenario)
 
 
