@@ -148,7 +148,9 @@ def _api_failure(exc: ApiError) -> tuple[CallErrorCode, str]:
     return codes.get(exc.code, CallErrorCode.PROTOCOL_ERROR), exc.message
 
 
-def _check_request(config: Config, keys: LocalKeys, address: str, task: str | None) -> str:
+def _check_request(
+    config: Config, keys: LocalKeys, address: str, task: str | None, context_id: str | None
+) -> str:
     """The target's handle, after the checks that need no network; raises CallRefused."""
     try:
         target = ids.parse_address(address)
@@ -164,6 +166,8 @@ def _check_request(config: Config, keys: LocalKeys, address: str, task: str | No
         )
     if task is not None and not ids.is_task_id(task):
         raise CallRefused("bad_request", f"{task!r} is not a valid task id")
+    if context_id is not None and ids.CONTEXT_ID_RE.match(context_id) is None:
+        raise CallRefused("bad_request", f"{context_id!r} is not a valid conversation id")
     if (keys.address, keys.relay_origin) != (config.address, config.relay_origin):
         raise CallRefused(
             "local_error",
@@ -232,15 +236,17 @@ async def place(
     api: KeyDirectory | None = None,
     dial: Dial | None = None,
     on_note: Callable[[str], None] | None = None,
+    context_id: str | None = None,
 ) -> CallResult:
     """Call ``target_address`` with ``message`` and wait for how the call ends.
 
     ``on_status`` sees each ``call_status`` frame (ringing, answered, working) as it arrives;
-    ``on_note`` gets warnings that do not stop the call. Run it with
-    ``Deferred.fromCoroutine(place(...))`` where a Deferred is wanted.
+    ``on_note`` gets warnings that do not stop the call. ``context_id`` continues a
+    conversation an earlier answer opened (the reply then says whether it still is). Run it
+    with ``Deferred.fromCoroutine(place(...))`` where a Deferred is wanted.
     """
     start = reactor.seconds()
-    handle = _check_request(config, keys, target_address, task)
+    handle = _check_request(config, keys, target_address, task, context_id)
 
     def failed(code: CallErrorCode, detail: str | None, call_id: str | None = None) -> CallResult:
         elapsed = reactor.seconds() - start
@@ -288,7 +294,7 @@ async def place(
             relay_origin=config.relay_origin,
             message=message,
             task=task,
-            context_id=None,
+            context_id=context_id,
             now=now,
         )
     except (ValueError, CryptoError) as exc:

@@ -1,8 +1,10 @@
-"""state.sqlite: the installation's machine state (pins, replay reservations), one SQLite file.
+"""state.sqlite: the installation's machine state, one SQLite file.
 
-People edit the JSON files next to it; nobody edits this one, so it can be a database: WAL mode,
-versioned schema files (``agentcall/db/schema/state-*.sql``), one writer at a time. This module
-holds every query against it. Nothing here reads the clock; callers pass ``now``.
+It holds pins and replay reservations (queried here), the conversations this installation
+answers (:mod:`agentcall.listener.contexts`) and the ones it opened as a caller
+(:mod:`agentcall.outbound`). People edit the JSON files next to it; nobody edits this one, so it
+can be a database: WAL mode, versioned schema files (``agentcall/db/schema/state-*.sql``), one
+writer at a time. Nothing here reads the clock; callers pass ``now``.
 """
 
 from __future__ import annotations
@@ -16,6 +18,8 @@ from agentcall.crypto.replay import IReplayStorage
 from agentcall.db import open_database, packaged_schema
 from agentcall.errors import StoreError
 from agentcall.home import Home
+from agentcall.listener.contexts import SqliteContextStore
+from agentcall.outbound import SqliteOutboundStore
 
 STATE_SCHEMA = packaged_schema("state")
 
@@ -115,6 +119,11 @@ class StateDb:
         self._conn = conn
         self.pins = SqlitePinStorage(conn)
         self.replay = SqliteReplayStorage(conn)
+        self.contexts = SqliteContextStore(conn)
+
+    def outbound(self, relay_origin: str) -> SqliteOutboundStore:
+        """The conversations this installation opened as a caller through ``relay_origin``."""
+        return SqliteOutboundStore(self._conn, relay_origin)
 
     @classmethod
     def open(cls, home: Home) -> StateDb:

@@ -4,6 +4,9 @@ The answer goes to stdout, made terminal-safe; the lifecycle (ringing, answered,
 elapsed time) goes to stderr as it happens. Exit 0 on an answer, 1 on any failure with one line
 on stderr. ``--json`` prints exactly one JSON object on stdout, also on failure.
 
+An answer may open a conversation; ``--continue`` (or ``--context ID``) follows up on it, and
+the open conversations are remembered in ``state.sqlite`` (:mod:`agentcall.outbound`).
+
 This module also holds what the other network commands share: running one piece of work on
 the reactor, and loading the installation with errors worded for the CLI.
 """
@@ -17,12 +20,15 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
+import attrs
+
 from agentcall import ids, limits
 
 if TYPE_CHECKING:
     from agentcall.caller import CallResult
     from agentcall.config import Config
     from agentcall.home import Home
+    from agentcall.outbound import Continuation, Settled
     from agentcall.wire.frames import CallStatus
 
 T = TypeVar("T")
@@ -31,8 +37,10 @@ T = TypeVar("T")
 NESTED_CALL_ENV = "AGENTCALL_CALL_ID"
 MAX_TIMEOUT_S = limits.CLIENT_CALL_TIMEOUT_S
 MAX_DETAIL_SHOWN = 300
+_TTL_MIN = limits.CONTEXT_TTL_S / 60
+_TURNS = limits.MAX_CONTEXT_TURNS
 
-DESCRIPTION = """\
+DESCRIPTION = f"""\
 Call a coworker's coding agent and print its answer.
 
 TARGET is a contact name (see `agentcall contacts`), an address @org/handle in your own
@@ -41,19 +49,35 @@ are joined with spaces, and `-` reads the message from stdin (at most 64,000 byt
 
 The answer is printed on stdout; progress (ringing, answered, working, with elapsed time) on
 stderr. The exit status is 0 when an answer came back and 1 otherwise, with a one-line reason.
-Calls cannot be placed from inside an agent that is answering a call."""
+Calls cannot be placed from inside an agent that is answering a call.
+
+An answer may open a conversation (stderr then says so). For {_TTL_MIN:g} minutes after each
+answer, and for up to {_TURNS} turns, `--continue` sends a follow-up that the agent answers
+with the earlier turns in mind. With conversations open on several tasks of one agent, add
+`--task` to pick one; `--context ID` names a conversation by the id `--json` printed."""
 
 EPILOG = """\
 examples:
   agentcall call @acme/ken "why does the nightly build fail on arm64?"
   agentcall call ken --task review -   < notes.md
-  agentcall call ken "summarise the open TODOs" --json | jq -r .text"""
+  agentcall call ken "summarise the open TODOs" --json | jq -r .text
+  agentcall call ken --continue "and on x86?"
+  agentcall call ken --task review --continue "what about the tests?"
+  agentcall call ken --context ctx_AbCdEfGhIjKlMnOpQrStUv "one more question" --json"""
 
 
 def _task_id(text: str) -> str:
     if not ids.is_task_id(text):
         raise argparse.ArgumentTypeError(
             f"{text!r} is not a task id (lowercase letters, digits and '-', at most 64)"
+        )
+    return text
+
+
+def _context_id(text: str) -> str:
+    if ids.CONTEXT_ID_RE.match(text) is None:
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a conversation id (ctx_ and 22 letters, digits, '-' or '_')"
         )
     return text
 
@@ -79,8 +103,24 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--task", type=_task_id, metavar="ID", help="run one of the agent's named tasks"
     )
+    thread = parser.add_mutually_exclusive_group()
+    thread.add_argument(
+        "--continue",
+        dest="continue_",
+        action="store_true",
+        help="follow up on the open conversation with TARGET (with --task, that task's)",
+    )
+    thread.add_argument(
+        "--context",
+        type=_context_id,
+        metavar="ID",
+        help="follow up on the conversation with this id (as --json printed it)",
+    )
     parser.add_argument(
-        "--json", action="store_true", help="print one JSON object on stdout instead of text"
+        "--json",
+        action="store_true",
+        help="print one JSON object on stdout instead of text (with context_id when a "
+        "conversation is open)",
     )
     parser.add_argument(
         "--timeout",
@@ -182,19 +222,22 @@ class _Reporter:
             print(safe_json(body))
         raise CommandError(message)
 
-    def result(self, result: CallResult, task: str | None) -> int:
+    def result(self, result: CallResult, task: str | None, *, ended: bool = False) -> int:
+        """Print ``result``; ``ended``: the conversation it continued is over (context_unknown)."""
         from agentcall.cli.render import describe_error, safe_cell, safe_json, safe_text
 
         if result.reply is not None:
             answered_task = result.reply.task or task
             if self.as_json:
-                body = {
+                body: dict[str, object] = {
                     "ok": True,
                     "address": result.address,
                     "call_id": result.call_id,
                     "text": result.reply.text,
                     "task": answered_task,
                 }
+                if result.reply.context_id is not None:
+                    body["context_id"] = result.reply.context_id
                 print(safe_json(body))
             else:
                 text = safe_text(result.reply.text)
@@ -203,6 +246,12 @@ class _Reporter:
         if result.code is None:
             raise ValueError("a CallResult without a reply must carry a code")
         message = describe_error(result.code)
+        if ended:
+            message = (
+                f"That conversation with {result.address} has ended (it expired, reached its "
+                "turn limit, or the agent no longer knows it); start a new call without "
+                "--continue or --context."
+            )
         if result.detail:
             detail = safe_cell(result.detail)
             if len(detail) > MAX_DETAIL_SHOWN:
@@ -241,6 +290,14 @@ class _Progress:
             self._open = False
 
 
+@attrs.frozen
+class _Done:
+    result: CallResult
+    sent: Continuation | None
+    settled: Settled | None
+    trouble: str | None  # why the open conversations could not be updated
+
+
 def run(args: argparse.Namespace) -> int:
     from agentcall.cli.main import CommandError
 
@@ -265,8 +322,9 @@ def run(args: argparse.Namespace) -> int:
     if not message.strip():
         report.fail("bad_request", "the message is empty")
 
-    from agentcall import caller
+    from agentcall import caller, outbound
     from agentcall.contacts import ContactBook
+    from agentcall.errors import AgentCallError
     from agentcall.home import LocalStateError
     from agentcall.keystore import load_keys
 
@@ -286,33 +344,68 @@ def run(args: argparse.Namespace) -> int:
 
     progress = _Progress()
 
-    async def work(reactor: Any) -> CallResult:
+    def on_note(text: str) -> None:
+        progress.end()
+        print(f"agentcall: warning: {text}", file=sys.stderr, flush=True)
+
+    async def work(reactor: Any) -> _Done:
         start = reactor.seconds()
+        sent: Continuation | None = None
+        if args.continue_ or args.context is not None:
+            sent = outbound.load_continuation(
+                home,
+                config.relay_origin,
+                peer=address,
+                task=args.task,
+                use_continue=args.continue_,
+                context_id=args.context,
+                now=start,
+            )
 
         def on_status(frame: CallStatus) -> None:
             progress.state(str(frame.state), reactor.seconds() - start)
 
-        def on_note(text: str) -> None:
-            progress.end()
-            print(f"agentcall: warning: {text}", file=sys.stderr, flush=True)
-
-        return await caller.place(
+        result = await caller.place(
             reactor,
             home,
             config,
             keys,
             address,
             message,
-            args.task,
+            args.task if sent is None else sent.task,
             on_status,
             timeout_s=args.timeout,
             on_note=on_note,
+            context_id=None if sent is None else sent.context_id,
         )
+        if sent is None and (result.reply is None or result.reply.context_id is None):
+            return _Done(result, sent, None, None)
+        try:
+            settled = outbound.record_outcome(
+                home,
+                config.relay_origin,
+                peer=address,
+                sent=sent,
+                task=args.task,
+                reply=result.reply,
+                code=result.code,
+                now=reactor.seconds(),
+            )
+        except AgentCallError as exc:
+            return _Done(result, sent, None, str(exc))
+        return _Done(result, sent, settled, None)
 
     try:
-        result = run_on_reactor(work)
-    except caller.CallRefused as exc:
+        done = run_on_reactor(work)
+    except (caller.CallRefused, outbound.ConversationError) as exc:
         report.fail(exc.code, str(exc))
     finally:
         progress.end()
-    return report.result(result, args.task)
+    if done.trouble is not None:
+        on_note(f"could not update your open conversations: {done.trouble}")
+    note = None if done.settled is None else done.settled.note(address)
+    if note is not None:
+        print(f"agentcall: {note}", file=sys.stderr, flush=True)
+    task = args.task if done.sent is None else done.sent.task
+    ended = done.settled is not None and done.settled.ended
+    return report.result(done.result, task, ended=ended)

@@ -142,6 +142,7 @@ def call(
     task: str | None = None,
     target: str = BOB,
     timeout_s: float = limits.CLIENT_CALL_TIMEOUT_S,
+    context_id: str | None = None,
 ) -> tuple[CallResult, list[CallStatus]]:
     home, config, keys = ann
     seen: list[CallStatus] = []
@@ -162,6 +163,7 @@ def call(
             timeout_s=timeout_s,
             api=directory,
             dial=callee.dial if callee is not None else refuse_dial,
+            context_id=context_id,
         )
 
     return run_with_clock(work), seen
@@ -348,3 +350,36 @@ def test_publishing_never_replaces_another_identity(ann: Any) -> None:
     with pytest.raises(KeysConflict):
         run_publish(directory, ann[2])
     assert directory.published == []
+
+
+CTX = "ctx_" + "c" * 22
+
+
+def test_a_follow_up_carries_its_conversation_id_sealed(ann: Any, bob: Party) -> None:
+    """The conversation id and task travel inside the signed request; the reply's id comes back."""
+    callee = Callee(
+        bob, ann[2], lambda req: Reply(text="more", context_id=req.context_id, task=req.task)
+    )
+    result, _seen = call(
+        ann, FakeDirectory({"bob": served(bob)}), callee, task="review", context_id=CTX
+    )
+    (request,) = callee.requests
+    assert (request.context_id, request.task) == (CTX, "review")
+    assert result.reply == Reply(text="more", context_id=CTX, task="review")
+
+
+def test_a_fresh_call_carries_no_conversation_id(ann: Any, bob: Party) -> None:
+    """Without --continue nothing links the call to an earlier one."""
+    callee = Callee(bob, ann[2], lambda _req: Reply(text="hi", context_id=CTX))
+    result, _seen = call(ann, FakeDirectory({"bob": served(bob)}), callee)
+    assert callee.requests[0].context_id is None
+    assert result.reply is not None and result.reply.context_id == CTX
+
+
+@pytest.mark.parametrize("bad", ["ctx_short", "ctx_" + "c" * 21 + "/", " " + CTX])
+def test_a_malformed_conversation_id_is_refused_locally(ann: Any, bad: str) -> None:
+    """A conversation id that is not ctx_ + 22 characters never reaches the relay."""
+    with pytest.raises(CallRefused) as refused:
+        call(ann, FakeDirectory(), None, context_id=bad)
+    assert refused.value.code == "bad_request"
+    assert "conversation id" in str(refused.value)

@@ -18,7 +18,7 @@ from agentcall.contacts import ContactBook
 from agentcall.errors import CallErrorCode
 from agentcall.wire.frames import CallState, CallStatus
 from agentcall.wire.payloads import Reply
-from tests.unit.cli_helpers import TOKEN, install, isolate, run_with_clock
+from tests.unit.cli_helpers import NOW, ORIGIN, TOKEN, install, isolate, run_with_clock
 
 CALL_ID = "1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b"
 
@@ -256,3 +256,207 @@ def test_usage_errors_exit_two(argv: list[str], flow: FakeFlow) -> None:
         main(["call", *argv])
     assert exited.value.code == 2
     assert flow.calls == []
+
+
+# --- conversations -------------------------------------------------------------------------------
+
+CTX = "ctx_" + "k" * 22
+CTX2 = "ctx_" + "r" * 22
+
+
+def threaded(text: str, context_id: str | None, task: str | None = "ask") -> CallResult:
+    return CallResult("", CALL_ID, 0.4, reply=Reply(text=text, context_id=context_id, task=task))
+
+
+def open_conversations() -> list[tuple[str, str, str]]:
+    """What the caller's store holds, as (peer, task, context id)."""
+    from agentcall.home import Home
+    from agentcall.statedb import StateDb
+
+    db = StateDb.open(Home.from_environ())
+    try:
+        rows = db.connection.execute("SELECT peer, task, context_id FROM contexts_out").fetchall()
+    finally:
+        db.close()
+    return sorted(rows)
+
+
+def seed(peer: str, task: str, context_id: str, at: float = NOW) -> None:
+    from agentcall.home import Home
+    from agentcall.statedb import StateDb
+
+    db = StateDb.open(Home.from_environ())
+    try:
+        db.outbound(ORIGIN).remember(peer, task, context_id, at)
+    finally:
+        db.close()
+
+
+def test_an_answer_that_opens_a_conversation_says_how_to_follow_up(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The reply on stdout, the hint on stderr, the id remembered for --continue."""
+    flow.result = threaded("fine", CTX)
+    code, out, err = run(capsys, "bob", "hi")
+    assert (code, out) == (0, "fine\n")
+    assert "agentcall: conversation open — add --continue to follow up\n" in err
+    assert open_conversations() == [("@acme/bob", "ask", CTX)]
+    assert flow.calls[0]["context_id"] is None
+
+
+def test_continue_sends_the_open_conversation(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--continue picks the one open conversation with that address, id and task."""
+    flow.result = threaded("first", CTX, task="review")
+    run(capsys, "bob", "hi", "--task", "review")
+    flow.result = threaded("second", CTX, task="review")
+    code, out, _err = run(capsys, "bob", "and then?", "--continue")
+    assert (code, out) == (0, "second\n")
+    assert (flow.calls[1]["context_id"], flow.calls[1]["task"]) == (CTX, "review")
+
+
+def test_continue_with_nothing_open_is_a_clear_error(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Nothing open with that address (or only an expired one): one line, nothing sent."""
+    seed("@acme/ken", "ask", CTX)
+    seed("@acme/bob", "ask", CTX2, at=NOW - limits.CONTEXT_TTL_S)
+    code, out, err = run(capsys, "bob", "more", "--continue", "--json")
+    assert (code, flow.calls) == (1, [])
+    assert json.loads(out)["code"] == "no_conversation"
+    assert "no open conversation with @acme/bob" in err
+
+
+def test_continue_with_several_open_needs_a_task(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Two tasks open with one agent: --continue alone asks for --task; with it, it picks."""
+    seed("@acme/bob", "ask", CTX)
+    seed("@acme/bob", "review", CTX2)
+    code, _out, err = run(capsys, "bob", "more", "--continue")
+    assert (code, flow.calls) == (1, [])
+    assert "several open conversations" in err and "--task" in err
+    flow.result = threaded("ok", CTX2, task="review")
+    code, _out, err = run(capsys, "bob", "more", "--continue", "--task", "review")
+    assert code == 0
+    assert flow.calls[0]["context_id"] == CTX2
+    assert "with --task review" in err
+
+
+def test_context_names_a_conversation_explicitly(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--context sends that id; a known one brings its task, and --task must agree with it."""
+    code, _out, _err = run(capsys, "bob", "more", "--context", CTX, "--task", "deploy")
+    assert code == 0
+    assert (flow.calls[0]["context_id"], flow.calls[0]["task"]) == (CTX, "deploy")
+    seed("@acme/bob", "review", CTX2)
+    flow.result = threaded("ok", CTX2, task="review")
+    run(capsys, "bob", "more", "--context", CTX2)
+    assert (flow.calls[1]["context_id"], flow.calls[1]["task"]) == (CTX2, "review")
+    code, _out, err = run(capsys, "bob", "more", "--context", CTX2, "--task", "ask")
+    assert (code, len(flow.calls)) == (1, 2)
+    assert "about task 'review', not 'ask'" in err
+
+
+def test_context_unknown_on_a_follow_up_ends_the_conversation(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The agent no longer knows it: the local entry goes, and the person is told to start anew."""
+    seed("@acme/bob", "ask", CTX)
+    flow.result = failed("context_unknown")
+    code, out, err = run(capsys, "bob", "more", "--continue", "--json")
+    assert code == 1
+    assert json.loads(out)["code"] == "context_unknown"
+    assert "That conversation with @acme/bob has ended" in err
+    assert "start a new call without --continue" in err
+    assert open_conversations() == []
+
+
+def test_other_failures_keep_the_conversation(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A busy agent is worth another --continue later."""
+    seed("@acme/bob", "ask", CTX)
+    flow.result = failed("busy")
+    code, _out, err = run(capsys, "bob", "more", "--continue")
+    assert code == 1 and "[busy]" in err
+    assert open_conversations() == [("@acme/bob", "ask", CTX)]
+
+
+def test_a_follow_up_answered_without_an_id_closes_the_conversation(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The last turn: the answer is printed and --continue will not offer it again."""
+    seed("@acme/bob", "ask", CTX)
+    flow.result = threaded("last word", None)
+    code, out, err = run(capsys, "bob", "more", "--continue")
+    assert (code, out) == (0, "last word\n")
+    assert "conversation closed" in err
+    assert open_conversations() == []
+
+
+def test_json_reply_names_the_conversation(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--json adds context_id when the answer opened a conversation, still one object."""
+    flow.result = threaded("fine", CTX)
+    code, out, err = run(capsys, "bob", "hi", "--json")
+    assert code == 0 and out.count("\n") == 1
+    assert json.loads(out)["context_id"] == CTX
+    assert "conversation open" in err
+
+
+def test_a_store_failure_after_the_answer_costs_only_the_follow_up(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """If the answer's id cannot be remembered, the answer is still printed, with a warning."""
+    from agentcall.home import Home
+
+    state = Home.from_environ().state_db_path
+    flow.result = threaded("fine", CTX)
+
+    async def place_then_break(*args: Any, **kw: Any) -> CallResult:
+        result = await flow.place(*args, **kw)
+        state.parent.mkdir(parents=True, exist_ok=True)
+        state.write_bytes(b"")
+        state.chmod(0o644)  # a state file others could read is refused
+        return result
+
+    monkeypatch.setattr(caller, "place", place_then_break)
+    code, out, err = run(capsys, "bob", "hi")
+    assert (code, out) == (0, "fine\n")
+    assert "warning: could not update your open conversations" in err
+    assert "conversation open" not in err
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["bob", "hi", "--continue", "--context", CTX],
+        ["bob", "hi", "--context", "ctx_short"],
+        ["bob", "hi", "--context", "ctx_" + "k" * 21 + "!"],
+    ],
+    ids=["both", "short-id", "bad-char"],
+)
+def test_conversation_usage_errors_exit_two(argv: list[str], flow: FakeFlow) -> None:
+    """--continue and --context exclude each other; a malformed id is a usage error."""
+    with pytest.raises(SystemExit) as exited:
+        main(["call", *argv])
+    assert exited.value.code == 2
+    assert flow.calls == []
+
+
+def test_an_unreadable_store_stops_a_follow_up_before_calling(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """--continue cannot guess without the store: a local error, and nothing is sent."""
+    from agentcall.home import Home
+
+    seed("@acme/bob", "ask", CTX)
+    Home.from_environ().state_db_path.chmod(0o644)
+    code, out, err = run(capsys, "bob", "more", "--continue", "--json")
+    assert (code, flow.calls) == (1, [])
+    assert json.loads(out)["code"] == "local_error"
+    assert "cannot read your open conversations" in err

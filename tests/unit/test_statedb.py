@@ -1,4 +1,5 @@
-"""state.sqlite: pins and replay reservations that survive closing and reopening the file."""
+"""state.sqlite: pins, replay reservations and conversations that survive reopening the file,
+and the upgrade of a database made by an earlier release."""
 
 from __future__ import annotations
 
@@ -14,10 +15,14 @@ from agentcall import limits
 from agentcall.crypto import keys
 from agentcall.crypto.pins import IPinStorage, Pin, PinBook
 from agentcall.crypto.replay import IReplayStorage, ReplayWindow
+from agentcall.db import open_database
 from agentcall.errors import IdentityChanged, ReplayDetected, StoreError
 from agentcall.home import Home, PrivateFileError
-from agentcall.statedb import SqlitePinStorage, SqliteReplayStorage, StateDb
+from agentcall.listener.contexts import IContextStore, mint
+from agentcall.outbound import SqliteOutboundStore
+from agentcall.statedb import STATE_SCHEMA, SqlitePinStorage, SqliteReplayStorage, StateDb
 from tests.unit.crypto_helpers import NOW, ORIGIN, make_party
+from tests.unit.test_db_engine import fresh_snapshot, only_version, snapshot
 
 KEN = "@acme/ken"
 SENDER = "SHA256:" + "ab" * 16
@@ -67,7 +72,7 @@ def test_file_is_private_and_in_wal_mode(home: Home, db: StateDb) -> None:
     assert os.stat(home.state_db_path).st_mode & 0o777 == 0o600
     assert os.stat(home.state_dir).st_mode & 0o777 == 0o700
     assert db.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 1)]
+    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 2)]
     db.pins.put(a_pin())
     # SQLite gives its side files the database file's mode.
     for suffix in ("-wal", "-shm"):
@@ -195,3 +200,75 @@ def test_closed_database_raises_store_error(home: Home) -> None:
         db.replay.count_live(NOW)
     with pytest.raises(StoreError):
         db.pins.put(a_pin())
+
+
+def test_the_state_schema_is_at_version_two_with_the_conversation_tables() -> None:
+    """Version 2 added the callee's bindings and the caller's open conversations."""
+    assert STATE_SCHEMA.versions() == [1, 2]
+    script = STATE_SCHEMA.full_script(2)
+    for table in ("pins", "replay", "contexts", "contexts_out"):
+        assert f"CREATE TABLE {table} (" in script
+
+
+@pytest.mark.parametrize("start", STATE_SCHEMA.versions())
+def test_every_state_upgrade_path_equals_the_fresh_schema(start: int, tmp_path: Path) -> None:
+    """A state database made by any earlier release upgrades to exactly the fresh schema."""
+    path = tmp_path / "old.sqlite"
+    old_code = only_version(STATE_SCHEMA, start, tmp_path / "old-code")
+    open_database(path, old_code).connection.close()
+    upgraded = open_database(path, STATE_SCHEMA)
+    try:
+        assert upgraded.schema_version == STATE_SCHEMA.newest
+        assert snapshot(upgraded.connection) == fresh_snapshot(STATE_SCHEMA, tmp_path / "new.db")
+    finally:
+        upgraded.connection.close()
+
+
+def test_a_version_one_database_upgrades_and_keeps_its_rows(home: Home, tmp_path: Path) -> None:
+    """The state.sqlite of the previous release: pins and replay rows survive the upgrade."""
+    home.create_private(home.state_db_path)
+    old = open_database(home.state_db_path, only_version(STATE_SCHEMA, 1, tmp_path / "v1"))
+    SqlitePinStorage(old.connection).put(a_pin(highest_epoch=4))
+    SqliteReplayStorage(old.connection).add(SENDER, REQUEST, NOW + 30)
+    assert {row[0] for row in old.connection.execute("SELECT name FROM sqlite_master")} >= {
+        "pins",
+        "replay",
+    }
+    assert "contexts" not in {
+        row[0] for row in old.connection.execute("SELECT name FROM sqlite_master")
+    }
+    old.connection.close()
+
+    db = StateDb.open(home)
+    try:
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (2,)
+        assert db.pins.get(ORIGIN, KEN) == a_pin(highest_epoch=4)
+        assert db.replay.keep_until(SENDER, REQUEST) == NOW + 30
+        # The new tables work straight away.
+        db.outbound(ORIGIN).remember(KEN, "ask", "ctx_" + "q" * 22, NOW)
+        assert [e.context_id for e in db.outbound(ORIGIN).open_for(KEN, NOW)] == ["ctx_" + "q" * 22]
+        assert db.contexts.get("ctx_" + "q" * 22) is None
+    finally:
+        db.close()
+
+
+def test_conversation_stores_share_the_file_and_persist(home: Home, db: StateDb) -> None:
+    """Both new stores are exposed on StateDb and what they hold survives reopening."""
+    binding = mint(
+        caller=KEN,
+        task="ask",
+        agent_kind="claude",
+        workdir="/srv/share",
+        agent_session="sess-1",
+        now=NOW,
+    )
+    assert verifyObject(IContextStore, db.contexts)
+    db.contexts.put(binding)
+    db.outbound(ORIGIN).remember(KEN, "review", binding.context_id, NOW)
+    db = reopen(home, db)
+    try:
+        assert db.contexts.get(binding.context_id) == binding
+        assert db.outbound(ORIGIN).get(binding.context_id) is not None
+        assert isinstance(db.outbound(ORIGIN), SqliteOutboundStore)
+    finally:
+        db.close()
