@@ -1,9 +1,9 @@
 """``agentcall block|unblock HANDLE`` and ``agentcall access``: who may call this agent.
 
-All three edit policy.json through :mod:`agentcall.listener.policy`. The existing file is read
-with the listener's own strict parser first: a file it cannot read is reported, never replaced,
-because replacing it would silently drop the owner's decisions. The running listener reads
-policy.json for every call, so a change applies to the next call without a restart.
+All three edit policy.json through :func:`agentcall.cli.owner.edit_policy`: the existing file is
+read with the listener's strict parser first (a file it cannot read is reported, never
+replaced), and the result is saved only if every owner and admin assertion still holds. The
+running listener reads policy.json for every call, so a change applies to the next call.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from agentcall.listener.policy import Policy
-
-APPLIES = "The listener reads policy.json for every call: this applies from the next call."
 
 BLOCK_DESCRIPTION = """\
 Refuse calls from one person in your organisation. An individual block always wins over the
@@ -95,60 +93,44 @@ def _plain_handle(value: str) -> str:
 def _describe(policy: Policy) -> str:
     lines = [f"default: {policy.default_access} (callers without an individual rule)"]
     for rule in policy.callers:
-        lines.append(f"  {rule.handle}: {rule.access or 'follows the default'}")
+        said = str(rule.access or "follows the default")
+        if rule.grants:
+            said += f"; also gets {', '.join(rule.grants)}"
+        lines.append(f"  {rule.handle}: {said}")
     if not policy.callers:
         lines.append("no individual rules")
     return "\n".join(lines)
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentcall.cli.main import CommandError
-    from agentcall.home import Home, LocalStateError
+    from agentcall.cli import owner
     from agentcall.listener.policy import (
         Access,
-        PolicyError,
-        load_policy,
-        save_policy,
         with_caller_access,
         with_default_access,
     )
 
-    try:
-        home = Home.from_environ()
-    except LocalStateError as exc:
-        raise CommandError(str(exc)) from None
-    path = home.policy_path
-    try:
-        policy = load_policy(path)
-    except PolicyError as exc:
-        raise CommandError(
-            f"cannot change the policy: {exc}; fix the file by hand (it is never overwritten)"
-        ) from None
     command = args.access_command
     if command == "access" and args.default is None:
-        print(_describe(policy))
+        print(_describe(owner.policy_or_fail(owner.home_or_fail(), "show the policy")))
         return 0
-    if command == "access":
-        changed = with_default_access(policy, Access(args.default))
-        said = f"default access is now {args.default}"
-    else:
-        handle = _plain_handle(args.handle)
+    handle = "" if command == "access" else _plain_handle(args.handle)
+    said: list[str] = []
+
+    def change(policy: Policy, _layers: owner.Layers, _ceiling: object) -> Policy:
+        if command == "access":
+            said.append(f"default access is now {args.default}")
+            return with_default_access(policy, Access(args.default))
         if command == "block":
-            changed = with_caller_access(policy, handle, Access.BLOCKED)
-            said = f"blocked {handle}: their calls are refused"
-        elif policy.default_access is Access.ALLOWED:
-            changed = with_caller_access(policy, handle, None)
-            said = f"unblocked {handle}: they may call you (the default is allowed)"
-        else:
-            changed = with_caller_access(policy, handle, Access.ALLOWED)
-            said = f"unblocked {handle}: explicitly allowed (the default is blocked)"
-    try:
-        home.ensure()
-        save_policy(path, changed)
-    except (PolicyError, LocalStateError) as exc:
-        raise CommandError(f"cannot save the policy: {exc}") from None
-    except OSError as exc:
-        raise CommandError(f"cannot save {path}: {exc.strerror or exc}") from None
-    print(said)
-    print(APPLIES)
+            said.append(f"blocked {handle}: their calls are refused")
+            return with_caller_access(policy, handle, Access.BLOCKED)
+        if policy.default_access is Access.ALLOWED:
+            said.append(f"unblocked {handle}: they may call you (the default is allowed)")
+            return with_caller_access(policy, handle, None)
+        said.append(f"unblocked {handle}: explicitly allowed (the default is blocked)")
+        return with_caller_access(policy, handle, Access.ALLOWED)
+
+    owner.edit_policy(change)
+    print(*said, sep="\n")
+    print(owner.APPLIES)
     return 0

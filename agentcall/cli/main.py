@@ -1,17 +1,21 @@
 """``agentcall``: the entry point. Parses the command line and runs one command.
 
 Command modules are imported only when their command runs, so ``agentcall --version`` and
-``--help`` stay fast (no Twisted, no crypto at start-up).
+``--help`` stay fast (no Twisted, no crypto at start-up). ``agentcall guard`` (the tool guard,
+run by the agent CLI before every tool call) skips even argparse.
 """
 
 from __future__ import annotations
 
-import argparse
 import importlib
 import sys
-from collections.abc import Sequence
 
 from agentcall import __version__
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    import argparse
+    from collections.abc import Sequence
 
 # command name → (module, one-line summary). Each module has `add_arguments(parser)` and
 # `run(args) -> int`; nested commands use their own subparsers inside add_arguments.
@@ -26,6 +30,13 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "block": ("agentcall.cli.access", "Refuse calls from one person."),
     "unblock": ("agentcall.cli.access", "Take back a block."),
     "access": ("agentcall.cli.access", "Show or change who may call you by default."),
+    "task": ("agentcall.cli.task", "Create a task (a SKILL.md) for callers to run."),
+    "offer": ("agentcall.cli.policy", "Offer a task to every allowed caller."),
+    "unoffer": ("agentcall.cli.policy", "Stop offering a task to everyone by default."),
+    "allow": ("agentcall.cli.policy", "Give one caller a task."),
+    "revoke": ("agentcall.cli.policy", "Take back a task given to one caller."),
+    "policy": ("agentcall.cli.policy", "Show the effective policy as callers meet it."),
+    "lint": ("agentcall.cli.policy", "Check tasks, policy, admin ceiling and assertions."),
     "contacts": ("agentcall.cli.contacts", "Short names for the agents you call."),
     "relay": (
         "agentcall.cli.relay",
@@ -43,6 +54,8 @@ class CommandError(Exception):
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import argparse
+
     parser = argparse.ArgumentParser(
         prog="agentcall",
         description=(
@@ -66,6 +79,12 @@ def main(argv: Sequence[str] | None = None) -> int:
     if args_list in (["--version"], ["-V"]):
         print(f"agentcall {__version__}")
         return 0
+    # The tool guard starts once per tool call of an answering agent: it takes its input
+    # from stdin and its configuration from the environment, never from argparse.
+    if args_list[:1] == ["guard"]:
+        from agentcall.guard.main import main as guard_main
+
+        return guard_main(args_list[1:])
     parser = build_parser()
     args = parser.parse_args(args_list)
     if not getattr(args, "_module", None):

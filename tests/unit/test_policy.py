@@ -6,15 +6,18 @@ import json
 import os
 import stat
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentcall.listener.ceiling import Ceiling
 from agentcall.listener.policy import (
     DEFAULT_POLICY,
     Access,
     CallerRule,
+    GroupRule,
     Policy,
     PolicyError,
     load_policy,
@@ -23,7 +26,13 @@ from agentcall.listener.policy import (
     save_policy,
     with_caller_access,
     with_default_access,
+    with_grant,
+    with_offer,
+    without_grant,
+    without_offer,
 )
+from agentcall.listener.policyfile import Assertion
+from agentcall.listener.tasks import BUILTIN_ASK, Task, TaskSet
 
 
 def write(tmp_path: Path, text: str | bytes) -> Path:
@@ -36,11 +45,12 @@ def write(tmp_path: Path, text: str | bytes) -> Path:
 
 
 def test_missing_file_is_the_default_policy(tmp_path: Path) -> None:
-    """No policy.json means version 1, everyone allowed, no individual rules."""
+    """No policy.json means the default: everyone allowed, `ask` offered, no individual rules."""
     policy = load_policy(tmp_path / "policy.json")
     assert policy == DEFAULT_POLICY
     assert policy.default_access is Access.ALLOWED
     assert policy.callers == ()
+    assert policy.default_offer == ("ask",)
 
 
 def test_full_policy_loads(tmp_path: Path) -> None:
@@ -81,10 +91,15 @@ BAD = {
     "version string": ('{"version": "1"}', '"version" must be an integer'),
     "version bool": ('{"version": true}', '"version" must be an integer'),
     "version float": ('{"version": 1.0}', '"version" must be an integer'),
-    "future version": ('{"version": 2}', "unsupported version 2"),
-    "unknown top key": (
+    "future version": ('{"version": 3}', "unsupported version 3"),
+    "unknown top key": ('{"version": 2, "offers": ["ask"]}', "unknown key(s) 'offers'"),
+    "v2 key in a v1 file": (
         '{"version": 1, "default_offer": ["ask"]}',
         "unknown key(s) 'default_offer'",
+    ),
+    "grants in a v1 file": (
+        '{"version": 1, "callers": {"ana": {"grants": ["ask"]}}}',
+        "callers.ana has unknown key(s) 'grants'",
     ),
     "duplicate key": ('{"version": 1, "version": 1}', "duplicate key 'version'"),
     "duplicate handle": (
@@ -159,7 +174,7 @@ def test_long_bad_values_are_shortened_in_messages(tmp_path: Path) -> None:
 
 
 def test_save_then_load_round_trips(tmp_path: Path) -> None:
-    """What save_policy writes, load_policy reads back as an equal policy."""
+    """What save_policy writes, load_policy reads back as an equal policy, as version 2."""
     policy = Policy(
         default_access=Access.BLOCKED,
         callers=[CallerRule("zed", Access.ALLOWED), CallerRule("ana", Access.BLOCKED)],
@@ -168,8 +183,9 @@ def test_save_then_load_round_trips(tmp_path: Path) -> None:
     save_policy(path, policy)
     assert load_policy(path) == policy
     assert json.loads(path.read_text()) == {
-        "version": 1,
+        "version": 2,
         "default_access": "blocked",
+        "default_offer": ["ask"],
         "callers": {"ana": {"access": "blocked"}, "zed": {"access": "allowed"}},
     }
 
@@ -253,6 +269,255 @@ def test_json_form_round_trips(default: Access, rules: dict[str, Access | None])
     policy = Policy(
         default_access=default,
         callers=[CallerRule(handle, access) for handle, access in rules.items()],
+    )
+    text = json.dumps(policy_to_json(policy))
+    assert parse_policy(json.loads(text), source="mem") == policy
+
+
+# --- version 2: offers, grants, groups, assertions ----------------------------------------------
+
+ROSTER = "R0ster-id-0000001"
+FULL_V2: dict[str, Any] = {
+    "version": 2,
+    "default_access": "allowed",
+    "default_offer": ["review", "ask"],
+    "callers": {
+        "bob": {"access": "blocked"},
+        "ana": {"grants": ["deploy-docs"]},
+        "cy": {"access": "allowed", "grants": ["review", "ask"]},
+    },
+    "groups": {"eng": {"roster_id": ROSTER, "grants": ["deploy-docs"]}},
+    "assertions": [
+        {"caller": "ana", "accept": ["deploy-docs"]},
+        {"caller": "bob", "deny": ["*"]},
+        {"caller": "dan", "groups": ["eng"], "accept": ["review"], "deny": ["payroll"]},
+    ],
+}
+
+
+def test_version_2_loads_every_field(tmp_path: Path) -> None:
+    """Offers, grants, groups and assertions are read into canonical, sorted values."""
+    policy = load_policy(write(tmp_path, json.dumps(FULL_V2)))
+    assert policy.version == 2
+    assert policy.default_offer == ("ask", "review")
+    assert policy.rule_for("ana") == CallerRule("ana", None, ("deploy-docs",))
+    assert policy.rule_for("cy") == CallerRule("cy", Access.ALLOWED, ("ask", "review"))
+    assert policy.groups == (GroupRule("eng", ROSTER, ("deploy-docs",)),)
+    assert policy.group("eng") is policy.groups[0] and policy.group("ops") is None
+    assert policy.assertions == (
+        Assertion("ana", accept=("deploy-docs",)),
+        Assertion("bob", deny=("*",)),
+        Assertion("dan", ("eng",), ("review",), ("payroll",)),
+    )
+
+
+def test_version_2_round_trips_through_a_file(tmp_path: Path) -> None:
+    """Saving the loaded policy writes it back in its canonical JSON form."""
+    policy = parse_policy(FULL_V2, source="mem")
+    path = tmp_path / "policy.json"
+    tasks = tasks_on_disk("review", "deploy-docs")
+    save_policy(path, policy, tasks=tasks)
+    assert load_policy(path) == policy
+    saved = json.loads(path.read_text())
+    assert saved["default_offer"] == ["ask", "review"]
+    assert saved["callers"]["cy"] == {"access": "allowed", "grants": ["ask", "review"]}
+    assert saved["assertions"][2] == FULL_V2["assertions"][2]
+
+
+def test_a_version_1_file_is_upgraded_in_memory(tmp_path: Path) -> None:
+    """Version 1 keeps its meaning, gains the default offer, and is saved as version 2."""
+    path = write(tmp_path, '{"version": 1, "callers": {"bob": {"access": "blocked"}}}')
+    policy = load_policy(path)
+    assert policy == Policy(callers=[CallerRule("bob", Access.BLOCKED)])
+    assert (policy.version, policy.default_offer) == (2, ("ask",))
+    save_policy(path, policy)
+    assert json.loads(path.read_text())["version"] == 2
+
+
+def _v2(**fields: object) -> str:
+    return json.dumps({"version": 2, **fields})
+
+
+BAD_V2 = {
+    "offer not a list": (_v2(default_offer="ask"), "default_offer must be a list"),
+    "offer bad id": (_v2(default_offer=["Ask"]), "default_offer: 'Ask' is not a task id"),
+    "offer twice": (_v2(default_offer=["ask", "ask"]), "default_offer lists a task twice"),
+    "offer star": (_v2(default_offer=["*"]), "'*' is not a task id"),
+    "grants bad id": (
+        _v2(callers={"ana": {"grants": ["ok", 3]}}),
+        "callers.ana.grants: 3 is not a task id",
+    ),
+    "grants not list": (_v2(callers={"ana": {"grants": "ok"}}), "callers.ana.grants must be"),
+    "too many grants": (
+        _v2(callers={"ana": {"grants": [f"t{n}" for n in range(201)]}}),
+        "more than 200",
+    ),
+    "too many callers": (
+        _v2(callers={f"c{n:04d}": {} for n in range(1001)}),
+        "more than 1000",
+    ),
+    "groups not object": (_v2(groups=["eng"]), '"groups" must be an object'),
+    "bad group name": (_v2(groups={"Eng": {"roster_id": ROSTER}}), "not a valid group name"),
+    "group not object": (_v2(groups={"eng": ROSTER}), "groups.eng must be an object"),
+    "no roster": (_v2(groups={"eng": {"grants": []}}), "groups.eng.roster_id must be"),
+    "bad roster": (_v2(groups={"eng": {"roster_id": "short"}}), "groups.eng.roster_id must be"),
+    "unknown group key": (
+        _v2(groups={"eng": {"roster_id": ROSTER, "offer": []}}),
+        "groups.eng has unknown key(s) 'offer'",
+    ),
+    "assertions not list": (_v2(assertions={}), '"assertions" must be a list'),
+    "too many assertions": (
+        _v2(assertions=[{"caller": "ana", "deny": ["*"]}] * 101),
+        "more than 100 assertions",
+    ),
+    "assertion not object": (_v2(assertions=["ana"]), "assertions[0] must be an object"),
+    "assertion unknown key": (
+        _v2(assertions=[{"caller": "ana", "deny": ["*"], "expect": "x"}]),
+        "assertions[0] has unknown key(s) 'expect'",
+    ),
+    "assertion bad caller": (
+        _v2(assertions=[{"caller": "@acme/ana", "deny": ["*"]}]),
+        "assertions[0].caller must be a handle",
+    ),
+    "assertion says nothing": (
+        _v2(assertions=[{"caller": "ana"}]),
+        "assertions[0]: needs accept or deny",
+    ),
+    "star with accept": (
+        _v2(assertions=[{"caller": "ana", "accept": ["ask"], "deny": ["*"]}]),
+        'deny "*" must stand alone',
+    ),
+    "star with others": (
+        _v2(assertions=[{"caller": "ana", "deny": ["*", "ask"]}]),
+        'deny "*" must stand alone',
+    ),
+    "star in accept": (
+        _v2(assertions=[{"caller": "ana", "accept": ["*"]}]),
+        "assertions[0].accept: '*' is not a task id",
+    ),
+    "overlap": (
+        _v2(assertions=[{"caller": "ana", "accept": ["ask"], "deny": ["ask"]}]),
+        "ask is in both accept and deny",
+    ),
+    "unknown group in assertion": (
+        _v2(assertions=[{"caller": "ana", "groups": ["ops"], "deny": ["*"]}]),
+        "assertions[0].groups: no group named 'ops'",
+    ),
+    "assertion groups not list": (
+        _v2(assertions=[{"caller": "ana", "groups": "eng", "deny": ["*"]}]),
+        "assertions[0].groups must be a list",
+    ),
+}
+
+
+@pytest.mark.parametrize("name", sorted(BAD_V2))
+def test_every_version_2_malformation_names_the_file_and_field(tmp_path: Path, name: str) -> None:
+    """Each bad offer, grant, group or assertion is a PolicyError naming where it is."""
+    text, problem = BAD_V2[name]
+    path = write(tmp_path, text)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert caught.value.path == str(path)
+    assert problem in caught.value.problem, caught.value.problem
+
+
+def test_offer_and_grant_edits() -> None:
+    """Offers and grants are added once, removed cleanly, and never touch access."""
+    policy = with_offer(with_offer(DEFAULT_POLICY, "review"), "review")
+    assert policy.default_offer == ("ask", "review")
+    assert without_offer(policy, "ask").default_offer == ("review",)
+    assert without_offer(policy, "missing") == policy
+    policy = with_grant(with_caller_access(policy, "ana", Access.BLOCKED), "ana", "deploy")
+    policy = with_grant(policy, "ana", "deploy")
+    assert policy.rule_for("ana") == CallerRule("ana", Access.BLOCKED, ("deploy",))
+    policy = with_caller_access(policy, "ana", None)
+    assert policy.rule_for("ana") == CallerRule("ana", None, ("deploy",))
+    assert without_grant(policy, "ana", "deploy").rule_for("ana") is None
+    assert without_grant(policy, "zed", "deploy") == policy
+    for edit in (
+        lambda: with_offer(DEFAULT_POLICY, "Bad"),
+        lambda: without_offer(DEFAULT_POLICY, "*"),
+        lambda: with_grant(DEFAULT_POLICY, "ana", "a b"),
+        lambda: with_grant(DEFAULT_POLICY, "@acme/ana", "ask"),
+        lambda: without_grant(DEFAULT_POLICY, "ana", ""),
+    ):
+        with pytest.raises(ValueError):
+            edit()
+
+
+def tasks_on_disk(*ids: str) -> TaskSet:
+    tasks = {"ask": BUILTIN_ASK}
+    tasks.update({task: Task(id=task, name=task, description="d") for task in ids})
+    return TaskSet(tasks)
+
+
+def test_save_refuses_a_policy_that_breaks_an_assertion(tmp_path: Path) -> None:
+    """Assertions are checked against the tasks on disk and the ceiling before writing."""
+    path = tmp_path / "policy.json"
+    path.write_text('{"version": 2}')
+    claim = Assertion("ana", accept=("review",))
+    policy = Policy(default_offer=("ask", "review"), assertions=[claim])
+    with pytest.raises(PolicyError, match=r"policy assertion 1 .* ana does not get review"):
+        save_policy(path, policy)  # without tasks only `ask` exists
+    save_policy(path, policy, tasks=tasks_on_disk("review"))
+    assert load_policy(path) == policy
+    narrow = Ceiling("/etc/agentcall/policy.json", allowed_tasks=frozenset({"ask"}))
+    with pytest.raises(PolicyError, match="refusing to save"):
+        save_policy(path, with_default_access(policy, Access.BLOCKED), tasks=tasks_on_disk())
+    with pytest.raises(PolicyError):
+        save_policy(path, policy, tasks=tasks_on_disk("review"), ceiling=narrow)
+    assert load_policy(path) == policy
+
+
+def test_save_checks_the_administrators_assertions_too(tmp_path: Path) -> None:
+    """A ceiling assertion that the owner's edit would break blocks the save."""
+    ceiling = Ceiling("/etc/agentcall/policy.json", assertions=(Assertion("bob", deny=("*",)),))
+    path = tmp_path / "policy.json"
+    save_policy(path, with_caller_access(DEFAULT_POLICY, "bob", Access.BLOCKED), ceiling=ceiling)
+    with pytest.raises(PolicyError, match=r"ceiling assertion 1 .* bob gets ask"):
+        save_policy(path, DEFAULT_POLICY, ceiling=ceiling)
+
+
+def test_value_classes_refuse_bad_groups_and_assertions() -> None:
+    """The attrs classes validate on their own, whoever builds them."""
+    with pytest.raises(ValueError):
+        GroupRule("Eng", ROSTER)
+    with pytest.raises(ValueError):
+        GroupRule("eng", "short")
+    with pytest.raises(ValueError):
+        Policy(groups=[GroupRule("eng", ROSTER), GroupRule("eng", ROSTER + "x")])
+    with pytest.raises(ValueError):
+        Policy(default_offer=["Bad"])
+    with pytest.raises(ValueError):
+        CallerRule("ana", grants=["*"])
+    bad_assertions: list[dict[str, Any]] = [
+        {"caller": "A", "deny": ("*",)},
+        {"caller": "ana"},
+        {"caller": "ana", "accept": ("x",), "deny": ("x",)},
+        {"caller": "ana", "groups": ("Bad",), "deny": ("*",)},
+        {"caller": "ana", "accept": ("*",)},
+        {"caller": "ana", "accept": ("Bad",)},
+        {"caller": "ana", "deny": ("Bad",)},
+    ]
+    for bad in bad_assertions:
+        with pytest.raises(ValueError):
+            Assertion(**bad)
+
+
+TASK_IDS = st.from_regex(r"^[a-z0-9][a-z0-9-]{0,8}\Z", fullmatch=True)
+
+
+@given(
+    offer=st.lists(TASK_IDS, max_size=4),
+    grants=st.dictionaries(HANDLES, st.tuples(ACCESS, st.lists(TASK_IDS, max_size=3)), max_size=5),
+)
+def test_version_2_json_form_round_trips(
+    offer: list[str], grants: dict[str, tuple[Access | None, list[str]]]
+) -> None:
+    """Any offer and set of grants survives policy_to_json and the validator unchanged."""
+    policy = Policy(
+        default_offer=offer,
+        callers=[CallerRule(h, access, ids) for h, (access, ids) in grants.items()],
     )
     text = json.dumps(policy_to_json(policy))
     assert parse_policy(json.loads(text), source="mem") == policy
