@@ -21,6 +21,17 @@ Options every scenario understands: ``marker`` (default ``FAKE-AGENT-ANSWER``), 
 ``setsid … &`` would, then behave as the named scenario). The scenario names are the keys of
 ``CLAUDE_SCENARIOS`` / ``CODEX_SCENARIOS``.
 
+Tool calls and the guard (``happy``): ``tools`` is a list of ``{"tool_name", "tool_input"}``
+(optionally ``tool_use_id``). Each becomes a tool call that first goes through the PreToolUse
+hooks the argv wires up: Claude's ``--settings`` JSON, Codex's ``-c hooks.PreToolUse=…`` with
+``--dangerously-bypass-hook-trust``. The hook command runs under ``/bin/sh -c`` with a realistic
+payload on stdin; a deny JSON or exit 2 refuses the call (Claude lists it in the result's
+``permission_denials``; Codex emits no item for it), a crash or timeout lets it run unless
+Claude 2.1.332 has ``onFailure: "block"``. Settings that fail validation run no hook at all,
+silently, as the real CLI does. ``hook_timeout`` overrides the hooks' timeout; ``perform``
+makes allowed Read/Write calls touch the file. What happened to each call is logged as one
+``{"tool_calls": [...]}`` line.
+
 The facts imitated come from ``reference/agent-clis/ANALYSIS.md`` §1-§5. Standard library only.
 """
 
@@ -407,6 +418,8 @@ class ClaudeOut:
         self.max_turns = int(opts.get("--max-turns", 30))
         self.scenario = scenario
         self.results = 0
+        self.hooks = claude_hooks(opts)
+        self.permission_denials: list[dict[str, Any]] = []
 
     def frame(self, obj: dict[str, Any]) -> None:
         if self.format == "stream-json":
@@ -457,7 +470,7 @@ class ClaudeOut:
             "total_cost_usd": 0.0004,
             "usage": {"input_tokens": 10, "output_tokens": 5},
             "modelUsage": {},
-            "permission_denials": [],
+            "permission_denials": list(self.permission_denials),
             "terminal_reason": "completed",
             "uuid": str(uuid.uuid4()),
         }
@@ -481,15 +494,356 @@ class ClaudeOut:
             jline(obj)
 
 
+# --- hooks: tool calls through the PreToolUse guard ----------------------------------------
+
+HOOK_EVENTS = {
+    "PreToolUse",
+    "PostToolUse",
+    "Notification",
+    "UserPromptSubmit",
+    "Stop",
+    "SubagentStop",
+    "PreCompact",
+    "SessionStart",
+    "SessionEnd",
+}
+HOOK_TYPES = {"command", "prompt", "agent", "http"}
+CLAUDE_HOOK_KEYS = {"type", "command", "timeout", "onFailure", "args"}
+DEFAULT_HOOK_TIMEOUT = 60.0
+
+
+def _valid_matcher_entries(entries: object, hook_keys: set[str]) -> bool:
+    if not isinstance(entries, list):
+        return False
+    for entry in entries:
+        if not isinstance(entry, dict) or set(entry) - {"matcher", "hooks"}:
+            return False
+        if not isinstance(entry.get("matcher", ""), str):
+            return False
+        hooks = entry.get("hooks")
+        if not isinstance(hooks, list):
+            return False
+        for hook in hooks:
+            if not isinstance(hook, dict) or set(hook) - hook_keys:
+                return False
+            if hook.get("type") not in HOOK_TYPES:
+                return False
+            if hook["type"] == "command" and not (
+                isinstance(hook.get("command"), str) and hook["command"]
+            ):
+                return False
+            timeout = hook.get("timeout", 1)
+            if isinstance(timeout, bool) or not isinstance(timeout, int | float) or timeout <= 0:
+                return False
+            if not isinstance(hook.get("onFailure", "block"), str):
+                return False
+    return True
+
+
+def valid_claude_settings(settings: object) -> bool:
+    """The fields the fake knows, checked the way the real CLI drops a whole bad settings."""
+    if not isinstance(settings, dict):
+        return False
+    hooks = settings.get("hooks", {})
+    if not isinstance(hooks, dict) or set(hooks) - HOOK_EVENTS:
+        return False
+    if not all(_valid_matcher_entries(v, CLAUDE_HOOK_KEYS) for v in hooks.values()):
+        return False
+    permissions = settings.get("permissions", {})
+    if not isinstance(permissions, dict):
+        return False
+    return all(
+        isinstance(v, list) and all(isinstance(r, str) for r in v)
+        for k, v in permissions.items()
+        if k in ("allow", "deny", "ask")
+    )
+
+
+def claude_hooks(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The PreToolUse matcher entries of --settings; none when the settings are invalid."""
+    raw = opts.get("--settings")
+    if raw is None:
+        return []
+    try:
+        if os.path.exists(raw):
+            with open(raw, encoding="utf-8") as fh:
+                raw = fh.read()
+        settings = json.loads(raw)
+    except (OSError, ValueError):
+        return []
+    if not valid_claude_settings(settings):
+        return []
+    entries: list[dict[str, Any]] = settings.get("hooks", {}).get("PreToolUse", [])
+    return entries
+
+
+def codex_hooks(opts: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``hooks.PreToolUse`` entries of the -c overrides; none unless they parse."""
+    import tomllib
+
+    entries: list[dict[str, Any]] = []
+    for item in opts["config"]:
+        key, eq, value = item.partition("=")
+        if key.strip() != "hooks.PreToolUse" or not eq:
+            continue
+        try:
+            parsed = tomllib.loads(f"v = {value}")["v"]
+        except tomllib.TOMLDecodeError:
+            return []
+        if not _valid_matcher_entries(parsed, {"type", "command", "timeout"}):
+            return []
+        entries.extend(parsed)
+    return entries
+
+
+def matching_hooks(entries: list[dict[str, Any]], tool_name: str) -> list[dict[str, Any]]:
+    found: list[dict[str, Any]] = []
+    for entry in entries:
+        matcher = entry.get("matcher", "")
+        if matcher in ("", "*") or re.fullmatch(matcher, tool_name):
+            found.extend(h for h in entry["hooks"] if h.get("type") == "command")
+    return found
+
+
+def run_hook(
+    hook: dict[str, Any], payload: dict[str, Any], env: dict[str, str], sc: Scenario
+) -> dict[str, Any]:
+    """Run one command hook the way the CLIs do; what it said, as a dict."""
+    timeout = float(sc.get("hook_timeout", hook.get("timeout", DEFAULT_HOOK_TIMEOUT)))
+    try:
+        done = subprocess.run(
+            ["/bin/sh", "-c", hook["command"]],
+            input=json.dumps(payload).encode(),
+            capture_output=True,
+            timeout=timeout,
+            env=env,
+            cwd=os.getcwd(),
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return {"exit": None, "stdout": "", "stderr": "", "timed_out": True}
+    return {
+        "exit": done.returncode,
+        "stdout": done.stdout.decode("utf-8", "replace"),
+        "stderr": done.stderr.decode("utf-8", "replace"),
+        "timed_out": False,
+    }
+
+
+def hook_decision(said: dict[str, Any]) -> tuple[str | None, str]:
+    """``("deny"|"allow"|None, reason)`` from a hook's stdout JSON."""
+    try:
+        value = json.loads(said["stdout"])
+    except ValueError:
+        return None, ""
+    output = value.get("hookSpecificOutput") if isinstance(value, dict) else None
+    if not isinstance(output, dict):
+        return None, ""
+    decision = output.get("permissionDecision")
+    reason = output.get("permissionDecisionReason")
+    return (decision if isinstance(decision, str) else None), (
+        reason if isinstance(reason, str) else ""
+    )
+
+
+def judge_claude(hook: dict[str, Any], said: dict[str, Any], version: str) -> dict[str, Any]:
+    """Claude's reading of one hook run: refused or not, and the text the model would see."""
+    decision, reason = hook_decision(said) if said["exit"] == 0 else (None, "")
+    verdict: dict[str, Any] = {"allow_emitted": decision == "allow"}
+    if said["exit"] == 0 and decision == "deny":
+        return {**verdict, "outcome": "denied", "reason": reason}
+    if said["exit"] == 2:
+        return {**verdict, "outcome": "denied", "reason": f"[{hook['command']}]: {said['stderr']}"}
+    if said["exit"] == 0:
+        return {**verdict, "outcome": "ran"}
+    if hook.get("onFailure") == "block" and version != CLAUDE_OLD_VERSION:
+        return {
+            **verdict,
+            "outcome": "blocked",
+            "reason": 'failed; blocking because onFailure is "block"',
+        }
+    return {**verdict, "outcome": "ran", "no_verdict": True}
+
+
+def judge_codex(said: dict[str, Any]) -> dict[str, Any]:
+    """Codex's reading (inferred where ANALYSIS.md §2.4 says it was not exercised)."""
+    decision, reason = hook_decision(said) if said["exit"] == 0 else (None, "")
+    verdict: dict[str, Any] = {"allow_emitted": decision == "allow"}
+    if said["exit"] == 0 and decision == "deny" and reason:
+        return {**verdict, "outcome": "denied", "reason": reason}
+    if said["exit"] == 2 and said["stderr"].strip():
+        return {**verdict, "outcome": "denied", "reason": said["stderr"].strip()}
+    return {**verdict, "outcome": "ran"}
+
+
+def perform_tool(name: str, tool_input: dict[str, Any], sc: Scenario) -> tuple[bool, str]:
+    """What an allowed tool returns: synthetic, or the real file for Read/Write with perform."""
+    if not sc.get("perform"):
+        return False, f"{name} ran"
+    path = str(tool_input.get("file_path", ""))
+    try:
+        if name == "Read":
+            with open(path, encoding="utf-8", errors="replace") as fh:
+                return False, fh.read(4000)
+        if name == "Write":
+            with open(path, "w", encoding="utf-8") as fh:
+                fh.write(str(tool_input.get("content", "")))
+            return False, f"File created successfully at: {path}"
+    except OSError as exc:
+        return True, f"<tool_use_error>{exc.strerror}</tool_use_error>"
+    return False, f"{name} ran"
+
+
+def claude_tool_calls(o: ClaudeOut, sc: Scenario) -> None:
+    cwd = os.getcwd()
+    slug = re.sub(r"[^A-Za-z0-9]", "-", cwd)
+    env = {
+        **os.environ,
+        "CLAUDE_PROJECT_DIR": cwd,
+        "CLAUDECODE": "1",
+        "CLAUDE_CODE_SESSION_ID": o.session_id,
+        "CLAUDE_PID": str(os.getpid()),
+        "CLAUDE_CODE_ENTRYPOINT": "sdk-cli",
+    }
+    prompt_id = str(uuid.uuid4())
+    calls = []
+    for n, tool in enumerate(sc["tools"]):
+        name = tool["tool_name"]
+        tool_input = tool.get("tool_input", {})
+        ident = tool.get("tool_use_id", f"toolu_fake_g{n:02d}")
+        o.assistant([{"type": "tool_use", "id": ident, "name": name, "input": tool_input}])
+        payload: dict[str, Any] = {
+            "session_id": o.session_id,
+            "transcript_path": os.path.expanduser(
+                f"~/.claude/projects/{slug}/{o.session_id}.jsonl"
+            ),
+            "cwd": cwd,
+            "prompt_id": prompt_id,
+            "permission_mode": o.mode,
+            "hook_event_name": "PreToolUse",
+            "tool_name": name,
+            "tool_input": tool_input,
+            "tool_use_id": ident,
+        }
+        if o.version != CLAUDE_OLD_VERSION:
+            payload["effort"] = {"level": "medium"}
+        call: dict[str, Any] = {"tool_use_id": ident, "tool_name": name, "outcome": "ran"}
+        hooks = matching_hooks(o.hooks, name)
+        call["hooks_run"] = len(hooks)
+        for hook in hooks:
+            said = run_hook(hook, payload, env, sc)
+            verdict = judge_claude(hook, said, o.version)
+            call.update(hook_exit=said["exit"], hook_stdout=said["stdout"], **verdict)
+            call["allow_emitted"] = call.get("allow_emitted", False) or verdict["allow_emitted"]
+            if verdict.get("no_verdict") and o.version != CLAUDE_OLD_VERSION:
+                o.frame(
+                    {
+                        "type": "system",
+                        "subtype": "informational",
+                        "tag": "hook_no_verdict",
+                        "text": "A hook didn't answer in time, so it didn't check this action.",
+                    }
+                )
+            if verdict["outcome"] != "ran":
+                break
+        if call["outcome"] == "ran":
+            is_error, output = perform_tool(name, tool_input, sc)
+        else:
+            is_error = True
+            reason = call.get("reason", "")
+            output = (
+                reason
+                if o.version == CLAUDE_OLD_VERSION
+                else (f"PreToolUse:{name} hook error: {reason}")
+            )
+            o.permission_denials.append(
+                {"tool_name": name, "tool_use_id": ident, "tool_input": tool_input}
+            )
+        content = [
+            {"type": "tool_result", "tool_use_id": ident, "content": output, "is_error": is_error}
+        ]
+        o.frame({"type": "user", "message": {"role": "user", "content": content}})
+        calls.append(call)
+    record_tool_calls(calls, hooks_active=bool(o.hooks))
+
+
+def codex_tool_calls(o: CodexOut, sc: Scenario) -> None:
+    hooks_on = o.trust_bypassed and bool(o.hooks)
+    calls = []
+    for tool in sc["tools"]:
+        name = tool["tool_name"]
+        tool_input = tool.get("tool_input", {})
+        ident = tool.get("tool_use_id", f"exec-{uuid.uuid4()}")
+        payload = {
+            "session_id": o.thread_id,
+            "turn_id": o.turn_id,
+            "transcript_path": os.path.expanduser(f"~/.codex/sessions/rollout-{o.thread_id}.jsonl"),
+            "cwd": os.getcwd(),
+            "hook_event_name": "PreToolUse",
+            "model": "gpt-fake-1",
+            "permission_mode": "bypassPermissions",
+            "tool_name": name,
+            "tool_input": tool_input,
+            "tool_use_id": ident,
+        }
+        call: dict[str, Any] = {"tool_use_id": ident, "tool_name": name, "outcome": "ran"}
+        hooks = matching_hooks(o.hooks, name) if hooks_on else []
+        call["hooks_run"] = len(hooks)
+        for hook in hooks:
+            said = run_hook(hook, payload, dict(os.environ), sc)
+            verdict = judge_codex(said)
+            call.update(hook_exit=said["exit"], hook_stdout=said["stdout"], **verdict)
+            if verdict["outcome"] != "ran":
+                break
+        if call["outcome"] == "ran":
+            # A denied call leaves no item at all in the real stream.
+            if name == "apply_patch":
+                patch = str(tool_input.get("command", ""))
+                changes = [
+                    {"path": m.group(2), "kind": m.group(1).split()[0].lower()}
+                    for m in re.finditer(
+                        r"^\*\*\* (Add File|Update File|Delete File): (.+)$", patch, re.MULTILINE
+                    )
+                ]
+                o.item({"type": "file_change", "changes": changes, "status": "completed"})
+            else:
+                o.item(
+                    {
+                        "type": "command_execution",
+                        "command": f"/bin/bash -lc {json.dumps(str(tool_input.get('command')))}",
+                        "aggregated_output": "",
+                        "exit_code": 0,
+                        "status": "completed",
+                    },
+                    started=True,
+                )
+        calls.append(call)
+    record_tool_calls(calls, hooks_active=hooks_on)
+
+
+def record_tool_calls(calls: list[dict[str, Any]], *, hooks_active: bool) -> None:
+    path = os.environ.get("FAKE_AGENT_LOG")
+    if path:
+        with open(path, "a", encoding="utf-8") as fh:
+            entry = {"tool_calls": calls, "hooks_active": hooks_active, "pid": os.getpid()}
+            fh.write(json.dumps(entry) + "\n")
+
+
 # --- claude: scenarios ------------------------------------------------------------------------
 
 
 def claude_happy(o: ClaudeOut, prompt: str, sc: Scenario) -> int:
     o.init()
-    o.tool_round(
-        "toolu_fake_01", "Read", {"file_path": os.path.join(os.getcwd(), "notes.txt")}, "1\tnotes"
-    )
-    o.tool_round("toolu_fake_02", "Glob", {"pattern": "**/*.txt"}, "notes.txt")
+    if "tools" in sc:
+        claude_tool_calls(o, sc)
+    else:
+        o.tool_round(
+            "toolu_fake_01",
+            "Read",
+            {"file_path": os.path.join(os.getcwd(), "notes.txt")},
+            "1\tnotes",
+        )
+        o.tool_round("toolu_fake_02", "Glob", {"pattern": "**/*.txt"}, "notes.txt")
     answer = answer_text(prompt, sc)
     o.text(answer)
     o.result(answer)
@@ -819,6 +1173,9 @@ def parse_codex(argv: list[str]) -> dict[str, Any]:
 class CodexOut:
     def __init__(self, opts: dict[str, Any]) -> None:
         self.thread_id = opts["resume"] or str(uuid.uuid4())
+        self.turn_id = str(uuid.uuid4())
+        self.trust_bypassed = bool(opts.get("--dangerously-bypass-hook-trust"))
+        self.hooks = codex_hooks(opts)
         self.items = 0
         self.output_file = opts.get("-o") or opts.get("--output-last-message")
 
@@ -834,6 +1191,14 @@ class CodexOut:
 
     def start(self) -> None:
         self.event({"type": "thread.started", "thread_id": self.thread_id})
+        if self.trust_bypassed:
+            notice = (
+                "`--dangerously-bypass-hook-trust` is enabled. Enabled hooks may run without "
+                "review for this invocation."
+            )
+            # The real CLI prints the notice twice, as two items.
+            self.item({"type": "error", "message": notice})
+            self.item({"type": "error", "message": notice})
         self.event({"type": "turn.started"})
 
     def finish(self, answer: str) -> None:
@@ -855,6 +1220,10 @@ class CodexOut:
 
 def codex_happy(o: CodexOut, prompt: str, sc: Scenario) -> int:
     o.start()
+    if "tools" in sc:
+        codex_tool_calls(o, sc)
+        o.finish(answer_text(prompt, sc))
+        return 0
     command = "/bin/bash -lc 'cat notes.txt'"
     o.item(
         {
