@@ -8,6 +8,7 @@ run by the agent CLI before every tool call) skips even argparse.
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from agentcall import __version__
@@ -85,6 +86,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         from agentcall.guard.main import main as guard_main
 
         return guard_main(args_list[1:])
+    if args_list[:1] != ["listen"]:
+        # Short-lived commands skip autobahn's native helpers: compiling them costs ~50 ms of
+        # every start, and their speed matters only to long-running sockets (the listener).
+        os.environ.setdefault("AUTOBAHN_USE_NVX", "0")
     parser = build_parser()
     args = parser.parse_args(args_list)
     if not getattr(args, "_module", None):

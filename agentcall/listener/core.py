@@ -33,9 +33,10 @@ from agentcall.errors import CallErrorCode
 from agentcall.keystore import LocalKeys
 from agentcall.listener import prompt as prompt_module
 from agentcall.listener import stages
-from agentcall.listener.admission import ASK_TASK
+from agentcall.listener.admission import ASK_TASK, Admitted
 from agentcall.listener.calllog import CallRecord, CallStatus
-from agentcall.listener.policy import Policy
+from agentcall.listener.contexts import Binding, ContextRefusal, Conversations
+from agentcall.listener.guardwire import cross_check
 from agentcall.listener.runner import AgentRun, OutputParser, RunResult
 from agentcall.logevents import Logger
 from agentcall.wire.frames import (
@@ -96,7 +97,9 @@ class Effects:
     fetch_keys: stages.KeyFetcher
     pins: PinBook
     replay: ReplayWindow
-    load_policy: Callable[[], Policy]
+    load_admission: Callable[[], stages.AdmissionInputs]
+    conversations: Conversations
+    guard: stages.GuardSetup
     spawn: Spawner
     call_log: CallLogWriter
     environ: Mapping[str, str]
@@ -218,17 +221,36 @@ class CallPipeline:
             self._cancelled(call, CancelPhase.PENDING)
             return
         # c. admission, from the verified caller and local files; the message is not an input.
+        loaded: list[stages.AdmissionInputs] = []
+
+        def load_admission() -> stages.AdmissionInputs:
+            loaded.append(fx.load_admission())
+            return loaded[-1]
+
         decision = stages.admit_call(
-            fx.load_policy, opened.caller_handle, opened.request.task, opened.request.context_id
+            load_admission, opened.caller_handle, opened.request.task, opened.groups
         )
         if isinstance(decision, stages.Refusal):
-            _log.info(
-                "call_refused",
-                call_id=call.call_id,
-                caller=opened.caller_handle,
-                code=str(decision.failure.code),
-            )
-            self._answer(call, opened, decision.failure, decision.status, flags=decision.flags)
+            self._refuse(call, opened, decision)
+            return
+        call.task = decision.task_id
+        # c'. the conversation, if one is named: it can only narrow an admitted call.
+        workdir = stages.choose_workdir(self.config, decision.task, fx.is_dir)
+        if isinstance(workdir, Failure):
+            self._answer(call, opened, workdir, CallStatus.AGENT_ERROR, error=workdir.detail)
+            return
+        binding = fx.conversations.admit(
+            opened.request.context_id,
+            caller=opened.caller_address,
+            task=decision.task_id,
+            agent_kind=str(self.config.agent_kind),
+            workdir=workdir,
+            threadable=decision.task.threadable,
+            now=fx.clock.seconds(),
+        )
+        if isinstance(binding, ContextRefusal):
+            _log.info("context_refused", call_id=call.call_id, reason=str(binding.reason))
+            self._refuse(call, opened, stages.context_refusal())
             return
         # d. one running, none waiting.
         if self._running is not None or self._stopping:
@@ -244,6 +266,11 @@ class CallPipeline:
         plan = stages.plan_run(
             self.config,
             opened,
+            decision,
+            workdir,
+            binding,
+            guard=fx.guard,
+            shell_allowed=stages.shell_allowed(loaded[-1].ceiling if loaded else None),
             environ=fx.environ,
             which=fx.which,
             is_dir=fx.is_dir,
@@ -276,9 +303,58 @@ class CallPipeline:
                 plan.parser,
                 secrets=self._secrets,
                 timeout_s=plan.run.timeout_s,
+                task_id=decision.task_id,
+                unguarded=self._unguarded(call.call_id),
             )
         self._agent_finished(call, verdict.status, result)
-        self._answer(call, opened, verdict.outcome, verdict.status, error=verdict.error)
+        outcome = self._converse(opened, decision, workdir, binding, verdict)
+        self._answer(
+            call, opened, outcome, verdict.status, error=verdict.error, flags=verdict.flags
+        )
+
+    def _refuse(self, call: _Call, opened: stages.OpenedCall, refusal: stages.Refusal) -> None:
+        _log.info(
+            "call_refused",
+            call_id=call.call_id,
+            caller=opened.caller_handle,
+            code=str(refusal.failure.code),
+        )
+        self._answer(call, opened, refusal.failure, refusal.status, flags=refusal.flags)
+
+    def _unguarded(self, call_id: str) -> Callable[[tuple[str, ...]], list[str]] | None:
+        """Claude's tool-call ids equal the guard's; Codex's do not, so only Claude is checked."""
+        if str(self.config.agent_kind) != "claude":
+            return None
+        log = self._fx.guard.tools_log
+        return lambda used: cross_check(used, log, call_id)
+
+    def _converse(
+        self,
+        opened: stages.OpenedCall,
+        admitted: Admitted,
+        workdir: str,
+        binding: Binding | None,
+        verdict: stages.Verdict,
+    ) -> Reply | Failure:
+        """Mint or roll the conversation after an answer; forget one the agent lost."""
+        talks = self._fx.conversations
+        if verdict.resume_failed and binding is not None:
+            talks.end(binding)
+        if not isinstance(verdict.outcome, Reply):
+            return verdict.outcome
+        kept = talks.keep(
+            binding,
+            verdict.session,
+            caller=opened.caller_address,
+            task=admitted.task_id,
+            agent_kind=str(self.config.agent_kind),
+            workdir=workdir,
+            threadable=admitted.task.threadable,
+            now=self._fx.clock.seconds(),
+        )
+        if kept.error is not None:
+            _log.info("context_not_kept", call_id=opened.call_id, reason=kept.error)
+        return attrs.evolve(verdict.outcome, context_id=kept.context_id)
 
     # --- answers ------------------------------------------------------------------------------
 

@@ -15,7 +15,7 @@ socket normally.
 from __future__ import annotations
 
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from twisted.application import internet, service
@@ -28,11 +28,17 @@ from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import AgentCallError, ApiError
 from agentcall.home import Home
 from agentcall.keystore import LocalKeys, load_keys, rotate_if_needed
+from agentcall.listener import guardwire
+from agentcall.listener.admission import check_assertions
 from agentcall.listener.calllog import CallLog
+from agentcall.listener.ceiling import Ceiling, CeilingError, load_ceiling
 from agentcall.listener.connection import RelayConnection, RelayLink, RelaySettings
+from agentcall.listener.contexts import Conversations
 from agentcall.listener.core import CallPipeline, Effects
 from agentcall.listener.policy import PolicyError, load_policy
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
+from agentcall.listener.stages import AdmissionInputs, GuardSetup
+from agentcall.listener.tasks import load_tasks
 from agentcall.logevents import Logger
 from agentcall.statedb import StateDb
 from agentcall.wire.http import KeysResponse
@@ -65,7 +71,50 @@ def _check_identity(config: Config, keys: LocalKeys) -> None:
         )
 
 
-def make_listener_service(reactor: Any, environ: Mapping[str, str]) -> ListenerService:
+def admission_loader(
+    home: Home, config: Config, *, test_ceiling: bool = False
+) -> Callable[[], AdmissionInputs]:
+    """Reads policy.json, the admin ceiling and the tasks afresh for every call.
+
+    ``test_ceiling`` lets AGENTCALL_TEST_CEILING_PATH redirect the ceiling; only the test-only
+    twistd flag sets it, never the CLI or the installed service.
+    """
+
+    def load() -> AdmissionInputs:
+        ceiling: Ceiling | None = load_ceiling(allow_test_override=test_ceiling)
+        return AdmissionInputs(
+            policy=load_policy(home.policy_path),
+            ceiling=ceiling,
+            tasks=load_tasks(home.tasks_dir, config.read_roots),
+        )
+
+    return load
+
+
+def _check_admission(load: Callable[[], AdmissionInputs]) -> None:
+    """Policy, ceiling and assertions must all hold before the listener takes any call."""
+    try:
+        inputs = load()
+    except CeilingError as exc:
+        raise ListenerStartError(
+            f"the administrator's policy ceiling cannot be used, so no agent may run: {exc}"
+        ) from None
+    except PolicyError as exc:
+        raise ListenerStartError(
+            f"the policy cannot be used, so no call could be answered: {exc}"
+        ) from None
+    for problem in inputs.tasks.problems:
+        _log.warn("task_skipped", problem=str(problem))
+    failures = check_assertions(inputs.policy, inputs.ceiling, inputs.tasks)
+    if failures:
+        raise ListenerStartError(
+            f"a policy assertion fails ({failures[0]}); run `agentcall lint` for details"
+        )
+
+
+def make_listener_service(
+    reactor: Any, environ: Mapping[str, str], *, test_ceiling: bool = False
+) -> ListenerService:
     """Check the installation named by ``environ`` and build its listener service.
 
     :raises ListenerStartError: with a one-line reason, when it must not start.
@@ -82,13 +131,10 @@ def make_listener_service(reactor: Any, environ: Mapping[str, str]) -> ListenerS
     except AgentCallError as exc:
         raise ListenerStartError(str(exc)) from None
     _check_identity(config, keys)
-    try:
-        # Validated now so a broken policy stops startup; every call reads it afresh.
-        load_policy(home.policy_path)
-    except PolicyError as exc:
-        raise ListenerStartError(
-            f"the policy cannot be used, so no call could be answered: {exc}"
-        ) from None
+    # Validated now so a broken policy, ceiling or assertion stops startup; every call reads
+    # them afresh.
+    load_admission = admission_loader(home, config, test_ceiling=test_ceiling)
+    _check_admission(load_admission)
     try:
         keys = rotate_if_needed(home, keys, reactor.seconds()) or keys
     except AgentCallError as exc:
@@ -99,7 +145,9 @@ def make_listener_service(reactor: Any, environ: Mapping[str, str]) -> ListenerS
         db = StateDb.open(home)
     except AgentCallError as exc:
         raise ListenerStartError(str(exc)) from None
-    return ListenerService(reactor, home, environ, config, keys, db=db, api=api)
+    return ListenerService(
+        reactor, home, environ, config, keys, db=db, api=api, load_admission=load_admission
+    )
 
 
 def _relay_api(reactor: Any, config: Config) -> RelayApi:
@@ -120,6 +168,7 @@ class ListenerService(service.MultiService):
         *,
         db: StateDb,
         api: RelayApi,
+        load_admission: Callable[[], AdmissionInputs],
     ) -> None:
         super().__init__()
         self._reactor = reactor
@@ -137,7 +186,14 @@ class ListenerService(service.MultiService):
                 fetch_keys=self._fetch_keys,
                 pins=PinBook(db.pins),
                 replay=ReplayWindow(storage=db.replay),
-                load_policy=lambda: load_policy(home.policy_path),
+                load_admission=load_admission,
+                conversations=Conversations(db.contexts),
+                guard=GuardSetup(
+                    argv=tuple(guardwire.guard_argv()),
+                    tools_log=str(home.tools_log_path),
+                    home=str(home.user_home),
+                    extra_denied=tuple(guardwire.default_extra_denied(home.tasks_dir)),
+                ),
                 spawn=self._spawn,
                 call_log=CallLog(home.calls_log_path, secrets=[config.token]),
                 environ=dict(environ),

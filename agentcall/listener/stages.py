@@ -33,7 +33,8 @@ from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode, CryptoError, StoreError
 from agentcall.keystore import LocalKeys
-from agentcall.listener.admission import ASK_TASK, Admitted, Refused, admit
+from agentcall.listener import guardwire
+from agentcall.listener.admission import ASK_TASK, Admitted, Refused, resolve
 from agentcall.listener.agent_env import agent_environment
 from agentcall.listener.agents import AgentAdapter, AgentParser, adapter_for
 from agentcall.listener.agents.base import (
@@ -45,24 +46,23 @@ from agentcall.listener.agents.base import (
     sanitize_detail,
 )
 from agentcall.listener.calllog import CallStatus
+from agentcall.listener.ceiling import Ceiling, CeilingError
+from agentcall.listener.contexts import Binding, session_plan
 from agentcall.listener.policy import Policy, PolicyError
 from agentcall.listener.prompt import PromptParts
 from agentcall.listener.redact import redact
 from agentcall.listener.runner import AgentRun, RunResult
+from agentcall.listener.tasks import Task, TaskSet
 from agentcall.wire.frames import CallOutcome, IncomingCall, Terminal
 from agentcall.wire.http import AgentKind, EncryptionKeyRecord, KeysResponse
 from agentcall.wire.payloads import Failure, Reply, RequestPayload
 
-# Tasks on this machine: only the built-in one until SKILL.md tasks arrive.
-AVAILABLE_TASKS: Final = frozenset({ASK_TASK})
-ASK_TASK_NAME: Final = "Ask a question"
-# The built-in task reads and does nothing else.
-ASK_TOOLS: Final = frozenset({"read"})
-
 POLICY_ERROR_DETAIL: Final = "a local policy error prevented this call"
 CONTEXT_UNKNOWN_DETAIL: Final = (
-    "this agent does not keep conversations yet, so a call cannot continue one; "
-    "place a new call without a conversation id"
+    "that conversation is not available (ended, expired, or not yours); start a new call"
+)
+GUARD_UNWIRED_DETAIL: Final = (
+    "the owner's tool guard did not see every tool call of the agent, so the answer was withheld"
 )
 NOT_INSTALLED_DETAIL: Final = "the answering agent is not installed"
 NOT_LOGGED_IN_DETAIL: Final = "the answering agent is not logged in"
@@ -98,6 +98,8 @@ class OpenedCall:
     sender_fingerprint: str
     caller_encryption: EncryptionKeyRecord
     request: RequestPayload = attrs.field(repr=False)
+    # Roster ids the relay attests both sides share (none until rosters exist).
+    groups: frozenset[str] = frozenset()
 
 
 def _my_record(keys: LocalKeys, key_id: str, epoch: int) -> EncryptionKeyRecord | None:
@@ -171,6 +173,7 @@ async def open_envelope(
         sender_fingerprint=pin.fingerprint,
         caller_encryption=served.encryption.record,
         request=request,
+        groups=frozenset(incoming.groups),
     )
 
 
@@ -193,32 +196,59 @@ _REFUSAL_STATUS: Final = {
 }
 
 
+@attrs.frozen
+class AdmissionInputs:
+    """The local files admission reads: the owner's policy, the admin ceiling, the tasks."""
+
+    policy: Policy
+    ceiling: Ceiling | None
+    tasks: TaskSet
+
+
 def admit_call(
-    load_policy: Callable[[], Policy],
+    load_inputs: Callable[[], AdmissionInputs],
     caller_handle: str,
     requested_task: str | None,
-    context_id: str | None,
+    groups: frozenset[str] = frozenset(),
 ) -> Admitted | Refusal:
-    """Decide a call from the policy file, the verified caller and the task id alone."""
+    """Decide a call from local files, the verified caller and the task id alone.
+
+    A conversation id is not an input: it can only narrow an admitted call later.
+    """
     try:
-        policy = load_policy()
-    except PolicyError:
+        inputs = load_inputs()
+    except (PolicyError, CeilingError):
         return Refusal(
             Failure(code=CallErrorCode.AGENT_ERROR, detail=POLICY_ERROR_DETAIL),
             CallStatus.POLICY_ERROR,
         )
-    decision = admit(policy, caller_handle, requested_task, AVAILABLE_TASKS)
+    decision = resolve(
+        inputs.policy, inputs.ceiling, inputs.tasks, caller_handle, requested_task, groups
+    )
     if isinstance(decision, Refused):
         status, flags = _REFUSAL_STATUS.get(decision.code, (CallStatus.BLOCKED, ()))
         failure = Failure(code=decision.code, detail=decision.detail, offered=decision.offered)
         return Refusal(failure, status, flags)
-    if context_id is not None:
-        # A conversation id may only narrow a call; with no conversations kept, none matches.
-        return Refusal(
-            Failure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL),
-            CallStatus.CONTEXT_UNKNOWN,
-        )
     return decision
+
+
+def context_refusal() -> Refusal:
+    return Refusal(
+        Failure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL),
+        CallStatus.CONTEXT_UNKNOWN,
+    )
+
+
+def choose_workdir(config: Config, task: Task, is_dir: Callable[[str], bool]) -> str | Failure:
+    """The task's own directory, else the first of the owner's read roots that exists."""
+    if task.workdir is not None:
+        if not is_dir(str(task.workdir)):
+            return Failure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
+        return os.path.realpath(task.workdir)
+    shared = [root for root in config.read_roots if is_dir(root)]
+    if not shared:
+        return Failure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
+    return os.path.realpath(shared[0])
 
 
 # --- 4. the run ------------------------------------------------------------------------------
@@ -252,45 +282,103 @@ def resolve_program(
     return os.path.abspath(found), tuple(extra)
 
 
+@attrs.frozen
+class GuardSetup:
+    """Where the tool guard lives and logs, for this installation."""
+
+    argv: tuple[str, ...]
+    tools_log: str
+    home: str
+    extra_denied: tuple[str, ...]
+
+
+def shell_allowed(ceiling: Ceiling | None) -> bool:
+    """Whether the admin ceiling leaves ``exec`` to anyone (unmanaged machines: yes)."""
+    return ceiling is None or ceiling.max_tools is None or "exec" in ceiling.max_tools
+
+
 def plan_run(
     config: Config,
     opened: OpenedCall,
+    admitted: Admitted,
+    workdir: str,
+    binding: Binding | None,
     *,
+    guard: GuardSetup,
+    shell_allowed: bool = True,
     environ: Mapping[str, str],
     which: Which,
     is_dir: Callable[[str], bool],
     build_prompt: PromptBuilder,
 ) -> RunPlan | Failure:
     """Build the prompt and the process to run, or the failure that says why not."""
-    shared = [root for root in config.read_roots if is_dir(root)]
-    if not shared:
-        return Failure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
     found = resolve_program(config, environ, which)
     if found is None:
         return Failure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
     program, extra_args = found
-    workdir = os.path.realpath(shared[0])
+    task = admitted.task
+    roots = tuple(os.path.realpath(r) for r in config.read_roots if is_dir(r))
     parts = PromptParts(
         owner_address=config.address,
         caller_address=opened.caller_address,
-        task_id=ASK_TASK,
-        task_name=ASK_TASK_NAME,
-        task_instructions=None,
+        task_id=task.id,
+        task_name=task.name,
+        task_instructions=task.instructions or None,
         workdir=workdir,
         readable_roots=config.read_roots,
+        threaded=binding is not None,
     )
     prompt = build_prompt(parts, opened.request.message)
-    adapter = adapter_for(str(config.agent_kind))
-    spec = AgentSpec(binary=program, workdir=workdir, tools=ASK_TOOLS, read_roots=tuple(shared))
+    kind = str(config.agent_kind)
+    adapter = adapter_for(kind)
+    # Exactly what admission allowed: the ceiling's max_tools may have removed even read.
+    tools = frozenset(admitted.effective_tools)
+    sessions = session_plan(binding, threadable=task.threadable, agent_kind=kind)
+    guard_argv = list(guard.argv)
+    spec = AgentSpec(
+        binary=program,
+        workdir=workdir,
+        tools=tools,
+        read_roots=tuple(r for r in roots if r != workdir),
+        settings_json=(
+            guardwire.claude_guard_settings(guard_argv) if kind == AgentKind.CLAUDE else None
+        ),
+        codex_hook_config=(
+            guardwire.codex_hook_value(guard_argv) if kind == AgentKind.CODEX else None
+        ),
+        resume_session=sessions.resume_session,
+        keep_session=sessions.keep_session,
+    )
     invocation = adapter.build(spec, prompt)
     # The command adapter runs the program alone; the owner's configured arguments follow it.
     argv = invocation.argv + extra_args
+    # Codex reads only through its shell, so its guard must let commands through (recorded,
+    # flagged when they name a denied path); its read-only sandbox still stops writes. Where
+    # the admin ceiling forbids exec, Codex gets no shell and answers from the prompt alone.
+    codex_shell = kind == AgentKind.CODEX and shell_allowed
+    guard_caps = tools | {"exec"} if codex_shell else tools
+    env = dict(agent_environment(environ, opened.call_id, invocation.env_additions))
+    # Added after the filter, which drops every AGENTCALL_* variable from outside.
+    env.update(
+        guardwire.guard_env(
+            roots=roots or (workdir,),
+            write_root=workdir if "write" in tools else None,
+            caps=guard_caps,
+            call_id=opened.call_id,
+            log_path=guard.tools_log,
+            home=guard.home,
+            extra_denied=guard.extra_denied,
+        )
+    )
+    timeout_s = config.agent_timeout_s
+    if task.timeout_s is not None:
+        timeout_s = min(timeout_s, float(task.timeout_s))
     run = AgentRun(
         argv=argv,
         cwd=invocation.cwd,
-        env=agent_environment(environ, opened.call_id, invocation.env_additions),
+        env=env,
         stdin=invocation.stdin_bytes,
-        timeout_s=config.agent_timeout_s,
+        timeout_s=timeout_s,
         kill_grace_s=config.kill_grace_s,
     )
     return RunPlan(run=run, adapter=adapter, parser=adapter.new_parser(), workdir=workdir)
@@ -307,6 +395,10 @@ class Verdict:
     status: CallStatus
     # For the owner's log only (already redacted); None when the outcome says it all.
     error: str | None = None
+    # The agent's own session id (never sent), for a follow-up turn.
+    session: str | None = attrs.field(default=None, repr=False)
+    resume_failed: bool = False
+    flags: tuple[str, ...] = ()
 
 
 def short_detail(text: str, secrets: Iterable[str]) -> str:
@@ -327,12 +419,29 @@ def judge_run(
     *,
     secrets: Iterable[str],
     timeout_s: float,
+    task_id: str = ASK_TASK,
+    unguarded: Callable[[tuple[str, ...]], list[str]] | None = None,
 ) -> Verdict:
-    """Interpret a finished run into the reply or failure for the caller."""
+    """Interpret a finished run into the reply or failure for the caller.
+
+    ``unguarded`` returns the tool calls the guard never saw; any at all withholds the answer
+    (it may carry what an unchecked tool read) and flags ``guard_unwired``.
+    """
     secrets = tuple(secrets)
     outcome = adapter.interpret(result, parser)
+    if isinstance(outcome, AgentAnswer) and unguarded is not None:
+        missing = unguarded(outcome.tool_use_ids)
+        if missing:
+            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=GUARD_UNWIRED_DETAIL)
+            error = f"{len(missing)} tool call(s) not seen by the guard"
+            return Verdict(failure, CallStatus.AGENT_ERROR, error, flags=("guard_unwired",))
     if isinstance(outcome, AgentAnswer):
-        return Verdict(Reply(text=reply_text(outcome.text, secrets), task=ASK_TASK), CallStatus.OK)
+        reply = Reply(text=reply_text(outcome.text, secrets), task=task_id)
+        return Verdict(reply, CallStatus.OK, session=outcome.session_id)
+    if outcome.kind is FailureKind.RESUME_FAILED:
+        failure = Failure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL)
+        detail = short_detail(outcome.detail, secrets)
+        return Verdict(failure, CallStatus.CONTEXT_UNKNOWN, detail, resume_failed=True)
     if outcome.kind is FailureKind.TIMEOUT:
         detail = f"the agent did not answer within {timeout_s:g} s"
         return Verdict(Failure(code=CallErrorCode.TIMEOUT, detail=detail), CallStatus.TIMEOUT)

@@ -15,6 +15,14 @@ class Options(usage.Options):
         "installation is found through AGENTCALL_HOME (default $HOME/.agentcall); set it up "
         "with `agentcall setup` first. AGENTCALL_RELAY overrides the relay URL for this run."
     )
+    optFlags = [
+        [
+            "test-ceiling-override",
+            None,
+            "TESTS ONLY: let AGENTCALL_TEST_CEILING_PATH replace the administrator's policy "
+            "ceiling. Never used by `agentcall listen` or the installed service.",
+        ],
+    ]
 
 
 def makeService(config: Options) -> IService:
@@ -27,7 +35,9 @@ def makeService(config: Options) -> IService:
     )
 
     try:
-        return make_listener_service(reactor, listener_environ())
+        return make_listener_service(
+            reactor, listener_environ(), test_ceiling=bool(config["test-ceiling-override"])
+        )
     except ListenerStartError as exc:
         # twistd prints this and exits non-zero before anything is started.
         raise SystemExit(f"agentcall-listen: {exc}") from None

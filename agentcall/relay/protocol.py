@@ -43,7 +43,7 @@ class WebSocketChannel:
         self.peer = peer
 
     def send(self, frame: object) -> None:
-        if self._protocol.is_open:
+        if self._protocol.opened:
             self._protocol.sendMessage(codec.encode(frame), isBinary=False)
 
     def close(self, code: int, reason: str) -> None:
@@ -62,7 +62,8 @@ class RelayWebSocket(WebSocketServerProtocol):
         self.role: frames.Role | None = None
         self.target: str | None = None
         self.channel: WebSocketChannel | None = None
-        self.is_open = False
+        # Not `is_open`: autobahn keeps its own Deferred under that name.
+        self.opened = False
         self._refusal: tuple[int, CallErrorCode, str] | None = None
 
     # --- handshake ---------------------------------------------------------------------------
@@ -87,7 +88,8 @@ class RelayWebSocket(WebSocketServerProtocol):
             _log.info("ws_unauthorized", role=str(self.role), peer=self.peer)
 
     def onOpen(self) -> None:
-        self.is_open = True
+        self.opened = True
+        self._release_handshake()
         member = self.member
         self.channel = WebSocketChannel(self, peer=self.peer or "?")
         if self._refusal is not None or member is None or self.role is None:
@@ -108,6 +110,26 @@ class RelayWebSocket(WebSocketServerProtocol):
         if self.role is frames.Role.LISTEN:
             self.factory.switchboard.attach_listener(member.org, member.handle, self.channel)
             _log.info("listener_attached", org=member.org, handle=member.handle)
+
+    def _release_handshake(self) -> None:
+        """Drop what the upgrade left behind: an idle listener should cost only its socket.
+
+        The twisted.web connection that carried the upgrade stays registered as the socket's
+        producer (keeping its request and headers alive), and autobahn keeps the raw handshake.
+        """
+        transport: Any = self.transport
+        if transport is not None and getattr(transport, "producer", None) is not None:
+            transport.unregisterProducer()
+        for name in (
+            "http_request_data",
+            "http_headers",
+            "http_raw_headers",
+            "http_request_uri",
+            "http_request_params",
+            "http_request_path",
+        ):
+            if hasattr(self, name):
+                setattr(self, name, None)
 
     # --- frames ------------------------------------------------------------------------------
 
@@ -168,7 +190,7 @@ class RelayWebSocket(WebSocketServerProtocol):
     # --- teardown ----------------------------------------------------------------------------
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
-        was_open, self.is_open = self.is_open, False
+        was_open, self.opened = self.opened, False
         member, channel = self.member, self.channel
         if not was_open or member is None or channel is None or self._refusal is not None:
             return

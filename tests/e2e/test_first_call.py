@@ -110,7 +110,7 @@ def test_a_concurrent_call_gets_busy(world: World) -> None:
 @pytest.mark.parametrize("scenario", ["ignore_term", "hang"])
 def test_a_stuck_agent_is_killed_and_the_caller_gets_timeout(world: World, scenario: str) -> None:
     """The kill timer (shortened in config) ends the agent, its group and detached children."""
-    world.ken.set_scenario({"name": scenario, "seconds": 600, "detach": True})
+    world.ken.set_scenario({"name": scenario, "seconds": 600, "leave_children": True})
     before = len(world.ken.agent_runs())
     done = world.ann.cli("call", "@acme/ken", "never answered")
     assert done.returncode != 0

@@ -17,7 +17,7 @@ can change it between calls), else from ``$FAKE_AGENT_SCENARIO``. Either holds a
 Options every scenario understands: ``marker`` (default ``FAKE-AGENT-ANSWER``), ``echo``
 (default true: the answer is ``<marker>: <first line of the caller's message>``), ``answer``
 (the literal answer), ``divider`` (what separates the caller's message from the preamble),
-``version``, ``detach`` (true: first leave detached children behind, as a Bash tool's
+``version``, ``leave_children`` (true: first leave detached children behind, as a Bash tool's
 ``setsid … &`` would, then behave as the named scenario). The scenario names are the keys of
 ``CLAUDE_SCENARIOS`` / ``CODEX_SCENARIOS``.
 
@@ -836,6 +836,21 @@ def claude_happy(o: ClaudeOut, prompt: str, sc: Scenario) -> int:
     o.init()
     if "tools" in sc:
         claude_tool_calls(o, sc)
+    elif o.hooks:
+        # Like the real CLI, every tool call goes through the configured hooks first.
+        default_tools = [
+            {
+                "tool_name": "Read",
+                "tool_input": {"file_path": os.path.join(os.getcwd(), "notes.txt")},
+                "tool_use_id": "toolu_fake_01",
+            },
+            {
+                "tool_name": "Glob",
+                "tool_input": {"pattern": "*.txt"},
+                "tool_use_id": "toolu_fake_02",
+            },
+        ]
+        claude_tool_calls(o, {**sc, "tools": default_tools})
     else:
         o.tool_round(
             "toolu_fake_01",
@@ -1078,7 +1093,7 @@ def claude_main(argv: list[str], scenario: Scenario) -> int:
     behaviour = CLAUDE_SCENARIOS.get(scenario["name"])
     if behaviour is None:
         refuse(f"unknown scenario {scenario['name']!r}")
-    if scenario.get("detach"):
+    if scenario.get("leave_children"):
         record_children(spawn_orphans(scenario))
     return behaviour(ClaudeOut(opts, scenario, version), prompt, scenario)
 
@@ -1423,7 +1438,7 @@ def codex_main(argv: list[str], scenario: Scenario) -> int:
     behaviour = CODEX_SCENARIOS.get(scenario["name"])
     if behaviour is None:
         refuse(f"unknown scenario {scenario['name']!r}")
-    if scenario.get("detach"):
+    if scenario.get("leave_children"):
         record_children(spawn_orphans(scenario))
     return behaviour(CodexOut(opts), prompt, scenario)
 

@@ -15,6 +15,7 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import capturedLogs
+from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.config import Config, save_config
@@ -24,13 +25,16 @@ from agentcall.crypto.replay import MemoryReplayStorage, ReplayWindow
 from agentcall.errors import CallErrorCode
 from agentcall.home import Home
 from agentcall.keystore import create_keys
-from agentcall.listener import core
+from agentcall.listener import core, stages
 from agentcall.listener.calllog import CallRecord, CallStatus
+from agentcall.listener.ceiling import Ceiling, CeilingError
+from agentcall.listener.contexts import Binding, Conversations, IContextStore
 from agentcall.listener.policy import Access, CallerRule, Policy, PolicyError
 from agentcall.listener.prompt import PromptParts, build_prompt
 from agentcall.listener.redact import REDACTED
 from agentcall.listener.runner import AgentRun, OutputParser, RunResult
 from agentcall.listener.service import ListenerStartError, make_listener_service
+from agentcall.listener.tasks import TaskSet
 from agentcall.wire.frames import (
     CallAccepted,
     CallCancelled,
@@ -89,6 +93,29 @@ class FakeRun:
         self.done.callback(result)
 
 
+@implementer(IContextStore)
+class MemoryContextStore:
+    """Conversations kept in a dict, so a test can seed and inspect them."""
+
+    def __init__(self) -> None:
+        self.bindings: dict[str, Binding] = {}
+
+    def get(self, context_id: str) -> Binding | None:
+        return self.bindings.get(context_id)
+
+    def put(self, binding: Binding) -> None:
+        self.bindings[binding.context_id] = binding
+
+    def delete(self, context_id: str) -> bool:
+        return self.bindings.pop(context_id, None) is not None
+
+    def prune(self, now: float) -> int:
+        return 0
+
+
+GUARD_ARGV = ("/usr/bin/python3", "-I", "-m", "agentcall.guard")
+
+
 @attrs.define
 class Harness:
     config: Config = attrs.field(factory=make_config)
@@ -97,7 +124,13 @@ class Harness:
     pins: MemoryPinStorage = attrs.field(factory=MemoryPinStorage)
     replay: MemoryReplayStorage = attrs.field(factory=MemoryReplayStorage)
     policy: Policy = attrs.field(factory=Policy)
-    policy_broken: bool = False
+    ceiling: Ceiling | None = None
+    tasks: TaskSet = attrs.field(factory=TaskSet)
+    # Raised by the admission loader in place of reading the files (a policy or ceiling error).
+    admission_error: Exception | None = None
+    existing: set[str] = attrs.field(factory=lambda: {"/srv/shared"})
+    tools_log: str = "/nonexistent/agentcall/tools.log"
+    contexts: MemoryContextStore = attrs.field(factory=MemoryContextStore)
     connected: bool = True
     installed: bool = True
     spawn_error: OSError | None = None
@@ -107,6 +140,7 @@ class Harness:
     prompts: list[tuple[PromptParts, str]] = attrs.field(factory=list)
     records: list[CallRecord] = attrs.field(factory=list)
     placed: dict[str, IncomingCall] = attrs.field(factory=dict)
+    admissions: int = 0
     pipeline: core.CallPipeline = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -116,12 +150,19 @@ class Harness:
             fetch_keys=self.directory.fetch,
             pins=PinBook(self.pins),
             replay=ReplayWindow(storage=self.replay),
-            load_policy=self.load_policy,
+            load_admission=self.load_admission,
+            conversations=Conversations(self.contexts),
+            guard=stages.GuardSetup(
+                argv=GUARD_ARGV,
+                tools_log=self.tools_log,
+                home="/home/ken",
+                extra_denied=("/home/ken/AgentCall/tasks",),
+            ),
             spawn=self.spawn,
             call_log=self,
-            environ={"PATH": "/usr/bin", "HOME": "/home/ken"},
-            which=lambda program, _path: program if self.installed else None,
-            is_dir=lambda path: path == "/srv/shared",
+            environ={"PATH": "/usr/bin", "HOME": "/home/ken", "AGENTCALL_HOME": "/elsewhere"},
+            which=self.which,
+            is_dir=lambda path: path in self.existing,
             build_prompt=self.build_prompt,
         )
         self.pipeline = core.CallPipeline(self.config, keys_of(KEN), effects)
@@ -133,10 +174,16 @@ class Harness:
             self.sent.append(frame)
         return self.connected
 
-    def load_policy(self) -> Policy:
-        if self.policy_broken:
-            raise PolicyError("policy.json", "is not valid JSON")
-        return self.policy
+    def load_admission(self) -> stages.AdmissionInputs:
+        self.admissions += 1
+        if self.admission_error is not None:
+            raise self.admission_error
+        return stages.AdmissionInputs(policy=self.policy, ceiling=self.ceiling, tasks=self.tasks)
+
+    def which(self, program: str, _path: str) -> str | None:
+        if not self.installed:
+            return None
+        return program if program.startswith("/") else f"/usr/local/bin/{program}"
 
     def spawn(
         self, run: AgentRun, parser: OutputParser
@@ -276,10 +323,21 @@ def test_a_request_that_does_not_open_is_rejected_and_spawns_nothing(case: str) 
     assert [r.status for r in h.records] == [CallStatus.PROTOCOL_ERROR]
 
 
-def test_a_malformed_policy_answers_policy_error_and_spawns_nothing() -> None:
-    h = Harness(policy_broken=True)
+@pytest.mark.parametrize(
+    "error",
+    [
+        PolicyError("policy.json", "is not valid JSON"),
+        CeilingError("/etc/agentcall/policy.json", "is writable by group or others"),
+    ],
+    ids=["policy", "ceiling"],
+)
+def test_a_malformed_policy_answers_policy_error_and_spawns_nothing(error: Exception) -> None:
+    """Read at call time: a policy or ceiling that broke after startup still refuses the call."""
+    h = Harness(admission_error=error)
     h.place()
+    assert h.admissions == 1
     assert (h.prompts, h.runs) == ([], [])
+    assert h.types() == [CallOutcome]
     outcome = h.outcome()
     assert outcome == Failure(
         code=CallErrorCode.AGENT_ERROR, detail="a local policy error prevented this call"
@@ -287,11 +345,22 @@ def test_a_malformed_policy_answers_policy_error_and_spawns_nothing() -> None:
     assert h.records[0].status is CallStatus.POLICY_ERROR
 
 
-def test_a_conversation_id_is_answered_context_unknown() -> None:
+def test_an_unknown_conversation_id_is_answered_context_unknown() -> None:
     h = Harness()
     h.place(context_id="ctx_" + "b" * 22)
     outcome = h.outcome()
     assert isinstance(outcome, Failure) and outcome.code is CallErrorCode.CONTEXT_UNKNOWN
+    assert (h.prompts, h.runs) == ([], [])
+    assert h.records[-1].status is CallStatus.CONTEXT_UNKNOWN
+
+
+def test_a_blocked_caller_is_blocked_even_with_a_conversation_id() -> None:
+    """Admission comes first: a conversation id never gets a blocked caller further."""
+    h = Harness(policy=Policy(callers=[CallerRule("ann", Access.BLOCKED)]))
+    h.place(context_id="ctx_" + "b" * 22)
+    outcome = h.outcome()
+    assert isinstance(outcome, Failure) and outcome.code is CallErrorCode.BLOCKED
+    assert h.records[-1].status is CallStatus.BLOCKED
     assert (h.prompts, h.runs) == ([], [])
 
 

@@ -7,6 +7,7 @@ The helpers here (parties, config, incoming calls, a key directory) are shared w
 from __future__ import annotations
 
 import inspect
+import json
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -26,15 +27,25 @@ from agentcall.crypto.replay import IReplayStorage, MemoryReplayStorage, ReplayW
 from agentcall.errors import CallErrorCode
 from agentcall.home import Home
 from agentcall.keystore import EpochKey, LocalKeys
-from agentcall.listener import stages
+from agentcall.listener import guardwire, stages
 from agentcall.listener.admission import Admitted
 from agentcall.listener.agent_env import CALL_ID_ENV, agent_environment
 from agentcall.listener.agents import claude, command
 from agentcall.listener.calllog import CallStatus
-from agentcall.listener.policy import Access, CallerRule, Policy, PolicyError
+from agentcall.listener.ceiling import Ceiling, CeilingError
+from agentcall.listener.contexts import Binding
+from agentcall.listener.policy import (
+    DEFAULT_POLICY,
+    Access,
+    CallerRule,
+    GroupRule,
+    Policy,
+    PolicyError,
+)
 from agentcall.listener.prompt import PromptParts, build_prompt
 from agentcall.listener.redact import REDACTED
 from agentcall.listener.runner import RunResult
+from agentcall.listener.tasks import BUILTIN_ASK, Task, TaskSet
 from agentcall.statedb import StateDb
 from agentcall.wire.frames import IncomingCall, SealedEnvelope, Terminal
 from agentcall.wire.http import KeysResponse
@@ -353,79 +364,137 @@ def test_rejection_reasons_never_carry_the_message_or_keys() -> None:
 
 # --- 2. admission -----------------------------------------------------------------------------
 
+CEILING_PATH = "/etc/agentcall/policy.json"
+ROSTER = "R0ster-id-0000001"
+NO_GROUPS: frozenset[str] = frozenset()
+CI = Task(
+    id="ci",
+    name="CI triage",
+    description="Why did CI fail?",
+    tools=frozenset({"read", "exec"}),
+    instructions="Read the failing job's log and name the first error.",
+)
+ON_DISK = TaskSet({"ask": BUILTIN_ASK, "ci": CI})
+BLOCK_ANN = Policy(callers=[CallerRule("ann", Access.BLOCKED)])
+GRANT_ANN_CI = Policy(callers=[CallerRule("ann", grants=("ci",))])
+GROUP_CI = Policy(groups=[GroupRule("eng", ROSTER, ("ci",))])
 
-def _policy(policy: Policy) -> Callable[[], Policy]:
-    return lambda: policy
+
+def _inputs(
+    policy: Policy = DEFAULT_POLICY, ceiling: Ceiling | None = None, tasks: TaskSet | None = None
+) -> Callable[[], stages.AdmissionInputs]:
+    loaded = stages.AdmissionInputs(policy=policy, ceiling=ceiling, tasks=tasks or TaskSet())
+    return lambda: loaded
 
 
-def _broken() -> Policy:
+def _broken() -> stages.AdmissionInputs:
     raise PolicyError("/home/ken/.agentcall/policy.json", "is not valid JSON")
 
 
-BLOCK_ANN = Policy(callers=[CallerRule("ann", Access.BLOCKED)])
+def _broken_ceiling() -> stages.AdmissionInputs:
+    raise CeilingError(CEILING_PATH, "is owned by uid 1000, not root")
 
-ADMISSIONS: list[tuple[str, Callable[[], Policy], str | None, str | None, Any]] = [
-    ("default policy", _policy(Policy()), None, None, Admitted("ask")),
-    ("ask named", _policy(Policy()), "ask", None, Admitted("ask")),
+
+ADMISSIONS: list[
+    tuple[str, Callable[[], stages.AdmissionInputs], str | None, frozenset[str], Any]
+] = [
+    ("default policy", _inputs(), None, NO_GROUPS, Admitted("ask")),
+    ("ask named", _inputs(), "ask", NO_GROUPS, Admitted("ask")),
     (
         "caller blocked",
-        _policy(BLOCK_ANN),
+        _inputs(BLOCK_ANN),
         None,
-        None,
+        NO_GROUPS,
         (CallErrorCode.BLOCKED, CallStatus.BLOCKED),
     ),
     (
         "everyone blocked by default",
-        _policy(Policy(default_access=Access.BLOCKED)),
+        _inputs(Policy(default_access=Access.BLOCKED)),
         None,
-        None,
+        NO_GROUPS,
         (CallErrorCode.BLOCKED, CallStatus.BLOCKED),
     ),
     (
         "unknown task",
-        _policy(Policy()),
+        _inputs(),
         "deploy",
-        None,
+        NO_GROUPS,
         (CallErrorCode.TASK_UNKNOWN, CallStatus.TASK_UNKNOWN),
+    ),
+    (
+        "on disk but not offered",
+        _inputs(tasks=ON_DISK),
+        "ci",
+        NO_GROUPS,
+        (CallErrorCode.TASK_NOT_OFFERED, CallStatus.TASK_NOT_OFFERED),
+    ),
+    ("granted to the caller", _inputs(GRANT_ANN_CI, tasks=ON_DISK), "ci", NO_GROUPS, Admitted(CI)),
+    (
+        "granted to a roster the relay attests",
+        _inputs(GROUP_CI, tasks=ON_DISK),
+        "ci",
+        frozenset({ROSTER}),
+        Admitted(CI),
+    ),
+    (
+        "granted to a roster the relay does not attest",
+        _inputs(GROUP_CI, tasks=ON_DISK),
+        "ci",
+        NO_GROUPS,
+        (CallErrorCode.TASK_NOT_OFFERED, CallStatus.TASK_NOT_OFFERED),
+    ),
+    (
+        "blocked by the ceiling whatever the owner says",
+        _inputs(ceiling=Ceiling(CEILING_PATH, blocked_callers=frozenset({"ann"}))),
+        None,
+        NO_GROUPS,
+        (CallErrorCode.BLOCKED, CallStatus.BLOCKED),
+    ),
+    (
+        "a task the ceiling does not allow",
+        _inputs(GRANT_ANN_CI, Ceiling(CEILING_PATH, allowed_tasks=frozenset({"ask"})), ON_DISK),
+        "ci",
+        NO_GROUPS,
+        (CallErrorCode.TASK_NOT_OFFERED, CallStatus.TASK_NOT_OFFERED),
+    ),
+    (
+        "tools capped by the ceiling",
+        _inputs(GRANT_ANN_CI, Ceiling(CEILING_PATH, max_tools=frozenset({"read"})), ON_DISK),
+        "ci",
+        NO_GROUPS,
+        Admitted(CI, frozenset({"read"})),
     ),
     (
         "unreadable policy",
         _broken,
         None,
-        None,
+        NO_GROUPS,
         (CallErrorCode.AGENT_ERROR, CallStatus.POLICY_ERROR),
     ),
     (
-        "a conversation id",
-        _policy(Policy()),
+        "unusable ceiling",
+        _broken_ceiling,
         None,
-        "ctx_" + "a" * 22,
-        (CallErrorCode.CONTEXT_UNKNOWN, CallStatus.CONTEXT_UNKNOWN),
-    ),
-    (
-        "blocked wins over a conversation id",
-        _policy(BLOCK_ANN),
-        None,
-        "ctx_" + "a" * 22,
-        (CallErrorCode.BLOCKED, CallStatus.BLOCKED),
+        NO_GROUPS,
+        (CallErrorCode.AGENT_ERROR, CallStatus.POLICY_ERROR),
     ),
 ]
 
 
 @pytest.mark.parametrize(
-    ("case", "load", "task", "context", "expected"),
+    ("case", "load", "task", "groups", "expected"),
     ADMISSIONS,
     ids=[case for case, *_ in ADMISSIONS],
 )
-def test_admission_decides_from_policy_caller_and_task(
+def test_admission_decides_from_local_files_caller_task_and_groups(
     case: str,
-    load: Callable[[], Policy],
+    load: Callable[[], stages.AdmissionInputs],
     task: str | None,
-    context: str | None,
+    groups: frozenset[str],
     expected: Any,
 ) -> None:
     """Each decision, with the failure code and calls.log status of a refusal."""
-    decision = stages.admit_call(load, "ann", task, context)
+    decision = stages.admit_call(load, "ann", task, groups)
     if isinstance(expected, Admitted):
         assert decision == expected
     else:
@@ -434,26 +503,54 @@ def test_admission_decides_from_policy_caller_and_task(
 
 
 def test_refusal_details_say_why_without_leaking_the_policy() -> None:
-    """A policy error names nothing of the file; context_unknown says conversations are absent."""
-    broken = stages.admit_call(_broken, "ann", None, None)
-    assert isinstance(broken, stages.Refusal)
-    assert broken.failure.detail == "a local policy error prevented this call"
-    context = stages.admit_call(_policy(Policy()), "ann", None, "ctx_" + "a" * 22)
-    assert isinstance(context, stages.Refusal)
-    assert "conversations" in (context.failure.detail or "")
-    blocked = stages.admit_call(_policy(BLOCK_ANN), "ann", None, None)
+    """Policy and ceiling errors name nothing of the files; a refused task shows the menu."""
+    for load in (_broken, _broken_ceiling):
+        broken = stages.admit_call(load, "ann", None)
+        assert isinstance(broken, stages.Refusal)
+        assert broken.failure.detail == "a local policy error prevented this call"
+    context = stages.context_refusal()
+    assert (context.failure.code, context.status) == (
+        CallErrorCode.CONTEXT_UNKNOWN,
+        CallStatus.CONTEXT_UNKNOWN,
+    )
+    assert "conversation" in (context.failure.detail or "")
+    blocked = stages.admit_call(_inputs(BLOCK_ANN), "ann", None)
     assert isinstance(blocked, stages.Refusal) and blocked.flags == ("blocked_caller_attempt",)
     assert blocked.failure.offered == ()
+    not_offered = stages.admit_call(_inputs(tasks=ON_DISK), "ann", "ci")
+    assert isinstance(not_offered, stages.Refusal) and not_offered.failure.offered == ("ask",)
 
 
 def test_admission_has_no_way_to_see_the_message() -> None:
-    """The decision's inputs are the policy, the caller, the task id and a context id."""
+    """The decision's inputs are the local files, the caller, the task id and attested groups."""
     assert list(inspect.signature(stages.admit_call).parameters) == [
-        "load_policy",
+        "load_inputs",
         "caller_handle",
         "requested_task",
-        "context_id",
+        "groups",
     ]
+
+
+# --- 3. the working directory -------------------------------------------------------------------
+
+
+def test_the_workdir_is_the_first_shared_directory_that_exists() -> None:
+    """A missing first root is skipped; none at all is a failure, not a wider directory."""
+    config = make_config()
+    picked = stages.choose_workdir(config, BUILTIN_ASK, lambda path: path == "/srv/other")
+    assert picked == os.path.realpath("/srv/other")
+    nothing = stages.choose_workdir(config, BUILTIN_ASK, lambda path: False)
+    assert nothing == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
+
+
+def test_a_tasks_own_workdir_wins_and_is_never_replaced_by_a_read_root() -> None:
+    task = attrs.evolve(CI, workdir=Path("/srv/other/repo"))
+    config = make_config()
+    assert stages.choose_workdir(config, task, lambda _path: True) == os.path.realpath(
+        "/srv/other/repo"
+    )
+    gone = stages.choose_workdir(config, task, lambda path: path != "/srv/other/repo")
+    assert gone == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
 
 
 # --- 4. planning the run ------------------------------------------------------------------------
@@ -467,19 +564,48 @@ ENVIRON = {
     "FAKE_AGENT_SCENARIO": "happy",
     "AGENTCALL_HOME": "/home/ken/.agentcall",
     "AGENTCALL_CALL_ID": "forged",
+    "AGENTCALL_GUARD_CAPS": "read,write,fetch,exec",
+    "AGENTCALL_GUARD_ROOTS": "/",
     "GITHUB_TOKEN": "ghp_not_for_agents",
     "DATABASE_URL": "postgres://secret",
 }
+GUARD = stages.GuardSetup(
+    argv=("/usr/bin/python3", "-I", "-m", "agentcall.guard"),
+    tools_log="/home/ken/.agentcall/tools.log",
+    home="/home/ken",
+    extra_denied=("/opt/agentcall/lib/agentcall", "/home/ken/AgentCall/tasks"),
+)
+ASK = Admitted("ask")
+CLAUDE = make_config(agent_kind="claude", agent_command=None)
+CODEX = make_config(agent_kind="codex", agent_command=None)
 
 
 def opened_call(**kw: Any) -> stages.OpenedCall:
     return Opener().open(call_from(ANN, **kw))
 
 
+def a_binding(**changes: Any) -> Binding:
+    fields: dict[str, Any] = {
+        "context_id": "ctx_" + "a" * 22,
+        "caller": "@acme/ann",
+        "task": "ask",
+        "agent_kind": "claude",
+        "workdir": os.path.realpath("/srv/shared"),
+        "agent_session": "sess-earlier-1",
+        "turns": 1,
+        "created_at": NOW - 60,
+        "last_used_at": NOW - 60,
+    }
+    fields.update(changes)
+    return Binding(**fields)
+
+
 @attrs.define
 class Planner:
     existing: set[str] = attrs.field(factory=lambda: {"/srv/shared", "/srv/other"})
-    installed: dict[str, str] = attrs.field(factory=dict)
+    installed: dict[str, str] = attrs.field(
+        factory=lambda: {"claude": "/usr/local/bin/claude", "codex": "/usr/local/bin/codex"}
+    )
     lookups: list[tuple[str, str]] = attrs.field(factory=list)
     prompts: list[tuple[PromptParts, str]] = attrs.field(factory=list)
 
@@ -493,25 +619,55 @@ class Planner:
         self.prompts.append((parts, message))
         return build_prompt(parts, message)
 
-    def plan(self, config: Config, opened: stages.OpenedCall) -> stages.RunPlan | Failure:
+    def is_dir(self, path: str) -> bool:
+        return path in self.existing
+
+    def plan(
+        self,
+        config: Config,
+        opened: stages.OpenedCall,
+        admitted: Admitted = ASK,
+        binding: Binding | None = None,
+        shell_allowed: bool = True,
+    ) -> stages.RunPlan | Failure:
+        workdir = stages.choose_workdir(config, admitted.task, self.is_dir)
+        if isinstance(workdir, Failure):
+            return workdir
         return stages.plan_run(
             config,
             opened,
+            admitted,
+            workdir,
+            binding,
+            guard=GUARD,
+            shell_allowed=shell_allowed,
             environ=ENVIRON,
             which=self.which,
-            is_dir=lambda path: path in self.existing,
+            is_dir=self.is_dir,
             build_prompt=self.build,
         )
 
 
+def planned(config: Config, admitted: Admitted = ASK, **kw: Any) -> stages.RunPlan:
+    plan = Planner().plan(config, opened_call(), admitted, **kw)
+    assert isinstance(plan, stages.RunPlan)
+    return plan
+
+
+def after(argv: tuple[str, ...], flag: str) -> str:
+    """The argument following ``flag`` (which must appear exactly once)."""
+    assert argv.count(flag) == 1, (flag, argv)
+    return argv[argv.index(flag) + 1]
+
+
 def test_a_claude_run_is_planned_on_path_with_a_filtered_environment() -> None:
     """claude is found on the listener's PATH; env keeps vendor and fake-agent variables only."""
-    planner = Planner(installed={"claude": "/usr/local/bin/claude"})
-    plan = planner.plan(make_config(agent_kind="claude", agent_command=None), opened_call())
+    planner = Planner()
+    plan = planner.plan(CLAUDE, opened_call())
     assert isinstance(plan, stages.RunPlan)
     assert planner.lookups == [("claude", ENVIRON["PATH"])]
     assert plan.run.argv[0] == "/usr/local/bin/claude"
-    assert "--add-dir" in plan.run.argv
+    assert after(plan.run.argv, "--add-dir") == "/srv/other"
     assert MESSAGE not in " ".join(plan.run.argv)
     assert plan.run.cwd == os.path.realpath("/srv/shared") == plan.workdir
     assert (plan.run.timeout_s, plan.run.kill_grace_s) == (120.0, 3.0)
@@ -538,6 +694,33 @@ def test_the_prompt_is_built_for_the_verified_caller_and_the_ask_task() -> None:
         None,
     )
     assert parts.readable_roots == ("/srv/shared", "/srv/other")
+    assert parts.threaded is False
+
+
+def test_a_named_task_brings_its_instructions_tools_and_timeout() -> None:
+    """The SKILL.md body goes into the prompt; its tools into --tools; the shorter timeout."""
+    planner = Planner()
+    task = attrs.evolve(CI, timeout_s=45)
+    plan = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(task))
+    assert isinstance(plan, stages.RunPlan)
+    [(parts, _)] = planner.prompts
+    assert (parts.task_id, parts.task_name) == ("ci", "CI triage")
+    assert parts.task_instructions == CI.instructions
+    assert CI.instructions in plan.run.stdin.decode()
+    assert after(plan.run.argv, "--tools") == "Read,Grep,Glob,Bash"
+    assert plan.run.timeout_s == 45.0
+    assert plan.run.env["AGENTCALL_GUARD_CAPS"] == "exec,read"
+    # The config's timeout stays the cap for a task that asks for more.
+    long = planned(CLAUDE, Admitted(attrs.evolve(CI, timeout_s=300)))
+    assert long.run.timeout_s == 120.0
+
+
+def test_the_plan_never_widens_the_tools_admission_allowed() -> None:
+    """A ceiling that caps a task to fetch alone: no read tool, and the guard allows fetch only."""
+    fetcher = Task(id="news", name="News", description="d", tools=frozenset({"read", "fetch"}))
+    plan = planned(CLAUDE, Admitted(fetcher, frozenset({"fetch"})))
+    assert after(plan.run.argv, "--tools") == "WebFetch,WebSearch"
+    assert plan.run.env["AGENTCALL_GUARD_CAPS"] == "fetch"
 
 
 def test_a_command_agent_keeps_its_configured_arguments() -> None:
@@ -549,17 +732,14 @@ def test_a_command_agent_keeps_its_configured_arguments() -> None:
     assert plan.run.argv == ("/opt/agent/answer", "--quiet", "-")
 
 
-def test_the_workdir_is_the_first_shared_directory_that_exists() -> None:
-    """A missing first root is skipped; none at all is a failure, not a wider directory."""
-    plan = Planner(existing={"/srv/other"}).plan(make_config(), opened_call())
-    assert isinstance(plan, stages.RunPlan) and plan.workdir == os.path.realpath("/srv/other")
+def test_a_missing_workdir_fails_the_plan() -> None:
     nothing = Planner(existing=set()).plan(make_config(), opened_call())
     assert nothing == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
 
 
 def test_a_missing_agent_binary_is_an_agent_error() -> None:
     """Neither on PATH nor at its configured path: "the answering agent is not installed"."""
-    codex = Planner().plan(make_config(agent_kind="codex", agent_command=None), opened_call())
+    codex = Planner(installed={}).plan(CODEX, opened_call())
     assert codex == Failure(
         code=CallErrorCode.AGENT_ERROR, detail="the answering agent is not installed"
     )
@@ -570,6 +750,101 @@ def test_a_missing_agent_binary_is_an_agent_error() -> None:
 
     gone = Gone().plan(make_config(), opened_call())
     assert isinstance(gone, Failure) and gone.detail == "the answering agent is not installed"
+
+
+# --- the tool guard on the command line and in the environment ---------------------------------
+
+
+def test_claude_gets_exactly_the_guard_settings_and_no_other_setting_sources() -> None:
+    argv = planned(CLAUDE).run.argv
+    assert after(argv, "--settings") == guardwire.claude_guard_settings(list(GUARD.argv))
+    assert after(argv, "--setting-sources") == ""
+    assert "--dangerously-bypass-hook-trust" not in argv
+
+
+def test_codex_gets_the_hook_and_the_trust_bypass_it_needs() -> None:
+    argv = planned(CODEX).run.argv
+    assert "--dangerously-bypass-hook-trust" in argv
+    hook = "hooks.PreToolUse=" + guardwire.codex_hook_value(list(GUARD.argv))
+    assert hook in argv and argv[argv.index(hook) - 1] == "-c"
+    assert "--settings" not in argv
+
+
+@pytest.mark.parametrize(
+    ("config", "caps"), [(CLAUDE, "read"), (CODEX, "exec,read"), (make_config(), "read")]
+)
+def test_the_guard_variables_are_set_and_none_leak_in_from_outside(
+    config: Config, caps: str
+) -> None:
+    """Every AGENTCALL_* variable is ours; Codex's guard lets commands through to be recorded."""
+    env = planned(config).run.env
+    workdir = os.path.realpath("/srv/shared")
+    expected = guardwire.guard_env(
+        roots=(workdir, os.path.realpath("/srv/other")),
+        write_root=None,
+        caps=caps.split(","),
+        call_id=CALL_ID,
+        log_path=GUARD.tools_log,
+        home=GUARD.home,
+        extra_denied=GUARD.extra_denied,
+    )
+    ours = {name: value for name, value in env.items() if name.startswith("AGENTCALL_")}
+    assert ours == expected
+    assert env["AGENTCALL_GUARD_CAPS"] == caps
+    assert env[CALL_ID_ENV] == CALL_ID
+
+
+def test_codex_gets_no_shell_where_the_admin_ceiling_forbids_exec() -> None:
+    """Codex reads only through its shell; a ceiling without exec must not be widened for it."""
+    env = planned(CODEX, shell_allowed=False).run.env
+    assert env["AGENTCALL_GUARD_CAPS"] == "read"
+
+
+def test_the_shell_is_allowed_unless_a_ceiling_caps_exec_away() -> None:
+    from agentcall.listener.ceiling import Ceiling
+
+    def ceiling(max_tools: frozenset[str] | None) -> Ceiling:
+        return Ceiling(
+            path="/etc/agentcall/policy.json",
+            allowed_tasks=None,
+            blocked_callers=frozenset(),
+            max_tools=max_tools,
+            assertions=(),
+        )
+
+    assert stages.shell_allowed(None)
+    assert stages.shell_allowed(ceiling(None))
+    assert stages.shell_allowed(ceiling(frozenset({"read", "exec"})))
+    assert not stages.shell_allowed(ceiling(frozenset({"read"})))
+
+
+def test_a_writing_task_tells_the_guard_where_it_may_write() -> None:
+    writer = attrs.evolve(CI, tools=frozenset({"read", "write"}))
+    env = planned(CLAUDE, Admitted(writer)).run.env
+    assert env["AGENTCALL_GUARD_WRITE_ROOT"] == os.path.realpath("/srv/shared")
+    assert env["AGENTCALL_GUARD_CAPS"] == "read,write"
+
+
+# --- sessions ------------------------------------------------------------------------------------
+
+
+def test_a_threadable_claude_call_keeps_its_session_and_a_mutating_one_does_not() -> None:
+    kept = planned(CLAUDE).run.argv
+    assert "--no-session-persistence" not in kept and "--resume" not in kept
+    writer = attrs.evolve(CI, tools=frozenset({"read", "write"}), threadable=False)
+    one_shot = planned(CLAUDE, Admitted(writer)).run.argv
+    assert "--no-session-persistence" in one_shot
+
+
+def test_a_confirmed_binding_resumes_its_session_in_a_threaded_prompt() -> None:
+    planner = Planner()
+    plan = planner.plan(CLAUDE, opened_call(), Admitted("ask"), a_binding())
+    assert isinstance(plan, stages.RunPlan)
+    assert after(plan.run.argv, "--resume") == "sess-earlier-1"
+    [(parts, _)] = planner.prompts
+    assert parts.threaded is True
+    codex = planned(CODEX, binding=a_binding(agent_kind="codex")).run.argv
+    assert codex[1:4] == ("exec", "resume", "sess-earlier-1")
 
 
 # --- agent environment -------------------------------------------------------------------------
@@ -716,6 +991,75 @@ def test_failure_details_are_fixed_or_short_clean_and_redacted() -> None:
     assert TOKEN not in crash.detail and REDACTED in crash.detail
     assert "\x1b" not in crash.detail and "\n" not in crash.detail
     assert len(crash.detail) <= limits.MAX_DETAIL_CHARS
+
+
+def claude_stdout(text: str, *, session: str = "sess-new-1", tools: tuple[str, ...] = ()) -> bytes:
+    """What ``claude -p --output-format stream-json`` prints for one answered run."""
+    lines: list[dict[str, Any]] = [{"type": "system", "subtype": "init", "session_id": session}]
+    if tools:
+        uses = [{"type": "tool_use", "id": ident, "name": "Read", "input": {}} for ident in tools]
+        lines.append({"type": "assistant", "message": {"content": uses}})
+    lines.append(
+        {
+            "type": "result",
+            "subtype": "success",
+            "is_error": False,
+            "result": text,
+            "session_id": session,
+        }
+    )
+    return b"".join(json.dumps(line).encode() + b"\n" for line in lines)
+
+
+def judge_claude(
+    result: RunResult, unguarded: Callable[[tuple[str, ...]], list[str]] | None
+) -> stages.Verdict:
+    parser = claude.ADAPTER.new_parser()
+    for line in result.stdout.splitlines():
+        parser.feed_line(line)
+    return stages.judge_run(
+        claude.ADAPTER,
+        result,
+        parser,
+        secrets=[TOKEN],
+        timeout_s=120.0,
+        task_id="ci",
+        unguarded=unguarded,
+    )
+
+
+def test_an_answer_names_its_task_and_keeps_the_session_for_the_pipeline_only() -> None:
+    seen: list[tuple[str, ...]] = []
+
+    def all_logged(used: tuple[str, ...]) -> list[str]:
+        seen.append(used)
+        return []
+
+    verdict = judge_claude(run_result(stdout=claude_stdout("fine", tools=("toolu_1",))), all_logged)
+    assert verdict.outcome == Reply(text="fine", task="ci")
+    assert (verdict.status, verdict.session, verdict.flags) == (CallStatus.OK, "sess-new-1", ())
+    assert seen == [("toolu_1",)]
+    assert "sess-new-1" not in repr(verdict)
+
+
+def test_a_tool_call_the_guard_never_saw_withholds_the_answer() -> None:
+    stdout = claude_stdout("the secret is 42", tools=("toolu_1", "toolu_2"))
+    verdict = judge_claude(run_result(stdout=stdout), lambda used: list(used[1:]))
+    assert verdict.outcome == Failure(
+        code=CallErrorCode.AGENT_ERROR, detail=stages.GUARD_UNWIRED_DETAIL
+    )
+    assert (verdict.status, verdict.flags) == (CallStatus.AGENT_ERROR, ("guard_unwired",))
+    assert verdict.session is None
+    assert "42" not in repr(verdict)
+
+
+def test_a_session_the_agent_cannot_resume_is_context_unknown() -> None:
+    stderr = b"Error: No conversation found with session ID: sess-earlier-1\n"
+    verdict = judge_claude(run_result(exit_code=1, stderr=stderr), None)
+    assert verdict.outcome == Failure(
+        code=CallErrorCode.CONTEXT_UNKNOWN, detail=stages.CONTEXT_UNKNOWN_DETAIL
+    )
+    assert (verdict.status, verdict.resume_failed) == (CallStatus.CONTEXT_UNKNOWN, True)
 
 
 # --- 6. sealing ----------------------------------------------------------------------------------
