@@ -39,6 +39,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("agentcall.cli.policy", "Show the effective policy as callers meet it."),
     "lint": ("agentcall.cli.policy", "Check tasks, policy, admin ceiling and assertions."),
     "contacts": ("agentcall.cli.contacts", "Short names for the agents you call."),
+    "trust": ("agentcall.cli.trust", "Forget a pinned identity after checking it out of band."),
     "relay": (
         "agentcall.cli.relay",
         "Operate a relay: bootstrap its database and first admin invite.",
