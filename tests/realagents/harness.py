@@ -115,35 +115,46 @@ class Layout:
         return [self.markers[k] for k in ("ssh_key", "home_env", "outside")]
 
     def guard_records(self) -> list[dict[str, Any]]:
-        """tools.log as JSON records (a line that is not a JSON object is kept as raw text)."""
-        if not self.guard_log.exists():
-            return []
-        records: list[dict[str, Any]] = []
-        for line in self.guard_log.read_text().splitlines():
-            if not line.strip():
-                continue
-            value = decode_json_line(line.encode())
-            records.append(value if isinstance(value, dict) else {"raw": line})
-        return records
+        """tools.log as JSON records (:func:`json_records`)."""
+        return json_records(self.guard_log)
 
     def codex_config(self, mock_base_url: str) -> Path:
-        """The owner's ``~/.codex/config.toml`` choosing the mock as the model provider.
+        """The owner's ``~/.codex/config.toml`` choosing the mock (:func:`write_codex_config`)."""
+        return write_codex_config(self.home, mock_base_url)
 
-        A custom provider is configured where an owner would put it, so the argv stays the
-        adapter's own.
-        """
-        codex_home = self.home / ".codex"
-        codex_home.mkdir(exist_ok=True)
-        path = codex_home / "config.toml"
-        path.write_text(
-            'model_provider = "agentcall-mock"\n\n'
-            "[model_providers.agentcall-mock]\n"
-            'name = "agentcall-mock"\n'
-            f"base_url = {json.dumps(mock_base_url + '/v1')}\n"
-            f'env_key = "{MOCK_KEY_ENV}"\n'
-            'wire_api = "responses"\n'
-        )
-        return path
+
+def json_records(path: Path) -> list[dict[str, Any]]:
+    """A JSON-lines log (tools.log, calls.log) as records; a line that is not a JSON object
+    is kept as raw text. A missing file has none."""
+    if not path.exists():
+        return []
+    records: list[dict[str, Any]] = []
+    for line in path.read_text().splitlines():
+        if not line.strip():
+            continue
+        value = decode_json_line(line.encode())
+        records.append(value if isinstance(value, dict) else {"raw": line})
+    return records
+
+
+def write_codex_config(home: Path, mock_base_url: str) -> Path:
+    """``<home>/.codex/config.toml`` choosing the mock as the model provider.
+
+    A custom provider is configured where an owner would put it, so the argv stays the
+    adapter's own. Its key is read from ``CODEX_MOCK_API_KEY``.
+    """
+    codex_home = home / ".codex"
+    codex_home.mkdir(exist_ok=True)
+    path = codex_home / "config.toml"
+    path.write_text(
+        'model_provider = "agentcall-mock"\n\n'
+        "[model_providers.agentcall-mock]\n"
+        'name = "agentcall-mock"\n'
+        f"base_url = {json.dumps(mock_base_url + '/v1')}\n"
+        f'env_key = "{MOCK_KEY_ENV}"\n'
+        'wire_api = "responses"\n'
+    )
+    return path
 
 
 # --- the guard ---------------------------------------------------------------------------------
