@@ -39,6 +39,9 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "policy": ("agentcall.cli.policy", "Show the effective policy as callers meet it."),
     "lint": ("agentcall.cli.policy", "Check tasks, policy, admin ceiling and assertions."),
     "contacts": ("agentcall.cli.contacts", "Short names for the agents you call."),
+    "card": ("agentcall.cli.card", "Show what callers see of this installation and its tasks."),
+    "doctor": ("agentcall.cli.doctor", "Check that this installation can place and answer calls."),
+    "history": ("agentcall.cli.history", "Show recent inbound calls and tool attempts."),
     "trust": ("agentcall.cli.trust", "Forget a pinned identity after checking it out of band."),
     "relay": (
         "agentcall.cli.relay",

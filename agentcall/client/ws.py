@@ -92,6 +92,9 @@ def set_relay_protocol_options(factory: WebSocketClientFactory) -> None:
         autoPingInterval=limits.KEEPALIVE_INTERVAL_S,
         autoPingTimeout=limits.KEEPALIVE_TIMEOUT_S,
         openHandshakeTimeout=OPEN_TIMEOUT_S,
+        # autobahn's 1 s default is too short for a loaded machine or a slow link; an unclean
+        # close would be reported for a normal hang-up.
+        closeHandshakeTimeout=5,
         perMessageCompressionOffers=[],
         perMessageCompressionAccept=lambda _response: None,
         # agentcall.wire.codec decodes every text frame as strict UTF-8 (in C); a second,

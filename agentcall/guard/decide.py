@@ -15,7 +15,10 @@ each tool is held to:
 - ``Bash``: the exec capability only. **Bash is not bounded**: a shell reads and writes
   whatever the user can. It is recorded, and flagged when it names a denied path.
 - ``WebFetch`` (``http``/``https`` URLs only) and ``WebSearch``: the fetch capability.
-- Any other tool, including MCP tools and sub-agents: denied.
+- ``mcp__<server>__<tool>``: only for the servers the task names (its connectors, the
+  normalized names in ``Policy.mcp_servers``); every other MCP tool is denied. What an MCP
+  tool does is up to its server: the guard records the call, it cannot bound it.
+- Any other tool, including sub-agents: denied.
 """
 
 from __future__ import annotations
@@ -86,12 +89,20 @@ class HookCall:
 class Policy:
     """One run's configuration: the scope, the granted capabilities and the write root."""
 
-    __slots__ = ("caps", "scope", "write_root")
+    __slots__ = ("caps", "mcp_servers", "scope", "write_root")
 
-    def __init__(self, scope: Scope, caps: Iterable[str], write_root: str | None) -> None:
+    def __init__(
+        self,
+        scope: Scope,
+        caps: Iterable[str],
+        write_root: str | None,
+        mcp_servers: Iterable[str] = (),
+    ) -> None:
         self.scope = scope
         self.caps = frozenset(caps)
         self.write_root = write_root or None
+        # Server names as they appear in tool names (see connectors.tool_name_part).
+        self.mcp_servers = frozenset(mcp_servers)
 
 
 class Decision:
@@ -136,6 +147,20 @@ def parse_payload(value: object, fallback_cwd: str) -> HookCall:
     return HookCall(tool_name, tool_input, cwd, tool_use_id)
 
 
+MCP_PREFIX = "mcp__"
+
+
+def mcp_server_of(tool_name: str, servers: Iterable[str]) -> str | None:
+    """The granted server an ``mcp__<server>__<tool>`` name belongs to, or None."""
+    if not tool_name.startswith(MCP_PREFIX):
+        return None
+    rest = tool_name[len(MCP_PREFIX) :]
+    for server in sorted(servers, key=len, reverse=True):
+        if server and rest.startswith(server + "__") and len(rest) > len(server) + 2:
+            return server
+    return None
+
+
 def decide(call: HookCall, policy: Policy) -> Decision:
     """The verdict on one tool call. Unknown tools and malformed inputs are denied."""
     try:
@@ -173,6 +198,10 @@ def _decide(call: HookCall, policy: Policy) -> Decision:
         if "fetch" not in policy.caps:
             return Decision(DENY, "no-fetch-capability")
         return Decision(ALLOW, "fetch-granted")
+    if name.startswith(MCP_PREFIX):
+        if mcp_server_of(name, policy.mcp_servers) is None:
+            return Decision(DENY, "connector-not-granted")
+        return Decision(ALLOW, "connector-granted")
     return Decision(DENY, "unclassified-tool")
 
 

@@ -8,7 +8,9 @@ environment for this run (:func:`agentcall.listener.guardwire.guard_env` writes 
 - ``AGENTCALL_GUARD_CAPS``: granted capabilities, comma-separated (``read,write``);
 - ``AGENTCALL_CALL_ID``, ``AGENTCALL_GUARD_LOG`` (the tools.log to append to),
   ``AGENTCALL_GUARD_HOME`` (the owner's home), ``AGENTCALL_GUARD_DENY_EXTRA`` (more denied
-  roots, ``os.pathsep``-separated).
+  roots, ``os.pathsep``-separated);
+- ``AGENTCALL_GUARD_MCP``: the MCP servers whose ``mcp__<server>__*`` tools are allowed (the
+  task's connectors, as named in tool names), comma-separated; empty or unset: none.
 
 Answers, as both Claude Code and Codex read them:
 
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import stat
 import sys
 import time
@@ -40,6 +43,7 @@ from agentcall.guard.decide import (
     PayloadError,
     Policy,
     decide,
+    mcp_server_of,
     parse_payload,
 )
 from agentcall.scope import Scope
@@ -74,6 +78,9 @@ ENV_CALL_ID = "AGENTCALL_CALL_ID"
 ENV_LOG = "AGENTCALL_GUARD_LOG"
 ENV_HOME = "AGENTCALL_GUARD_HOME"
 ENV_DENY_EXTRA = "AGENTCALL_GUARD_DENY_EXTRA"
+ENV_MCP = "AGENTCALL_GUARD_MCP"
+# A server name as Claude puts it into tool names: no comma, no blank, nothing to widen.
+_MCP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_-]{0,63}\Z")
 
 
 class GuardConfigError(Exception):
@@ -83,7 +90,16 @@ class GuardConfigError(Exception):
 class GuardConfig:
     """The run's configuration, read from the environment."""
 
-    __slots__ = ("call_id", "caps", "extra_denied", "home", "log_path", "roots", "write_root")
+    __slots__ = (
+        "call_id",
+        "caps",
+        "extra_denied",
+        "home",
+        "log_path",
+        "mcp_servers",
+        "roots",
+        "write_root",
+    )
 
     def __init__(
         self,
@@ -95,6 +111,7 @@ class GuardConfig:
         log_path: str,
         home: str,
         extra_denied: tuple[str, ...],
+        mcp_servers: frozenset[str] = frozenset(),
     ) -> None:
         self.roots = roots
         self.write_root = write_root
@@ -103,6 +120,7 @@ class GuardConfig:
         self.log_path = log_path
         self.home = home
         self.extra_denied = extra_denied
+        self.mcp_servers = mcp_servers
 
 
 def _paths(environ: Mapping[str, str], name: str, *, required: bool) -> tuple[str, ...]:
@@ -121,6 +139,13 @@ def _one_path(environ: Mapping[str, str], name: str) -> str:
     if not os.path.isabs(value):
         raise GuardConfigError(f"{name} must be an absolute path")
     return value
+
+
+def _mcp_servers(environ: Mapping[str, str]) -> frozenset[str]:
+    names = [n.strip() for n in environ.get(ENV_MCP, "").split(",") if n.strip()]
+    if not all(_MCP_NAME.match(n) for n in names):
+        raise GuardConfigError(f"{ENV_MCP} holds an invalid server name")
+    return frozenset(names)
 
 
 def config_from_environ(environ: Mapping[str, str]) -> GuardConfig:
@@ -148,6 +173,7 @@ def config_from_environ(environ: Mapping[str, str]) -> GuardConfig:
         log_path=log_path,
         home=_one_path(environ, ENV_HOME),
         extra_denied=_paths(environ, ENV_DENY_EXTRA, required=False) + own,
+        mcp_servers=_mcp_servers(environ),
     )
 
 
@@ -181,6 +207,10 @@ def log_entry(
     }
     if call is None:
         return entry
+    server = mcp_server_of(call.tool_name, config.mcp_servers)
+    if server is not None:
+        # Which of the task's connectors was used; its input is the server's business.
+        entry["connector"] = server
     tool_input = call.tool_input
     if call.tool_name == "Bash" and isinstance(tool_input.get("command"), str):
         entry["command"] = _excerpt(str(tool_input["command"]))
@@ -245,7 +275,8 @@ def evaluate(stdin: BinaryIO, environ: Mapping[str, str], now: float) -> Decisio
         _append_if_possible(config.log_path, entry)
         raise
     scope = Scope(config.roots, config.extra_denied, config.home)
-    decision = decide(call, Policy(scope, config.caps, config.write_root))
+    policy = Policy(scope, config.caps, config.write_root, config.mcp_servers)
+    decision = decide(call, policy)
     append_log(config.log_path, log_entry(config, call, decision, now))
     return decision
 

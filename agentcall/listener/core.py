@@ -83,6 +83,16 @@ class CallLogWriter(Protocol):
     def append(self, record: CallRecord) -> bool: ...
 
 
+def _remove(paths: tuple[str, ...]) -> None:
+    for path in paths:
+        try:
+            os.unlink(path)
+        except FileNotFoundError:
+            pass
+        except OSError as exc:
+            _log.warn("private_file_not_removed", reason=exc.strerror)
+
+
 def which_on_path(program: str, path: str) -> str | None:
     return shutil.which(program, path=path)
 
@@ -282,12 +292,16 @@ class CallPipeline:
         try:
             done, control = fx.spawn(plan.run, plan.parser)
         except OSError as exc:
+            _remove(plan.private_files)
             failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=SPAWN_FAILED_DETAIL)
             self._answer(call, opened, failure, CallStatus.AGENT_ERROR, error=exc.strerror)
             return
         call.run = control
         _log.info("agent_started", call_id=call.call_id, agent=str(self.config.agent_kind))
-        result = await done
+        try:
+            result = await done
+        finally:
+            _remove(plan.private_files)
         # f. what the run means.
         if call.cancel_requested:
             self._agent_finished(call, CallStatus.CANCELED, result)

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from agentcall.listener.connectors import SERVER_NAME_RE, tool_name_part
+
 GUARD_MODULE = "agentcall.guard"
 GUARD_TIMEOUT_SECONDS = 30
 GUARD_CAPABILITIES = frozenset({"read", "write", "fetch", "exec"})
@@ -133,8 +135,13 @@ def guard_env(
     log_path: str | Path,
     home: str | Path,
     extra_denied: Iterable[str],
+    mcp_servers: Iterable[str] = (),
 ) -> dict[str, str]:
-    """The variables the guard reads (see :mod:`agentcall.guard.main`) for one run."""
+    """The variables the guard reads (see :mod:`agentcall.guard.main`) for one run.
+
+    ``mcp_servers`` are the names of the task's connectors (as configured); the guard gets
+    them as they appear in tool names, and allows ``mcp__<name>__*`` for those alone.
+    """
     cap_set = frozenset(caps)
     if isinstance(caps, str) or not cap_set <= GUARD_CAPABILITIES:
         raise GuardWireError(f"unknown capabilities: {sorted(cap_set - GUARD_CAPABILITIES)}")
@@ -142,6 +149,11 @@ def guard_env(
         raise GuardWireError("the call id is empty")
     if isinstance(roots, str) or isinstance(extra_denied, str):
         raise GuardWireError("roots and extra_denied are collections of paths")
+    if isinstance(mcp_servers, str):
+        raise GuardWireError("mcp_servers is a collection of server names")
+    servers = list(mcp_servers)
+    if not all(isinstance(n, str) and SERVER_NAME_RE.match(n) for n in servers):
+        raise GuardWireError("mcp_servers holds an invalid server name")
     return {
         "AGENTCALL_GUARD_ROOTS": _joined_paths("roots", roots),
         "AGENTCALL_GUARD_WRITE_ROOT": _joined_paths("write_root", [write_root])
@@ -152,6 +164,7 @@ def guard_env(
         "AGENTCALL_GUARD_LOG": _joined_paths("log_path", [str(log_path)]),
         "AGENTCALL_GUARD_HOME": _joined_paths("home", [str(home)]),
         "AGENTCALL_GUARD_DENY_EXTRA": _joined_paths("extra_denied", extra_denied),
+        "AGENTCALL_GUARD_MCP": ",".join(sorted({tool_name_part(n) for n in servers})),
     }
 
 

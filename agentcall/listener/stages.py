@@ -18,6 +18,8 @@ caller passes, and the environment is a mapping.
 
 from __future__ import annotations
 
+import contextlib
+import json
 import os
 from collections.abc import Callable, Iterable, Mapping
 from typing import Final
@@ -33,7 +35,7 @@ from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode, CryptoError, StoreError
 from agentcall.keystore import LocalKeys
-from agentcall.listener import guardwire
+from agentcall.listener import connectors, guardwire
 from agentcall.listener.admission import ASK_TASK, Admitted, Refused, resolve
 from agentcall.listener.agent_env import agent_environment
 from agentcall.listener.agents import AgentAdapter, AgentParser, adapter_for
@@ -262,6 +264,8 @@ class RunPlan:
     adapter: AgentAdapter
     parser: AgentParser
     workdir: str
+    # Files written for this run only (e.g. the MCP config); removed once it ends.
+    private_files: tuple[str, ...] = ()
 
 
 def resolve_program(
@@ -317,6 +321,17 @@ def plan_run(
         return Failure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
     program, extra_args = found
     task = admitted.task
+    servers: dict[str, connectors.ServerConfig] = {}
+    if task.connectors:
+        # Only Claude takes the owner's MCP servers; another agent would answer without them.
+        if config.agent_kind != AgentKind.CLAUDE:
+            detail = "this task's connectors are only supported with Claude Code"
+            return Failure(code=CallErrorCode.AGENT_ERROR, detail=detail)
+        try:
+            servers = connectors.task_servers(task.id, task.connectors, guard.home, environ)
+        except connectors.ConnectorError as exc:
+            # Fail closed: nothing is spawned. The message names files and names, no config.
+            return Failure(code=CallErrorCode.AGENT_ERROR, detail=sanitize_detail(str(exc)))
     roots = tuple(os.path.realpath(r) for r in config.read_roots if is_dir(r))
     parts = PromptParts(
         owner_address=config.address,
@@ -348,6 +363,8 @@ def plan_run(
         ),
         resume_session=sessions.resume_session,
         keep_session=sessions.keep_session,
+        mcp_servers=servers,
+        mcp_config_file=_write_mcp_config(guard, opened.call_id, servers),
     )
     invocation = adapter.build(spec, prompt)
     # The command adapter runs the program alone; the owner's configured arguments follow it.
@@ -368,6 +385,7 @@ def plan_run(
             log_path=guard.tools_log,
             home=guard.home,
             extra_denied=guard.extra_denied,
+            mcp_servers=tuple(servers),
         )
     )
     timeout_s = config.agent_timeout_s
@@ -381,7 +399,30 @@ def plan_run(
         timeout_s=timeout_s,
         kill_grace_s=config.kill_grace_s,
     )
-    return RunPlan(run=run, adapter=adapter, parser=adapter.new_parser(), workdir=workdir)
+    return RunPlan(
+        run=run,
+        adapter=adapter,
+        parser=adapter.new_parser(),
+        workdir=workdir,
+        private_files=(spec.mcp_config_file,) if spec.mcp_config_file else (),
+    )
+
+
+def _write_mcp_config(
+    guard: GuardSetup, call_id: str, servers: Mapping[str, connectors.ServerConfig]
+) -> str | None:
+    """Write the task's MCP servers to a 0600 file in the state directory (which the guard
+    refuses to the agent), so their tokens never appear in argv; the core removes it."""
+    if not servers:
+        return None
+    path = os.path.join(os.path.dirname(guard.tools_log), f"mcp-{call_id}.json")
+    data = json.dumps({"mcpServers": dict(servers)}, separators=(",", ":")).encode("utf-8")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data)
+    return path
 
 
 # --- 5. the result ---------------------------------------------------------------------------

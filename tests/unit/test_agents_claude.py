@@ -235,6 +235,77 @@ def test_write_rule_refuses_unverified_path_characters() -> None:
     ADAPTER.build(spec(workdir="/home/ken/my dir", tools={"read"}), PROMPT)
 
 
+# --- connectors: the task's MCP servers ------------------------------------------------------
+
+TOKEN = "ghp_" + "T" * 36
+SERVERS = {
+    "github": {
+        "type": "http",
+        "url": "https://api.example/mcp",
+        "headers": {"Authorization": TOKEN},
+    },
+    "docs.io": {"command": "/usr/bin/docs-mcp", "args": ["--ro"], "env": {"DOCS_TOKEN": TOKEN}},
+}
+
+
+def test_mcp_servers_go_into_mcp_config_and_allowed_rules() -> None:
+    """--mcp-config right after --strict-mcp-config holds exactly the servers; each one is
+    approved as mcp__<name>__* (a dot as Claude writes it in tool names)."""
+    argv = ADAPTER.build(spec(tools={"read", "exec"}, mcp_servers=SERVERS), PROMPT).argv
+    i = argv.index("--strict-mcp-config")
+    assert argv[i + 1] == "--mcp-config"
+    assert json.loads(argv[i + 2]) == {"mcpServers": SERVERS}
+    assert argv[i + 3 : i + 5] == ("--max-turns", "30")
+    rules = argv[argv.index("--allowedTools") + 1]
+    assert rules == "Bash,mcp__github__*,mcp__docs_io__*"
+    # --tools stays the built-in set: servers add no built-in tool.
+    assert argv[argv.index("--tools") + 1] == "Read,Grep,Glob,Bash"
+
+
+def test_a_read_only_task_with_a_connector_gets_only_its_rule() -> None:
+    argv = ADAPTER.build(spec(mcp_servers={"github": SERVERS["github"]}), PROMPT).argv
+    assert argv[argv.index("--allowedTools") + 1] == "mcp__github__*"
+    assert argv.count("--mcp-config") == 1
+
+
+def test_no_servers_no_mcp_config() -> None:
+    argv = ADAPTER.build(spec(tools={"read", "exec"}), PROMPT).argv
+    assert "--mcp-config" not in argv
+    assert "--strict-mcp-config" in argv
+    assert not any("mcp__" in arg for arg in argv)
+
+
+def test_server_configs_stay_out_of_the_spec_repr_and_are_copied() -> None:
+    """The configurations may hold tokens: not in repr; later changes to the input do not leak
+    into the argv."""
+    given = {"github": {"headers": {"Authorization": TOKEN}}}
+    the_spec = spec(mcp_servers=given)
+    given["github"]["headers"]["Authorization"] = "changed"
+    assert TOKEN not in repr(the_spec)
+    argv = ADAPTER.build(the_spec, PROMPT).argv
+    assert json.loads(argv[argv.index("--mcp-config") + 1])["mcpServers"]["github"] == {
+        "headers": {"Authorization": TOKEN}
+    }
+
+
+@pytest.mark.parametrize(
+    "bad",
+    [
+        {"git hub": {}},
+        {"a,b": {}},
+        {"-x": {}},
+        {"": {}},
+        {"github": ["not", "an", "object"]},
+        {"github": {"command": object()}},
+        ["github"],
+    ],
+)
+def test_spec_refuses_unsafe_servers(bad: Any) -> None:
+    """A name that could widen a rule, or a config that is not a JSON object, is refused."""
+    with pytest.raises(ValueError):
+        spec(mcp_servers=bad)
+
+
 def test_registry_knows_the_adapter() -> None:
     """adapter_for('claude') is this adapter; an unknown kind is a ValueError."""
     assert adapter_for("claude") is ADAPTER
@@ -515,12 +586,15 @@ async def run_fake(
     tmp_path: Path,
     scenario: dict[str, Any],
     tools: set[str] | None = None,
+    servers: dict[str, Any] | None = None,
     **run: Any,
 ) -> tuple[Outcome, RunResult, list[dict[str, Any]]]:
     workdir = tmp_path / "work"
     workdir.mkdir(exist_ok=True)
     log = tmp_path / "fake.log"
-    the_spec = spec(binary=str(binary), workdir=str(workdir), tools=tools or {"read"})
+    the_spec = spec(
+        binary=str(binary), workdir=str(workdir), tools=tools or {"read"}, mcp_servers=servers or {}
+    )
     inv = ADAPTER.build(the_spec, PROMPT)
     env = {
         **os.environ,
@@ -551,6 +625,21 @@ async def test_fake_happy_run_end_to_end(fake_claude: Path, tmp_path: Path) -> N
     assert entry["env"]["CLAUDE_CODE_MAX_RETRIES"] == "2"
     assert entry["cwd"] == str(tmp_path / "work")
     assert entry["argv"][0] == "-p"
+
+
+@twisted_test
+async def test_fake_run_with_connectors_passes_the_argv_checks(
+    fake_claude: Path, tmp_path: Path
+) -> None:
+    """--mcp-config and the mcp__ rules are read as flag values, never as a swallowed prompt."""
+    got, _, entries = await run_fake(
+        fake_claude, tmp_path, {"name": "happy"}, {"read", "write"}, servers=SERVERS
+    )
+    assert isinstance(got, AgentAnswer)
+    (entry,) = entries
+    argv = entry["argv"]
+    assert json.loads(argv[argv.index("--mcp-config") + 1]) == {"mcpServers": SERVERS}
+    assert entry["prompt"] == PROMPT
 
 
 @pytest.mark.parametrize(

@@ -85,7 +85,7 @@ class Box:
         )
         return Policy(scope, caps, str(self.workdir) if "write" in caps else None)
 
-    def env(self, caps: frozenset[str] = ALL_CAPS) -> dict[str, str]:
+    def env(self, caps: frozenset[str] = ALL_CAPS, mcp: tuple[str, ...] = ()) -> dict[str, str]:
         return {
             **guard_env(
                 [str(self.workdir)],
@@ -95,6 +95,7 @@ class Box:
                 self.log,
                 self.home,
                 [str(self.tasks)],
+                mcp_servers=mcp,
             ),
             "PATH": os.environ.get("PATH", ""),
         }
@@ -260,7 +261,7 @@ TABLE: list[tuple[str, dict[str, Any], frozenset[str], Decision]] = [
     ("apply_patch", {"command": "*** Add File: \n"}, W, deny("unparseable-patch")),
     ("apply_patch", {"command": PATCH_OK}, RX, deny("no-write-capability")),
     ("Task", {"prompt": "x", "description": "y"}, ALL_CAPS, deny("unclassified-tool")),
-    ("mcp__github__get_file", {"path": "x"}, ALL_CAPS, deny("unclassified-tool")),
+    ("mcp__github__get_file", {"path": "x"}, ALL_CAPS, deny("connector-not-granted")),
     ("LS", {"path": WD}, ALL_CAPS, deny("unclassified-tool")),
 ]
 
@@ -333,6 +334,82 @@ def test_patch_paths() -> None:
 
 
 # --- the program, in-process -----------------------------------------------------------------
+
+
+# --- connectors: the task's MCP servers ----------------------------------------------------
+
+MCP_GRANTED = frozenset({"github", "my_docs", "git"})
+
+
+@pytest.mark.parametrize(
+    ("tool", "expected"),
+    [
+        ("mcp__github__get_file", allow("connector-granted")),
+        ("mcp__git__log", allow("connector-granted")),
+        ("mcp__my_docs__search", allow("connector-granted")),
+        ("mcp__slack__post_message", deny("connector-not-granted")),
+        # A granted name is a whole server name, never a prefix of another one.
+        ("mcp__gitlab__get_file", deny("connector-not-granted")),
+        ("mcp__githubx__get_file", deny("connector-not-granted")),
+        ("mcp__GitHub__get_file", deny("connector-not-granted")),
+        ("mcp__github__", deny("connector-not-granted")),
+        ("mcp__github", deny("connector-not-granted")),
+        ("mcp____get_file", deny("connector-not-granted")),
+        ("mcp_github__get_file", deny("unclassified-tool")),
+    ],
+)
+def test_mcp_tools_only_of_the_granted_servers(box: Box, tool: str, expected: Decision) -> None:
+    """mcp__<server>__<tool> passes for the task's connectors alone, whatever the caps."""
+    scope = box.policy().scope
+    payload = parse_payload(box.payload(tool, {"path": "x"}), "/")
+    for caps in (ALL_CAPS, frozenset()):
+        assert decide(payload, Policy(scope, caps, None, MCP_GRANTED)) == expected
+    # Without connectors, no MCP tool at all.
+    assert decide(payload, Policy(scope, ALL_CAPS, None)).action == DENY
+
+
+def test_program_allows_a_granted_connector_and_logs_which(box: Box) -> None:
+    """Allowed silently with the connector on the log line; another server is refused."""
+    env = box.env(mcp=("github", "docs.internal"))
+    assert env["AGENTCALL_GUARD_MCP"] == "docs_internal,github"
+    granted = box.payload("mcp__github__get_file", {"owner": "acme", "repo": "x"})
+    assert run_main(env, json.dumps(granted).encode()) == (0, "", "")
+    dotted = box.payload("mcp__docs_internal__search", {"query": "q"})
+    assert run_main(env, json.dumps(dotted).encode()) == (0, "", "")
+    other = box.payload("mcp__slack__post_message", {"text": "hi"})
+    assert run_main(env, json.dumps(other).encode()) == (0, DENY_OUTPUT + "\n", "")
+    first, second, third = log_lines(box)
+    assert (first["decision"], first["rule"], first["connector"]) == (
+        "allow",
+        "connector-granted",
+        "github",
+    )
+    assert (second["decision"], second["connector"]) == ("allow", "docs_internal")
+    assert (third["decision"], third["rule"]) == ("deny", "connector-not-granted")
+    assert "connector" not in third
+    assert third["tool"] == "mcp__slack__post_message"
+
+
+def test_program_without_connectors_refuses_every_mcp_tool(box: Box) -> None:
+    env = box.env()
+    assert env["AGENTCALL_GUARD_MCP"] == ""
+    payload = box.payload("mcp__github__get_file", {"path": "x"})
+    assert run_main(env, json.dumps(payload).encode()) == (0, DENY_OUTPUT + "\n", "")
+    del env["AGENTCALL_GUARD_MCP"]
+    assert run_main(env, json.dumps(payload).encode()) == (0, DENY_OUTPUT + "\n", "")
+    assert [e["rule"] for e in log_lines(box)] == ["connector-not-granted"] * 2
+
+
+@pytest.mark.parametrize("value", ["git hub", "a,b c", "../x", "_x", "x.y", "é"])
+def test_program_refuses_a_malformed_connector_list(box: Box, value: str) -> None:
+    """A server list the guard cannot read exactly is a configuration error: exit 2."""
+    env = {**box.env(), "AGENTCALL_GUARD_MCP": value}
+    with pytest.raises(GuardConfigError):
+        config_from_environ(env)
+    payload = box.payload("mcp__github__get_file", {"path": "x"})
+    code, out, err = run_main(env, json.dumps(payload).encode())
+    assert (code, out) == (2, "")
+    assert "AGENTCALL_GUARD_MCP" in err
 
 
 def run_main(env: dict[str, str], stdin: bytes) -> tuple[int, str, str]:

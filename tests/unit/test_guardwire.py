@@ -154,6 +154,7 @@ def test_guard_env_is_what_the_guard_reads(tmp_path: Path) -> None:
         "AGENTCALL_GUARD_LOG": str(tmp_path / "tools.log"),
         "AGENTCALL_GUARD_HOME": "/home/ken",
         "AGENTCALL_GUARD_DENY_EXTRA": "/home/ken/AgentCall/tasks",
+        "AGENTCALL_GUARD_MCP": "",
     }
     config = config_from_environ(env)
     assert config.roots == ("/home/ken/AgentCall/t1", "/home/ken/docs")
@@ -181,6 +182,11 @@ def test_guard_env_is_what_the_guard_reads(tmp_path: Path) -> None:
         {"log_path": "tools.log"},
         {"home": "~"},
         {"extra_denied": ["x"]},
+        {"mcp_servers": "github"},
+        {"mcp_servers": ["git hub"]},
+        {"mcp_servers": ["a,b"]},
+        {"mcp_servers": ["-x"]},
+        {"mcp_servers": [""]},
     ],
 )
 def test_guard_env_refuses_what_it_cannot_encode(change: dict[str, object]) -> None:
@@ -196,6 +202,18 @@ def test_guard_env_refuses_what_it_cannot_encode(change: dict[str, object]) -> N
     }
     with pytest.raises(GuardWireError):
         guard_env(**{**args, **change})  # type: ignore[arg-type]
+
+
+def test_guard_env_names_the_connectors_as_tool_names_carry_them() -> None:
+    """The task's servers reach the guard as in mcp__<server>__ (a dot becomes "_"), sorted."""
+    env = guard_env(
+        ["/w"], None, ["read"], "c", "/s/tools.log", "/h", [], mcp_servers=["sentry", "docs.io"]
+    )
+    assert env["AGENTCALL_GUARD_MCP"] == "docs_io,sentry"
+    assert config_from_environ(env).mcp_servers == {"docs_io", "sentry"}
+    assert config_from_environ(
+        guard_env(["/w"], None, ["read"], "c", "/l", "/h", [])
+    ).mcp_servers == (frozenset())
 
 
 def test_default_extra_denied_names_the_package_and_tasks(tmp_path: Path) -> None:

@@ -608,6 +608,7 @@ class Planner:
     )
     lookups: list[tuple[str, str]] = attrs.field(factory=list)
     prompts: list[tuple[PromptParts, str]] = attrs.field(factory=list)
+    guard: stages.GuardSetup = GUARD
 
     def which(self, program: str, path: str) -> str | None:
         self.lookups.append((program, path))
@@ -639,7 +640,7 @@ class Planner:
             admitted,
             workdir,
             binding,
-            guard=GUARD,
+            guard=self.guard,
             shell_allowed=shell_allowed,
             environ=ENVIRON,
             which=self.which,
@@ -823,6 +824,88 @@ def test_a_writing_task_tells_the_guard_where_it_may_write() -> None:
     env = planned(CLAUDE, Admitted(writer)).run.env
     assert env["AGENTCALL_GUARD_WRITE_ROOT"] == os.path.realpath("/srv/shared")
     assert env["AGENTCALL_GUARD_CAPS"] == "read,write"
+
+
+# --- connectors: the owner's MCP servers a task names -------------------------------------------
+
+MCP_TOKEN = "ghp_" + "M" * 36
+GITHUB_MCP = {"type": "http", "url": "https://mcp.example", "headers": {"Authorization": MCP_TOKEN}}
+WITH_GITHUB = attrs.evolve(CI, connectors=("github",))
+
+
+def owner_home(tmp_path: Path, content: object) -> Planner:
+    """A planner whose owner's home holds ``.claude.json`` (text as given, else JSON)."""
+    text = content if isinstance(content, str) else json.dumps(content)
+    (tmp_path / ".claude.json").write_text(text)
+    state = tmp_path / ".agentcall"
+    state.mkdir(mode=0o700, exist_ok=True)
+    guard = attrs.evolve(GUARD, home=str(tmp_path), tools_log=str(state / "tools.log"))
+    return Planner(guard=guard)
+
+
+def test_a_tasks_connectors_reach_claude_and_the_guard(tmp_path: Path) -> None:
+    """Only the named server goes into --mcp-config and the allow rules; the guard is told."""
+    servers = {"github": GITHUB_MCP, "slack": {"command": "/usr/bin/slack-mcp"}}
+    planner = owner_home(tmp_path, {"mcpServers": servers})
+    plan = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(WITH_GITHUB))
+    assert isinstance(plan, stages.RunPlan)
+    argv = plan.run.argv
+    # By path, in a 0600 file: the server configs (tokens) never appear in argv.
+    config_file = Path(after(argv, "--mcp-config"))
+    assert config_file.parent == tmp_path / ".agentcall"
+    assert json.loads(config_file.read_text()) == {"mcpServers": {"github": GITHUB_MCP}}
+    assert config_file.stat().st_mode & 0o777 == 0o600
+    assert plan.private_files == (str(config_file),)
+    assert not any(MCP_TOKEN in arg for arg in argv)
+    assert argv[argv.index("--mcp-config") - 1] == "--strict-mcp-config"
+    assert after(argv, "--allowedTools") == "Bash,mcp__github__*"
+    assert plan.run.env["AGENTCALL_GUARD_MCP"] == "github"
+    assert not any(MCP_TOKEN in value for value in plan.run.env.values())
+    assert MCP_TOKEN not in repr(plan)
+
+
+def test_a_task_without_connectors_reads_nothing_and_grants_no_mcp(tmp_path: Path) -> None:
+    """Even a broken .claude.json is not read for a task that names no connector."""
+    planner = owner_home(tmp_path, "{broken")
+    plan = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(CI))
+    assert isinstance(plan, stages.RunPlan)
+    assert "--mcp-config" not in plan.run.argv
+    assert not any("mcp__" in arg for arg in plan.run.argv)
+    assert plan.run.env["AGENTCALL_GUARD_MCP"] == ""
+
+
+def test_a_connector_the_owner_lacks_refuses_the_call(tmp_path: Path) -> None:
+    planner = owner_home(tmp_path, {"mcpServers": {"slack": {"command": "/usr/bin/slack"}}})
+    got = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(WITH_GITHUB))
+    assert got == Failure(
+        code=CallErrorCode.AGENT_ERROR,
+        detail="task ci names connector github, which is not configured",
+    )
+    assert planner.prompts == []
+
+
+@pytest.mark.parametrize("content", ["{broken", '{"mcpServers": {"github": "' + MCP_TOKEN + '"}}'])
+def test_a_malformed_owner_config_fails_closed(tmp_path: Path, content: str) -> None:
+    """agent_error naming the file (home as ~), never its content; nothing is planned."""
+    planner = owner_home(tmp_path, content)
+    got = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(WITH_GITHUB))
+    assert isinstance(got, Failure)
+    assert got.code == CallErrorCode.AGENT_ERROR and got.detail is not None
+    assert got.detail.startswith("~/.claude.json")
+    assert MCP_TOKEN not in got.detail and str(tmp_path) not in got.detail
+    assert planner.prompts == []
+
+
+@pytest.mark.parametrize("config", [CODEX, make_config()], ids=["codex", "command"])
+def test_connectors_are_claude_only(tmp_path: Path, config: Config) -> None:
+    """Another agent cannot be given the servers: refused before anything is read or built."""
+    planner = owner_home(tmp_path, "{broken")
+    got = planner.plan(config, opened_call(task="ci"), Admitted(WITH_GITHUB))
+    assert got == Failure(
+        code=CallErrorCode.AGENT_ERROR,
+        detail="this task's connectors are only supported with Claude Code",
+    )
+    assert planner.prompts == []
 
 
 # --- sessions ------------------------------------------------------------------------------------

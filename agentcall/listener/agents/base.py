@@ -15,10 +15,11 @@ import re
 import types
 import unicodedata
 from collections.abc import Iterable, Mapping
-from typing import Protocol
+from typing import Any, Protocol
 
 import attrs
 
+from agentcall.listener.connectors import SERVER_NAME_RE
 from agentcall.listener.runner import RunResult
 
 CAPABILITIES = frozenset({"read", "write", "fetch", "exec"})
@@ -62,6 +63,11 @@ def _check_absolute(_inst: object, attribute: attrs.Attribute[str], value: str) 
         raise ValueError(f"{attribute.name} must be an absolute path")
 
 
+def _check_absolute_or_none(_inst: object, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if value is not None and (not isinstance(value, str) or not os.path.isabs(value)):
+        raise ValueError(f"{attribute.name} must be an absolute path")
+
+
 def _check_tools(_inst: object, _attribute: object, value: frozenset[str]) -> None:
     unknown = value - CAPABILITIES
     if unknown:
@@ -98,6 +104,28 @@ def _check_settings(_inst: object, _attribute: object, value: str | None) -> Non
         raise ValueError("settings_json must be a JSON object")
 
 
+def _to_servers(value: Mapping[str, Mapping[str, Any]]) -> Mapping[str, Mapping[str, Any]]:
+    if not isinstance(value, Mapping):
+        raise ValueError("mcp_servers must map server names to their configurations")
+    try:
+        # A deep, JSON-only copy: what is checked is what goes into --mcp-config.
+        copied = json.loads(json.dumps(dict(value)))
+    except (TypeError, ValueError, RecursionError):
+        raise ValueError("mcp_servers is not JSON") from None
+    return types.MappingProxyType(copied)
+
+
+def _check_servers(
+    _inst: object, _attribute: object, value: Mapping[str, Mapping[str, Any]]
+) -> None:
+    for name, config in value.items():
+        # The name goes into an --allowedTools rule: a comma or blank would widen it.
+        if not SERVER_NAME_RE.match(name):
+            raise ValueError("mcp_servers has an invalid server name")
+        if not isinstance(config, dict):
+            raise ValueError("an MCP server configuration must be a JSON object")
+
+
 def _check_session(
     _inst: object, attribute: attrs.Attribute[str | None], value: str | None
 ) -> None:
@@ -112,7 +140,9 @@ class AgentSpec:
     ``keep_session`` makes the run resumable later (Claude without
     ``--no-session-persistence``, Codex without ``--ephemeral``); ``resume_session`` continues
     an earlier one. ``codex_hook_config`` is the TOML value of ``hooks.PreToolUse`` for Codex,
-    the counterpart of ``settings_json`` for Claude.
+    the counterpart of ``settings_json`` for Claude. ``mcp_servers`` are the owner's MCP
+    servers this run may use, by name (Claude only; their configurations may hold tokens, so
+    they stay out of the repr).
     """
 
     binary: str = attrs.field(validator=_check_absolute)
@@ -129,6 +159,12 @@ class AgentSpec:
     resume_session: str | None = attrs.field(default=None, validator=_check_session)
     keep_session: bool = False
     codex_hook_config: str | None = None
+    mcp_servers: Mapping[str, Mapping[str, Any]] = attrs.field(
+        factory=dict, converter=_to_servers, validator=_check_servers, repr=False
+    )
+    # A private file holding ``mcp_servers`` as ``{"mcpServers": …}``: the listener always
+    # passes one, because server configs can hold tokens that must not appear in argv (ps).
+    mcp_config_file: str | None = attrs.field(default=None, validator=_check_absolute_or_none)
 
 
 @attrs.frozen

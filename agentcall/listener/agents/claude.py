@@ -10,6 +10,7 @@ guard off or widen a tool to the whole disk.
 
 from __future__ import annotations
 
+import json
 import re
 from typing import Any
 
@@ -27,6 +28,7 @@ from agentcall.listener.agents.base import (
     encode_prompt,
     sanitize_detail,
 )
+from agentcall.listener.connectors import tool_name_part
 from agentcall.listener.runner import RunResult
 
 # Capability -> built-in tool names for --tools, in a fixed order so argv is deterministic.
@@ -66,7 +68,17 @@ def allowed_rules(spec: AgentSpec) -> tuple[str, ...]:
         rules.append("Bash")
     if "fetch" in spec.tools:
         rules.extend(("WebFetch", "WebSearch"))
+    # MCP tools cannot be wildcarded otherwise; each granted server is approved as a whole.
+    rules.extend(f"mcp__{tool_name_part(name)}__*" for name in spec.mcp_servers)
     return tuple(rules)
+
+
+def mcp_config(spec: AgentSpec) -> str | None:
+    """The ``--mcp-config`` JSON for the spec's servers, or None when there are none."""
+    if not spec.mcp_servers:
+        return None
+    servers = {name: dict(config) for name, config in spec.mcp_servers.items()}
+    return json.dumps({"mcpServers": servers}, separators=(",", ":"), ensure_ascii=False)
 
 
 def tool_names(spec: AgentSpec) -> tuple[str, ...]:
@@ -174,7 +186,13 @@ class ClaudeAdapter:
             # "" drops user/project/local settings: their disableAllHooks or allow rules
             # would otherwise switch the guard off or widen the task.
             argv += ["--settings", spec.settings_json, "--setting-sources", ""]
-        argv += ["--strict-mcp-config", "--max-turns", str(spec.max_turns)]
+        # Strict: none of the owner's MCP servers but those the task names (in --mcp-config).
+        argv.append("--strict-mcp-config")
+        servers = mcp_config(spec)
+        if servers is not None:
+            # By path when the caller wrote the private file (the listener always does).
+            argv += ["--mcp-config", spec.mcp_config_file or servers]
+        argv += ["--max-turns", str(spec.max_turns)]
         if spec.resume_session is not None:
             argv += ["--resume", spec.resume_session]
         elif not spec.keep_session:

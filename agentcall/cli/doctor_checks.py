@@ -1,0 +1,445 @@
+"""The checks behind ``agentcall doctor``. Each returns :class:`Check` values; nothing prints.
+
+Everything that reaches outside the process (the relay, ``systemctl``, the agent CLI, PATH)
+goes through :class:`DoctorDeps`, so tests pass fakes. The tool guard is the exception on
+purpose: it is run for real, exactly as the listener wires it, because a guard that only
+looks wired is the failure this check exists to catch.
+
+Imports of Twisted and crypto stay inside functions: this module is loaded for ``--help``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shlex
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections.abc import Callable, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Final
+
+import attrs
+
+if TYPE_CHECKING:
+    from agentcall.config import Config
+    from agentcall.home import Home
+    from agentcall.keystore import LocalKeys
+    from agentcall.wire.http import KeysResponse
+
+OK: Final = "pass"
+FAIL: Final = "fail"
+WARN: Final = "warn"
+SUBPROCESS_TIMEOUT_S: Final = 10.0
+SYSTEMCTL_TIMEOUT_S: Final = 5.0
+MAX_SHOWN: Final = 200
+RESUME_HINT: Final = "run `agentcall setup --resume` (it publishes missing key records)"
+
+
+@attrs.frozen
+class Check:
+    """One line of the report: ``status`` is pass, fail (with a fix in ``hint``) or warn."""
+
+    name: str
+    status: str
+    detail: str | None = None
+    hint: str | None = None
+
+    def to_json(self) -> dict[str, str]:
+        body = {"name": self.name, "status": self.status}
+        if self.detail is not None:
+            body["detail"] = self.detail
+        if self.hint is not None:
+            body["hint"] = self.hint
+        return body
+
+
+# Runs argv with a timeout; raises subprocess.TimeoutExpired, or OSError if it cannot start.
+Runner = Callable[[Sequence[str], float], "subprocess.CompletedProcess[str]"]
+
+
+def run_command(argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=timeout_s,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
+
+
+def which_on_path(program: str, path: str) -> str | None:
+    return shutil.which(program, path=path)
+
+
+def _guard_argv() -> list[str]:
+    from agentcall.listener.guardwire import guard_argv
+
+    return guard_argv()
+
+
+def _managed_paths() -> tuple[str, ...]:
+    from agentcall.listener.guardwire import MANAGED_SETTINGS_PATHS
+
+    return MANAGED_SETTINGS_PATHS
+
+
+@attrs.frozen
+class DoctorDeps:
+    """Everything doctor reaches outside the process with; tests pass fakes."""
+
+    make_api: Callable[[Any, Config], Any]  # (reactor, config) -> RelayApi
+    run_network: Callable[..., Any]  # run_on_reactor
+    run: Runner = run_command
+    which: Callable[[str, str], str | None] = which_on_path  # (program, PATH)
+    guard_argv: Callable[[], list[str]] = _guard_argv
+    managed_settings: Callable[[], tuple[str, ...]] = _managed_paths
+    environ: Mapping[str, str] = attrs.field(factory=lambda: os.environ)
+
+    @property
+    def path(self) -> str:
+        return self.environ.get("PATH", os.defpath)
+
+
+def _short(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    last = lines[-1] if lines else ""
+    return last if len(last) <= MAX_SHOWN else last[: MAX_SHOWN - 1] + "…"
+
+
+def _problem(exc: BaseException) -> str:
+    from agentcall.errors import ApiError
+
+    if isinstance(exc, ApiError):
+        return f"the relay refused: {exc.message} ({exc.code})"
+    return str(exc) or type(exc).__name__
+
+
+# --- installation ------------------------------------------------------------------------------
+
+
+def installation(deps: DoctorDeps) -> Check:
+    import agentcall
+
+    package = os.path.dirname(os.path.abspath(agentcall.__file__))
+    detail = f"agentcall {agentcall.__version__} from {package} (Python {sys.executable})"
+    found: dict[str, str] = {}  # resolved -> as found, first one first
+    for directory in deps.path.split(os.pathsep):
+        candidate = os.path.join(directory, "agentcall")
+        if directory and os.path.isfile(candidate) and os.access(candidate, os.X_OK):
+            found.setdefault(os.path.realpath(candidate), candidate)
+    if len(found) > 1:
+        return Check(
+            "installation",
+            WARN,
+            f"{detail}; several agentcall programs on PATH: {', '.join(found.values())}",
+            "the first one runs; remove the others so the listener and you use the same one",
+        )
+    return Check("installation", OK, detail)
+
+
+# --- keys and relay ----------------------------------------------------------------------------
+
+
+def local_keys(home: Home, config: Config) -> tuple[Check, LocalKeys | None]:
+    from agentcall.crypto.keys import fingerprint
+    from agentcall.home import LocalStateError
+    from agentcall.keystore import load_keys
+
+    try:
+        keys = load_keys(home)
+    except LocalStateError as exc:
+        return Check("keys", FAIL, str(exc), "restore keys.json from a backup, or re-enrol"), None
+    if (keys.address, keys.relay_origin) != (config.address, config.relay_origin):
+        detail = (
+            f"keys.json is for {keys.address} at {keys.relay_origin}, config.json for "
+            f"{config.address} at {config.relay_origin}"
+        )
+        return Check("keys", FAIL, detail, "put back the keys.json of this enrolment"), None
+    detail = (
+        f"identity {fingerprint(keys.identity_record.record)}, encryption epoch "
+        f"{keys.epochs[-1].epoch} ({keys.epochs[-1].key_id})"
+    )
+    return Check("keys", OK, detail), keys
+
+
+@attrs.frozen
+class RelayFacts:
+    """What the relay said; an ``*_error`` is set where it could not say."""
+
+    status_error: str | None = None
+    relay_origin: str | None = None
+    version: str | None = None
+    keys: KeysResponse | None = None
+    keys_error: str | None = None
+    online: bool | None = None
+    presence_error: str | None = None
+
+
+async def ask_relay(reactor: Any, deps: DoctorDeps, config: Config, presence: bool) -> RelayFacts:
+    try:
+        api = deps.make_api(reactor, config)
+        status = await api.status()
+    except Exception as exc:
+        return RelayFacts(status_error=_problem(exc))
+    keys: KeysResponse | None = None
+    keys_error = presence_error = None
+    online: bool | None = None
+    try:
+        keys = await api.get_keys(config.handle)
+    except Exception as exc:
+        keys_error = _problem(exc)
+    if presence:
+        try:
+            online = (await api.presence()).online
+        except Exception as exc:
+            presence_error = _problem(exc)
+    return RelayFacts(
+        None, status.relay_origin, status.version, keys, keys_error, online, presence_error
+    )
+
+
+def relay(facts: RelayFacts, config: Config, keys: LocalKeys | None) -> list[Check]:
+    where = config.relay_url + (" (from AGENTCALL_RELAY)" if config.relay_overridden else "")
+    if facts.status_error is not None:
+        hint = "check the network and relay_url; a private CA needs ca_file or SSL_CERT_FILE"
+        return [Check("relay", FAIL, f"{where}: {facts.status_error}", hint)]
+    if facts.relay_origin != config.relay_origin:
+        detail = f"{where} is {facts.relay_origin}, but this installation enrolled at "
+        hint = "point relay_url (or AGENTCALL_RELAY) at the relay you enrolled with"
+        return [Check("relay", FAIL, detail + config.relay_origin, hint)]
+    checks = [Check("relay", OK, f"{where} answers (relay {facts.version})")]
+    if keys is None:
+        checks.append(Check("published keys", WARN, "unproven: the local keys did not load"))
+    elif facts.keys is None:
+        checks.append(Check("published keys", FAIL, str(facts.keys_error), RESUME_HINT))
+    else:
+        checks.append(_compare_keys(facts.keys, keys))
+    return checks
+
+
+def _compare_keys(served: KeysResponse, keys: LocalKeys) -> Check:
+    name = "published keys"
+    if served.identity.record != keys.identity_record.record:
+        detail = "the relay serves a different identity key for this address than keys.json"
+        return Check(name, FAIL, detail, "ask an admin to reset the enrolment, then re-enrol")
+    if served.encryption is None:
+        return Check(name, FAIL, "the relay has no encryption key for you", RESUME_HINT)
+    record, current = served.encryption.record, keys.epochs[-1]
+    if record.key_id == current.key_id:
+        return Check(name, OK, f"identity and encryption epoch {record.epoch} match keys.json")
+    if keys.key_for(record.key_id, record.epoch) is not None:
+        detail = f"the relay serves epoch {record.epoch}; the current one is {current.epoch}"
+        return Check(name, WARN, detail, "the listener publishes it; or " + RESUME_HINT)
+    detail = f"the relay serves encryption key {record.key_id}, which keys.json does not hold"
+    return Check(name, FAIL, detail + ": callers cannot reach you", RESUME_HINT)
+
+
+# --- listener ----------------------------------------------------------------------------------
+
+
+def listener_service(home: Home, deps: DoctorDeps) -> Check:
+    from agentcall.service_unit import UNIT_NAME, unit_path
+
+    name = "listener service"
+    own = "run `agentcall listen` under your own supervisor (launchd, a container, tmux)"
+    if deps.which("systemctl", deps.path) is None:
+        return Check(name, WARN, "no systemctl here: no service manager to ask", own)
+    unit = unit_path(home, deps.environ)
+    try:
+        done = deps.run(["systemctl", "--user", "is-active", UNIT_NAME], SYSTEMCTL_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        return Check(name, WARN, f"systemctl --user did not answer in {SYSTEMCTL_TIMEOUT_S:g} s")
+    except OSError as exc:
+        return Check(name, WARN, f"cannot run systemctl: {exc.strerror or exc}")
+    if done.returncode == 0:
+        return Check(name, OK, f"{UNIT_NAME} is active")
+    state = _short(done.stdout) or _short(done.stderr) or f"exit status {done.returncode}"
+    if not unit.exists():
+        detail = f"no systemd user unit at {unit} ({state})"
+        return Check(name, WARN, detail, "`agentcall setup --resume` installs it; or " + own)
+    return Check(
+        name,
+        FAIL,
+        f"{UNIT_NAME} is installed but not active ({state})",
+        f"run `systemctl --user restart {UNIT_NAME}`; its output goes to {home.listener_log_path}",
+    )
+
+
+def listener_connected(facts: RelayFacts, config: Config) -> Check:
+    name = "listener connected"
+    if facts.online:
+        return Check(name, OK, "the relay sees this installation's listener connected")
+    if facts.online is False:
+        return Check(
+            name,
+            FAIL,
+            f"no listener of yours is connected: calls to {config.address} fail as offline",
+            "start it: `systemctl --user restart agentcall-listener`, or `agentcall listen`",
+        )
+    why = facts.presence_error or facts.status_error or "the relay did not say"
+    return Check(name, WARN, f"unproven: {why}")
+
+
+# --- the agent ---------------------------------------------------------------------------------
+
+_AUTH: Final = {
+    "claude": (("auth", "status"), "run `claude auth login` (or start `claude` and /login)"),
+    "codex": (("login", "status"), "run `codex login`"),
+}
+
+
+def agent(config: Config, deps: DoctorDeps) -> list[Check]:
+    from agentcall.wire.http import AgentKind
+
+    kind = config.agent_kind
+    if kind is AgentKind.COMMAND and config.agent_command is not None:
+        program = config.agent_command[0]
+    else:
+        program = str(kind)
+    found = deps.which(program, deps.path)
+    if found is None:
+        detail = f"`{program}` is not found on PATH (as this shell sees it)"
+        return [Check("agent", FAIL, detail, "install it, or rerun setup with another --agent")]
+    checks = [Check("agent", OK, f"{kind}: {found}")]
+    if kind is AgentKind.COMMAND:
+        detail = f"{found} is executable; whether it is signed in anywhere is its own affair"
+        checks.append(Check("agent login", OK, detail))
+        return checks
+    words, hint = _AUTH[str(kind)]
+    shown = f"`{program} {' '.join(words)}`"
+    try:
+        done = deps.run([found, *words], SUBPROCESS_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        checks.append(Check("agent login", WARN, f"unproven: {shown} did not answer in time"))
+        return checks
+    except OSError as exc:
+        checks.append(Check("agent login", FAIL, f"{shown} cannot run: {exc.strerror or exc}"))
+        return checks
+    if done.returncode == 0:
+        checks.append(Check("agent login", OK, f"{shown} says you are logged in"))
+    else:
+        said = _short(done.stderr) or _short(done.stdout)
+        detail = f"{shown} exited {done.returncode}" + (f": {said}" if said else "")
+        checks.append(Check("agent login", FAIL, detail, hint))
+    return checks
+
+
+# --- the tool guard ----------------------------------------------------------------------------
+
+
+def _payload(target: str, cwd: str) -> bytes:
+    body = {
+        "hook_event_name": "PreToolUse",
+        "tool_name": "Read",
+        "tool_input": {"file_path": target},
+        "cwd": cwd,
+        "tool_use_id": "toolu_agentcall_doctor",
+    }
+    return json.dumps(body).encode()
+
+
+def _run_guard(argv: list[str], target: str, cwd: str, env: dict[str, str]) -> tuple[int, str]:
+    """The guard's exit status and its output (stdout, else stderr); -1 when it could not run."""
+    try:
+        done = subprocess.run(
+            argv,
+            input=_payload(target, cwd),
+            capture_output=True,
+            env=env,
+            cwd=cwd,
+            timeout=SUBPROCESS_TIMEOUT_S,
+            check=False,
+        )
+    except subprocess.TimeoutExpired:
+        return -1, f"no verdict within {SUBPROCESS_TIMEOUT_S:g} s"
+    except OSError as exc:
+        return -1, f"cannot run: {exc.strerror or exc}"
+    out = done.stdout.decode("utf-8", "replace").strip()
+    return done.returncode, out or _short(done.stderr.decode("utf-8", "replace"))
+
+
+def _logged_decisions(path: str) -> list[object]:
+    try:
+        with open(path, "rb") as log:
+            lines = log.read().splitlines()
+    except OSError:
+        return []
+    decisions: list[object] = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue
+        decisions.append(entry.get("decision") if isinstance(entry, dict) else None)
+    return decisions
+
+
+def guard(home: Home, config: Config, deps: DoctorDeps) -> list[Check]:
+    from agentcall.guard.main import DENY_OUTPUT
+    from agentcall.listener import guardwire
+    from agentcall.wire.http import AgentKind
+
+    if config.agent_kind is AgentKind.COMMAND:
+        detail = "a custom agent command runs without the tool guard; nothing bounds its tools"
+        return [Check("tool guard", WARN, detail)]
+    roots = [os.path.realpath(root) for root in config.read_roots if os.path.isdir(root)]
+    if not roots:
+        detail = "none of the read roots exists, so calls have no working directory"
+        return [Check("tool guard", FAIL, detail, "fix read_roots in config.json")]
+    argv, root = deps.guard_argv(), roots[0]
+    secret = os.path.join(str(home.user_home), ".ssh", "id_ed25519")
+    inside = os.path.join(root, "agentcall-doctor-probe.txt")
+    checks: list[Check] = []
+    with tempfile.TemporaryDirectory(prefix="agentcall-doctor-") as scratch:
+        log = os.path.join(scratch, "tools.log")
+        env = {k: v for k, v in deps.environ.items() if not k.startswith("AGENTCALL_")}
+        env.update(
+            guardwire.guard_env(
+                roots=config.read_roots,
+                write_root=None,
+                caps={"read"},
+                call_id="doctor",
+                log_path=log,
+                home=home.user_home,
+                extra_denied=guardwire.default_extra_denied(home.tasks_dir),
+            )
+        )
+        denied = _run_guard(argv, secret, root, env)
+        allowed = _run_guard(argv, inside, root, env)
+        logged = _logged_decisions(log)
+        if config.agent_kind is AgentKind.CLAUDE:
+            checks.append(_claude_settings(deps, os.path.join(scratch, "no-claude-config")))
+    wrong = []
+    if denied != (0, DENY_OUTPUT):
+        wrong.append(f"a Read of {secret} was not refused (exit {denied[0]}: {denied[1]!r})")
+    if allowed != (0, ""):
+        wrong.append(f"a Read in {root} was not let through (exit {allowed[0]}: {allowed[1]!r})")
+    if not wrong and logged != ["deny", "allow"]:
+        wrong.append(f"the guard did not log both decisions (tools.log had {logged!r})")
+    if wrong:
+        hint = f"reinstall agentcall; the listener runs `{shlex.join(argv)}` as the hook"
+        return [Check("tool guard", FAIL, "; ".join(wrong), hint), *checks]
+    detail = f"refused a Read of {secret}, let one in {root} through, and logged both"
+    return [Check("tool guard", OK, detail), *checks]
+
+
+def _claude_settings(deps: DoctorDeps, nowhere: str) -> Check:
+    from agentcall.listener.guardwire import owner_settings_disable_hooks
+
+    name = "claude settings"
+    managed = owner_settings_disable_hooks(
+        nowhere, environ=deps.environ, managed_paths=deps.managed_settings()
+    )
+    if managed is not None:
+        detail = f'{managed}; managed settings apply even with --setting-sources "", so Claude'
+        hint = "ask whoever manages this machine's Claude settings to allow hooks"
+        return Check(name, FAIL, detail + " would answer calls without the guard", hint)
+    mine = owner_settings_disable_hooks(environ=deps.environ, managed_paths=())
+    if mine is not None:
+        detail = f'{mine}; the listener starts Claude with --setting-sources "", so it cannot'
+        return Check(name, WARN, detail + " switch the guard off during calls")
+    return Check(name, OK, "no Claude settings switch hooks off")

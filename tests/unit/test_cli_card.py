@@ -1,0 +1,156 @@
+"""`agentcall card`: the address, agent and default menu callers meet, computed locally."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+
+from agentcall.cli import owner
+from agentcall.cli.main import main
+from agentcall.config import load_config, save_config
+from agentcall.home import Home
+from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
+from tests.unit.cli_helpers import install, isolate
+
+REVIEW = (
+    'description: "Review a diff"\n'
+    "name: Code review\n"
+    "keywords: [review, diff]\n"
+    "examples:\n"
+    '  - "Review my change to parser.py"'
+)
+
+
+@attrs.define
+class Machine:
+    home: Path
+    ceiling_path: Path
+
+    @property
+    def state(self) -> Home:
+        return Home.from_environ({"HOME": str(self.home)})
+
+    def task(self, task_id: str, front: str = "description: d") -> None:
+        path = self.home / "AgentCall" / "tasks" / task_id / "SKILL.md"
+        path.parent.mkdir(parents=True)
+        path.write_text(f"---\n{front}\n---\nDo it.\n")
+
+    def policy(self, document: dict[str, Any]) -> None:
+        self.state.policy_path.write_text(json.dumps(document))
+        self.state.policy_path.chmod(0o600)
+
+
+@pytest.fixture
+def machine(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Machine:
+    home = isolate(monkeypatch, tmp_path)
+    install(home)
+    ceiling_path = tmp_path / "admin" / "policy.json"
+    ceiling_path.parent.mkdir()
+
+    def test_ceiling() -> Ceiling | None:
+        environ = {TEST_OVERRIDE_ENV: str(ceiling_path)}
+        return load_ceiling(environ=environ, allow_test_override=True)
+
+    monkeypatch.setattr(owner, "load_admin_ceiling", test_ceiling)
+    monkeypatch.setattr(owner, "ceiling_path", lambda: str(ceiling_path))
+    return Machine(home, ceiling_path)
+
+
+def card(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = main(["card", *argv])
+    out, err = capsys.readouterr()
+    return code, out, err
+
+
+def test_default_card_offers_ask(machine: Machine, capsys: pytest.CaptureFixture[str]) -> None:
+    """A fresh installation: its address, Claude, and the built-in ask; not published."""
+    code, out, _err = card(capsys, "--json")
+    body = json.loads(out)
+    assert code == 0
+    assert body["address"] == "@acme/ann" and body["agent_kind"] == "claude"
+    assert [task["id"] for task in body["tasks"]] == ["ask"]
+    assert body["published"] is False
+
+
+def test_offered_tasks_show_their_details_and_grants_do_not(
+    machine: Machine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Only the default offer is on the card, with name, description, keywords, examples;
+    a task granted to one caller, or stopped by the admin ceiling, is not."""
+    machine.task("review", REVIEW)
+    machine.task("deploy")
+    machine.task("secret")
+    machine.policy(
+        {
+            "version": 2,
+            "default_offer": ["ask", "review", "secret"],
+            "callers": {"ana": {"grants": ["deploy"]}},
+        }
+    )
+    machine.ceiling_path.write_text(json.dumps({"version": 1, "allowed_tasks": ["ask", "review"]}))
+    machine.ceiling_path.chmod(0o644)
+    body = json.loads(card(capsys, "--json")[1])
+    assert [task["id"] for task in body["tasks"]] == ["ask", "review"]
+    assert body["tasks"][1] == {
+        "id": "review",
+        "name": "Code review",
+        "description": "Review a diff",
+        "keywords": ["review", "diff"],
+        "examples": ["Review my change to parser.py"],
+    }
+    code, out, _err = card(capsys)
+    assert code == 0
+    assert "  review — Code review" in out and "    keywords: review, diff" in out
+    assert "    example: Review my change to parser.py" in out
+    assert "not published" in out.splitlines()[-1]
+
+
+def test_blocked_by_default_offers_nothing(
+    machine: Machine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    machine.policy({"version": 2, "default_access": "blocked"})
+    code, out, _err = card(capsys)
+    assert code == 0 and "default access: blocked" in out and "tasks: none" in out
+
+
+def test_caller_only_answers_nothing(machine: Machine, capsys: pytest.CaptureFixture[str]) -> None:
+    state = machine.state
+    save_config(state, attrs.evolve(load_config(state), agent_kind=None))
+    body = json.loads(card(capsys, "--json")[1])
+    assert body["answers_calls"] is False and body["tasks"] == []
+    assert "caller-only" in card(capsys)[1]
+
+
+def test_not_set_up_or_broken_policy_is_one_line(
+    machine: Machine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    machine.state.policy_path.write_text("{")
+    machine.state.policy_path.chmod(0o600)
+    code, _out, err = card(capsys)
+    assert code == 1 and "cannot show the card" in err and len(err.splitlines()) == 1
+    machine.state.config_path.unlink()
+    code, _out, err = card(capsys)
+    assert code == 1 and "agentcall setup" in err
+
+
+def test_hostile_task_text_is_made_terminal_safe(
+    machine: Machine, capsys: pytest.CaptureFixture[str]
+) -> None:
+    machine.task("odd", 'description: "a\x1b]0;x\x07b\u202ec"')
+    machine.policy({"version": 2, "default_offer": ["odd"]})
+    out = card(capsys)[1]
+    assert "    a ]0;x b c" in out.splitlines()
+    assert "\x1b" not in out and "\u202e" not in out
+
+
+def test_help_says_there_is_no_relay_card_yet(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["card", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exited.value.code == 0
+    assert "the relay has no card endpoint yet" in out
+    assert "agentcall card --json" in out.split("examples:")[1]

@@ -1,0 +1,558 @@
+"""`agentcall doctor`: every check in order, each failure with its fix, the real guard run."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from twisted.internet import defer
+
+from agentcall.cli import doctor, owner
+from agentcall.cli.doctor_checks import DoctorDeps
+from agentcall.cli.main import main
+from agentcall.client.api import RelayUnreachable
+from agentcall.config import load_config, save_config
+from agentcall.guard.main import DENY_OUTPUT
+from agentcall.home import Home
+from agentcall.keystore import LocalKeys, create_keys
+from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
+from agentcall.wire.http import KeysResponse, PresenceResponse, StatusResponse
+from tests.unit.cli_helpers import NOW, ORIGIN, install, isolate, run_with_clock
+
+ALL_CHECKS = [
+    "installation",
+    "private files",
+    "config",
+    "keys",
+    "relay",
+    "published keys",
+    "listener service",
+    "listener connected",
+    "agent",
+    "agent login",
+    "tool guard",
+    "claude settings",
+    "tasks",
+    "policy",
+    "admin ceiling",
+    "assertions",
+    "limits",
+]
+
+
+@attrs.define
+class FakeApi:
+    keys: KeysResponse | None
+    online: bool = True
+    fail: dict[str, Exception] = attrs.field(factory=dict)
+    asked: list[str] = attrs.field(factory=list)
+
+    def _answer(self, route: str, value: object) -> defer.Deferred[Any]:
+        self.asked.append(route)
+        if route in self.fail:
+            return defer.fail(self.fail[route])
+        return defer.succeed(value)
+
+    def status(self) -> defer.Deferred[StatusResponse]:
+        return self._answer("status", StatusResponse(ok=True, version="9", relay_origin=ORIGIN))
+
+    def get_keys(self, handle: str) -> defer.Deferred[KeysResponse]:
+        assert handle == "ann"
+        return self._answer("get_keys", self.keys)
+
+    def presence(self) -> defer.Deferred[PresenceResponse]:
+        return self._answer("presence", PresenceResponse("@acme/ann", self.online))
+
+
+@attrs.define
+class FakeRunner:
+    """`systemctl --user is-active …` and `<agent> auth|login status`, by their last words."""
+
+    answers: dict[str, subprocess.CompletedProcess[str] | Exception]
+    ran: list[tuple[str, ...]] = attrs.field(factory=list)
+
+    def __call__(self, argv: Sequence[str], timeout_s: float) -> subprocess.CompletedProcess[str]:
+        assert timeout_s <= 10
+        self.ran.append(tuple(argv))
+        key = "is-active" if "is-active" in argv else " ".join(argv[-2:])
+        answer = self.answers[key]
+        if isinstance(answer, Exception):
+            raise answer
+        return answer
+
+
+def done(code: int, out: str = "", err: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.CompletedProcess([], code, out, err)
+
+
+@attrs.define
+class World:
+    home: Path
+    keys: LocalKeys
+    api: FakeApi
+    runner: FakeRunner
+    ceiling_path: Path
+    managed: Path
+    programs: dict[str, str] = attrs.field(
+        factory=lambda: {
+            "systemctl": "/usr/bin/systemctl",
+            "claude": "/usr/bin/claude",
+            "codex": "/usr/bin/codex",
+        }
+    )
+    guard_argv: list[str] | None = None
+    path: str = "/nonexistent"
+
+    def deps(self) -> DoctorDeps:
+        deps = DoctorDeps(
+            make_api=lambda _reactor, _config: self.api,
+            run_network=run_with_clock,
+            run=self.runner,
+            which=lambda program, _path: self.programs.get(program),
+            managed_settings=lambda: (str(self.managed),),
+            environ={"HOME": str(self.home), "PATH": self.path},
+        )
+        argv = self.guard_argv
+        return deps if argv is None else attrs.evolve(deps, guard_argv=lambda: argv)
+
+    @property
+    def state(self) -> Home:
+        return Home.from_environ({"HOME": str(self.home)})
+
+    def reconfigure(self, **changes: Any) -> None:
+        save_config(self.state, attrs.evolve(load_config(self.state), **changes))
+
+    def task(self, task_id: str, front: str) -> Path:
+        path = self.home / "AgentCall" / "tasks" / task_id / "SKILL.md"
+        path.parent.mkdir(parents=True)
+        path.write_text(f"---\n{front}\n---\nDo it.\n")
+        return path
+
+    def policy(self, document: dict[str, Any] | str) -> None:
+        text = document if isinstance(document, str) else json.dumps(document)
+        path = self.state.policy_path
+        path.write_text(text)
+        path.chmod(0o600)
+
+
+@pytest.fixture
+def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> World:
+    home = isolate(monkeypatch, tmp_path)
+    _state, _config, keys = install(home)
+    api = FakeApi(KeysResponse(keys.identity_record, keys.current_record))
+    runner = FakeRunner({"is-active": done(0, "active\n"), "auth status": done(0, "{}")})
+    ceiling_path = tmp_path / "admin" / "policy.json"
+    ceiling_path.parent.mkdir()
+
+    def test_ceiling() -> Ceiling | None:
+        environ = {TEST_OVERRIDE_ENV: str(ceiling_path)}
+        return load_ceiling(environ=environ, allow_test_override=True)
+
+    monkeypatch.setattr(owner, "load_admin_ceiling", test_ceiling)
+    monkeypatch.setattr(owner, "ceiling_path", lambda: str(ceiling_path))
+    made = World(home, keys, api, runner, ceiling_path, tmp_path / "managed-settings.json")
+    monkeypatch.setattr(doctor, "DEPS", None)
+    return made
+
+
+def run_doctor(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> tuple[int, dict[str, Any]]:
+    """Runs `doctor --json` and returns the exit status and the report, checks by name."""
+    monkeypatch.setattr(doctor, "DEPS", world.deps())
+    code = main(["doctor", "--json"])
+    report = json.loads(capsys.readouterr().out)
+    assert report["ok"] is (code == 0)
+    return code, report
+
+
+def by_name(report: dict[str, Any], name: str) -> list[dict[str, Any]]:
+    return [check for check in report["checks"] if check["name"] == name]
+
+
+def one(report: dict[str, Any], name: str) -> dict[str, Any]:
+    [check] = by_name(report, name)
+    return check
+
+
+# --- the whole run -------------------------------------------------------------------------------
+
+
+def test_a_healthy_installation_passes_every_check_in_order(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Everything fine: each check once, in the documented order, all ✓, exit 0; the real
+    guard refused the key and allowed the read root."""
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 0, report
+    assert [check["name"] for check in report["checks"]] == ALL_CHECKS
+    assert {check["status"] for check in report["checks"]} == {"pass"}
+    guard = one(report, "tool guard")["detail"]
+    assert f"{world.home}/.ssh/id_ed25519" in guard and "logged both" in guard
+    assert world.runner.ran == [
+        ("systemctl", "--user", "is-active", "agentcall-listener.service"),
+        ("/usr/bin/claude", "auth", "status"),
+    ]
+    assert world.api.asked == ["status", "get_keys", "presence"]
+    # The text form: a mark per check and a summary line.
+    code = main(["doctor"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 0 and len(lines) == len(ALL_CHECKS) + 1
+    assert all(line.startswith("✓ ") for line in lines[:-1])
+    assert lines[-1] == "doctor: all checks passed, 0 warning(s)"
+
+
+def test_text_output_marks_failures_with_their_fix_and_exits_one(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """✗ lines are followed by `fix:`, ! lines mark the unproven; a failure means exit 1."""
+    world.api.fail["presence"] = RelayUnreachable("no answer from relay.example within 10 s")
+    world.runner.answers["auth status"] = done(1, "", "Not logged in\n")
+    monkeypatch.setattr(doctor, "DEPS", world.deps())
+    code = main(["doctor"])
+    lines = capsys.readouterr().out.splitlines()
+    assert code == 1
+    failed = lines.index("✗ agent login: `claude auth status` exited 1: Not logged in")
+    assert lines[failed + 1] == "    fix: run `claude auth login` (or start `claude` and /login)"
+    assert "! listener connected: unproven: no answer from relay.example within 10 s" in lines
+    assert lines[-1] == "doctor: 1 check(s) failed, 1 warning(s)"
+
+
+# --- the installation ----------------------------------------------------------------------------
+
+
+def test_not_set_up_fails_at_config_and_stops(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Without config.json nothing later can be checked; the fix is setup."""
+    world.state.config_path.unlink()
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1
+    assert [check["name"] for check in report["checks"]] == ALL_CHECKS[:3]
+    assert "agentcall setup --invite" in one(report, "config")["hint"]
+    assert world.api.asked == []
+
+
+def test_a_readable_config_is_a_private_file_failure(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A config others can read fails the permission check with `chmod 600`, and config."""
+    config = world.state.config_path
+    config.chmod(0o644)
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1
+    problem = one(report, "private files")
+    assert problem["status"] == "fail" and problem["hint"] == f"run `chmod 600 {config}`"
+    assert one(report, "config")["status"] == "fail"
+
+
+def test_several_agentcall_programs_on_path_are_a_warning(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """Two different `agentcall` executables on PATH: the one that runs may not be yours."""
+    dirs = []
+    for name in ("a", "b"):
+        program = tmp_path / name / "agentcall"
+        program.parent.mkdir()
+        program.write_text(f"#!/bin/sh\n# {name}\n")
+        program.chmod(0o755)
+        dirs.append(str(program.parent))
+    world.path = ":".join(dirs)
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "installation")
+    assert (
+        check["status"] == "warn" and f"{dirs[0]}/agentcall, {dirs[1]}/agentcall" in check["detail"]
+    )
+
+
+def test_keys_of_another_identity_fail(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """keys.json for another address than config.json is caught before the relay is asked."""
+    world.state.keys_path.unlink()
+    create_keys(world.state, ORIGIN, "@acme/bob", NOW)
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1
+    assert "keys.json is for @acme/bob" in one(report, "keys")["detail"]
+    assert one(report, "published keys")["status"] == "warn"
+
+
+# --- the relay -----------------------------------------------------------------------------------
+
+
+def test_an_unreachable_relay_fails_and_leaves_presence_unproven(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.api.fail["status"] = RelayUnreachable("cannot resolve relay.example")
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1
+    relay = one(report, "relay")
+    assert relay["status"] == "fail" and "cannot resolve relay.example" in relay["detail"]
+    assert by_name(report, "published keys") == []
+    assert one(report, "listener connected")["status"] == "warn"
+
+
+def test_published_keys_must_be_the_local_ones(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    """Another identity, another encryption key, or none: each is a failure with a fix."""
+    other_home = Home.from_environ({"HOME": str(tmp_path)})
+    other = create_keys(other_home, ORIGIN, "@acme/ann", NOW)
+    cases = [
+        (KeysResponse(other.identity_record, world.keys.current_record), "different identity"),
+        (KeysResponse(world.keys.identity_record, other.current_record), "does not hold"),
+        (KeysResponse(world.keys.identity_record, None), "no encryption key"),
+    ]
+    for served, expected in cases:
+        world.api.keys = served
+        code, report = run_doctor(world, monkeypatch, capsys)
+        check = one(report, "published keys")
+        assert code == 1 and check["status"] == "fail" and expected in check["detail"]
+    from agentcall.errors import ApiError, ApiErrorCode
+
+    world.api.fail["get_keys"] = ApiError(404, ApiErrorCode.NOT_FOUND, "no published keys")
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    assert "agentcall setup --resume" in one(report, "published keys")["hint"]
+
+
+def test_a_relay_at_another_origin_fails(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.reconfigure(relay_origin="other.example")
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    relay = one(report, "relay")
+    assert relay["status"] == "fail" and "other.example" in relay["detail"]
+
+
+# --- the listener --------------------------------------------------------------------------------
+
+
+def test_listener_states(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Offline at the relay fails; an installed unit that is not active fails with the restart
+    command; no unit, or no systemctl, is a warning."""
+    world.api.online = False
+    world.runner.answers["is-active"] = done(3, "inactive\n")
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    connected = one(report, "listener connected")
+    assert connected["status"] == "fail" and "agentcall listen" in connected["hint"]
+    assert one(report, "listener service")["status"] == "warn"  # no unit file
+    unit = world.home / ".config" / "systemd" / "user" / "agentcall-listener.service"
+    unit.parent.mkdir(parents=True)
+    unit.write_text("[Unit]\n")
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    service = one(report, "listener service")
+    assert service["status"] == "fail" and "not active (inactive)" in service["detail"]
+    assert "systemctl --user restart agentcall-listener.service" in service["hint"]
+    del world.programs["systemctl"]
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    assert "no systemctl" in one(report, "listener service")["detail"]
+
+
+# --- the agent -----------------------------------------------------------------------------------
+
+
+def test_agent_missing_unauthenticated_or_silent(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.runner.answers["auth status"] = subprocess.TimeoutExpired(["claude"], 10)
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    assert one(report, "agent login")["status"] == "warn"
+    del world.programs["claude"]
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1 and "`claude` is not found on PATH" in one(report, "agent")["detail"]
+    assert by_name(report, "agent login") == []
+
+
+def test_codex_is_asked_with_login_status_and_its_limits_warn(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Codex: `codex login status`; no Claude settings check; no read floor is a warning."""
+    world.reconfigure(agent_kind="codex")
+    world.runner.answers["login status"] = done(1, "", "Not logged in\n")
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1
+    assert ("/usr/bin/codex", "login", "status") in world.runner.ran
+    assert one(report, "agent login")["hint"] == "run `codex login`"
+    assert by_name(report, "claude settings") == []
+    limits = one(report, "limits")
+    assert limits["status"] == "warn" and "no read floor" in limits["detail"]
+    assert one(report, "tool guard")["status"] == "pass"
+
+
+def test_a_command_agent_has_no_guard(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    program = tmp_path / "answer"
+    program.write_text("#!/bin/sh\n")
+    program.chmod(0o755)
+    world.reconfigure(agent_kind="command", agent_command=(str(program),))
+    world.programs[str(program)] = str(program)
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 0
+    assert one(report, "tool guard")["status"] == "warn"
+    assert one(report, "agent login")["status"] == "pass"
+    assert not any("status" in argv for argv in world.runner.ran)
+
+
+# --- the guard -----------------------------------------------------------------------------------
+
+_LOGS_NOTHING = f"import sys; print({DENY_OUTPUT!r} if 'id_ed25519' in sys.stdin.read() else '')"
+
+
+@pytest.mark.parametrize(
+    ("program", "expected"),
+    [
+        ("pass", "id_ed25519 was not refused"),
+        (f"print({DENY_OUTPUT!r})", "was not let through"),
+        ("import sys; sys.exit(2)", "id_ed25519 was not refused (exit 2"),
+        (_LOGS_NOTHING, "did not log both decisions"),
+    ],
+    ids=["allows-all", "denies-all", "crashes", "never-logs"],
+)
+def test_a_guard_that_does_not_guard_fails(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    program: str,
+    expected: str,
+) -> None:
+    """A hook that lets the key through, refuses everything, crashes, or decides right but
+    keeps no record is a failure: each half of the check can fail on its own."""
+    world.guard_argv = [sys.executable, "-c", program]
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "tool guard")
+    assert code == 1 and check["status"] == "fail" and expected in check["detail"]
+
+
+def test_a_missing_read_root_fails_the_guard_check(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    world.reconfigure(read_roots=(str(tmp_path / "gone"),))
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    assert "none of the read roots exists" in one(report, "tool guard")["detail"]
+
+
+def test_claude_settings_that_switch_hooks_off(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The owner's own settings cannot (we pass --setting-sources ""): a warning that says
+    so. Managed settings can: a failure."""
+    settings = world.home / ".claude" / "settings.json"
+    settings.parent.mkdir()
+    settings.write_text('{"disableAllHooks": true}')
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "claude settings")
+    assert code == 0 and check["status"] == "warn"
+    assert "disableAllHooks" in check["detail"] and '--setting-sources ""' in check["detail"]
+    world.managed.write_text('{"allowManagedHooksOnly": true}')
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "claude settings")
+    assert code == 1 and check["status"] == "fail" and "allowManagedHooksOnly" in check["detail"]
+
+
+# --- owner control -------------------------------------------------------------------------------
+
+
+def test_task_policy_and_assertion_problems_fail(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Task problems with file:line; a failing assertion; dangling grants as a warning; a task
+    with a shell makes Claude's limits a warning (Bash is not bounded)."""
+    bad = world.task("broken", "description: d\ntools: [sudo]")
+    world.task("deploy", "description: d\ntools: [read, exec]")
+    world.policy(
+        {
+            "version": 2,
+            "callers": {"ana": {"grants": ["deploy", "gone"]}},
+            "assertions": [{"caller": "bob", "accept": ["deploy"]}],
+        }
+    )
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1
+    assert one(report, "tasks")["detail"].startswith(f"{bad}:3: unknown tool 'sudo'")
+    assert "bob does not get deploy" in one(report, "assertions")["detail"]
+    assert "names gone, which is not a task on disk" in one(report, "policy notes")["detail"]
+    limits = one(report, "limits")
+    assert limits["status"] == "warn" and "Bash is recorded, not bounded" in limits["detail"]
+
+
+def test_unusable_policy_or_ceiling_fail(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.policy('{"version": 2, "callers": []}')
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    assert '"callers" must be an object' in one(report, "policy")["detail"]
+    assert by_name(report, "assertions") == []
+    world.state.policy_path.unlink()
+    world.ceiling_path.write_text('{"version": 1, "max_tools": "all"}')
+    code, report = run_doctor(world, monkeypatch, capsys)
+    ceiling = one(report, "admin ceiling")
+    assert code == 1 and "no call is answered" in ceiling["detail"]
+
+
+# --- caller-only and terminal safety -------------------------------------------------------------
+
+
+def test_caller_only_skips_the_answering_side(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.reconfigure(agent_kind=None)
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 0
+    names = [check["name"] for check in report["checks"]]
+    assert names == [n for n in ALL_CHECKS if n not in SKIPPED_WHEN_CALLER_ONLY]
+    assert world.runner.ran == [] and "presence" not in world.api.asked
+    assert "caller-only" in report["notes"][0]
+
+
+SKIPPED_WHEN_CALLER_ONLY = {
+    "listener service",
+    "listener connected",
+    "agent",
+    "agent login",
+    "tool guard",
+    "claude settings",
+    "limits",
+}
+
+
+def test_what_others_say_is_made_terminal_safe(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An agent CLI's or relay's text with escape sequences never reaches the terminal raw."""
+    world.runner.answers["auth status"] = done(1, "", "\x1b]0;owned\x07bad\u202e\n")
+    monkeypatch.setattr(doctor, "DEPS", world.deps())
+    main(["doctor"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
+    assert " ]0;owned bad " in out
+    main(["doctor", "--json"])
+    out = capsys.readouterr().out
+    assert "\x1b" not in out and "\\u202e" in out
+
+
+def test_help_explains_with_an_example(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["doctor", "--help"])
+    out = capsys.readouterr().out
+    assert exited.value.code == 0 and "agentcall doctor --json" in out.split("examples:")[1]
