@@ -9,13 +9,10 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import pytest_twisted  # type: ignore[import-untyped,unused-ignore]
-from twisted.internet import reactor as _reactor
 
 from agentcall.listener.agents import adapter_for
 from agentcall.listener.agents.base import (
@@ -27,11 +24,15 @@ from agentcall.listener.agents.base import (
 )
 from agentcall.listener.agents.codex import ADAPTER, CodexParser
 from agentcall.listener.runner import AgentRun, RunResult, run_agent
+from tests.unit.agent_helpers import (
+    FAKE_AGENT,
+    SAMPLES,
+    needs_samples,
+    reactor,
+    run_result,
+    twisted_test,
+)
 
-reactor: Any = _reactor
-F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, None]])
-SAMPLES = Path(os.environ.get("AGENTCALL_SAMPLES_DIR", "/work/shared/reference/agent-clis/samples"))
-FAKE_AGENT = Path(__file__).resolve().parent.parent / "fakes" / "fake_agent.py"
 WORKDIR = "/home/ken/AgentCall/t1"
 PROMPT = "You are ken's agent.\n<<CALLER-MESSAGE>>\nWhat do the notes say?\n"
 EXCLUDES = (
@@ -42,40 +43,12 @@ EXCLUDES = (
 )
 NETWORK = ("-c", "sandbox_workspace_write.network_access=true")
 
-needs_samples = pytest.mark.skipif(
-    not SAMPLES.is_dir(), reason=f"real CLI captures not found at {SAMPLES}"
-)
-
-
-def twisted_test(f: F) -> F:
-    """Run an async test on the reactor (pytest-twisted is untyped)."""
-    result: F = pytest_twisted.ensureDeferred(f)
-    return result
-
 
 def spec(**kw: Any) -> AgentSpec:
     kw.setdefault("binary", "/usr/local/bin/codex")
     kw.setdefault("workdir", WORKDIR)
     kw.setdefault("tools", {"read"})
     return AgentSpec(**kw)
-
-
-def run_result(**kw: Any) -> RunResult:
-    fields: dict[str, Any] = {
-        "exit_code": 0,
-        "signal": None,
-        "stdout": b"",
-        "stderr": b"",
-        "stdout_truncated": False,
-        "stderr_truncated": False,
-        "timed_out": False,
-        "cancelled": False,
-        "early_finish": False,
-        "duration_s": 1.0,
-        "swept_pids": 0,
-    }
-    fields.update(kw)
-    return RunResult(**fields)
 
 
 def feed(lines: list[str] | list[bytes] | list[str | bytes]) -> CodexParser:

@@ -4,15 +4,12 @@ from __future__ import annotations
 
 import os
 import sys
-from collections.abc import Callable, Coroutine
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import pytest
-import pytest_twisted  # type: ignore[import-untyped,unused-ignore]
 from hypothesis import given
 from hypothesis import strategies as st
-from twisted.internet import reactor as _reactor
 
 from agentcall import limits
 from agentcall.listener.agents import adapter_for, cut_utf8
@@ -26,35 +23,10 @@ from agentcall.listener.agents.base import (
     tail_detail,
 )
 from agentcall.listener.agents.command import ADAPTER, CommandParser
-from agentcall.listener.runner import AgentRun, RunResult, run_agent
+from agentcall.listener.runner import AgentRun, run_agent
+from tests.unit.agent_helpers import reactor, run_result, twisted_test
 
-reactor: Any = _reactor
-F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, None]])
 PROMPT = "preamble\n<<CALLER-MESSAGE>>\nhello ünïcode\n"
-
-
-def twisted_test(f: F) -> F:
-    """Run an async test on the reactor (pytest-twisted is untyped)."""
-    result: F = pytest_twisted.ensureDeferred(f)
-    return result
-
-
-def run_result(**kw: Any) -> RunResult:
-    fields: dict[str, Any] = {
-        "exit_code": 0,
-        "signal": None,
-        "stdout": b"",
-        "stderr": b"",
-        "stdout_truncated": False,
-        "stderr_truncated": False,
-        "timed_out": False,
-        "cancelled": False,
-        "early_finish": False,
-        "duration_s": 1.0,
-        "swept_pids": 0,
-    }
-    fields.update(kw)
-    return RunResult(**fields)
 
 
 def spec(**kw: Any) -> AgentSpec:

@@ -42,11 +42,8 @@ from agentcall.guard.main import (
 )
 from agentcall.listener.guardwire import guard_argv, guard_env
 from agentcall.scope import Scope
+from tests.unit.agent_helpers import SAMPLES, needs_samples
 
-SAMPLES = Path(os.environ.get("AGENTCALL_SAMPLES_DIR", "/work/shared/reference/agent-clis/samples"))
-needs_samples = pytest.mark.skipif(
-    not SAMPLES.is_dir(), reason=f"real CLI captures not found at {SAMPLES}"
-)
 ALL_CAPS = frozenset({"read", "write", "exec", "fetch"})
 
 
