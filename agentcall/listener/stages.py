@@ -18,10 +18,19 @@ caller passes, and the environment is a mapping.
 
 from __future__ import annotations
 
-import contextlib
-import json
+__all__ = [  # planning's names are part of this module's interface too
+    "NOT_INSTALLED_DETAIL",
+    "GuardSetup",
+    "PromptBuilder",
+    "RunPlan",
+    "Which",
+    "plan_run",
+    "resolve_program",
+    "shell_allowed",
+]
+
 import os
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from typing import Final
 
 import attrs
@@ -35,13 +44,10 @@ from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode, CryptoError, StoreError
 from agentcall.keystore import LocalKeys
-from agentcall.listener import connectors, guardwire
 from agentcall.listener.admission import ASK_TASK, Admitted, Refused, resolve
-from agentcall.listener.agent_env import agent_environment
-from agentcall.listener.agents import AgentAdapter, AgentParser, adapter_for
+from agentcall.listener.agents import AgentAdapter, AgentParser
 from agentcall.listener.agents.base import (
     AgentAnswer,
-    AgentSpec,
     FailureKind,
     clean_text,
     cut_utf8,
@@ -49,14 +55,22 @@ from agentcall.listener.agents.base import (
 )
 from agentcall.listener.calllog import CallStatus
 from agentcall.listener.ceiling import Ceiling, CeilingError
-from agentcall.listener.contexts import Binding, session_plan
+from agentcall.listener.planning import (
+    NOT_INSTALLED_DETAIL,
+    GuardSetup,
+    PromptBuilder,
+    RunPlan,
+    Which,
+    plan_run,
+    resolve_program,
+    shell_allowed,
+)
 from agentcall.listener.policy import Policy, PolicyError
-from agentcall.listener.prompt import PromptParts
 from agentcall.listener.redact import redact
-from agentcall.listener.runner import AgentRun, RunResult
+from agentcall.listener.runner import RunResult
 from agentcall.listener.tasks import Task, TaskSet
 from agentcall.wire.frames import CallOutcome, IncomingCall, Terminal
-from agentcall.wire.http import AgentKind, EncryptionKeyRecord, KeysResponse
+from agentcall.wire.http import EncryptionKeyRecord, KeysResponse
 from agentcall.wire.payloads import Failure, Reply, RequestPayload
 
 POLICY_ERROR_DETAIL: Final = "a local policy error prevented this call"
@@ -66,14 +80,10 @@ CONTEXT_UNKNOWN_DETAIL: Final = (
 GUARD_UNWIRED_DETAIL: Final = (
     "the owner's tool guard did not see every tool call of the agent, so the answer was withheld"
 )
-NOT_INSTALLED_DETAIL: Final = "the answering agent is not installed"
 NOT_LOGGED_IN_DETAIL: Final = "the answering agent is not logged in"
 NO_WORKDIR_DETAIL: Final = "none of the directories the owner shares exists on their machine"
 
 KeyFetcher = Callable[[str], Deferred[KeysResponse]]
-PromptBuilder = Callable[[PromptParts, str], str]
-# (program name, PATH) -> absolute path of the executable, or None; shutil.which in service.
-Which = Callable[[str, str], str | None]
 
 
 class Rejected(Exception):
@@ -253,176 +263,7 @@ def choose_workdir(config: Config, task: Task, is_dir: Callable[[str], bool]) ->
     return os.path.realpath(shared[0])
 
 
-# --- 4. the run ------------------------------------------------------------------------------
-
-
-@attrs.frozen
-class RunPlan:
-    """Everything needed to spawn one agent and read what it prints."""
-
-    run: AgentRun = attrs.field(repr=False)  # its stdin holds the prompt
-    adapter: AgentAdapter
-    parser: AgentParser
-    workdir: str
-    # Files written for this run only (e.g. the MCP config); removed once it ends.
-    private_files: tuple[str, ...] = ()
-
-
-def resolve_program(
-    config: Config, environ: Mapping[str, str], which: Which
-) -> tuple[str, tuple[str, ...]] | None:
-    """The agent's absolute program path and its extra arguments, or None if not found."""
-    if config.agent_kind is AgentKind.COMMAND and config.agent_command is not None:
-        program, *extra = config.agent_command
-    elif config.agent_kind in (AgentKind.CLAUDE, AgentKind.CODEX):
-        program, extra = str(config.agent_kind), []
-    else:
-        return None
-    # Searched on the listener's PATH (a path with a slash is taken as it is). Symlinks are
-    # not followed: a multi-call binary may choose its behaviour by the name it runs under.
-    found = which(program, environ.get("PATH", os.defpath))
-    if found is None:
-        return None
-    return os.path.abspath(found), tuple(extra)
-
-
-@attrs.frozen
-class GuardSetup:
-    """Where the tool guard lives and logs, for this installation."""
-
-    argv: tuple[str, ...]
-    tools_log: str
-    home: str
-    extra_denied: tuple[str, ...]
-
-
-def shell_allowed(ceiling: Ceiling | None) -> bool:
-    """Whether the admin ceiling leaves ``exec`` to anyone (unmanaged machines: yes)."""
-    return ceiling is None or ceiling.max_tools is None or "exec" in ceiling.max_tools
-
-
-def plan_run(
-    config: Config,
-    opened: OpenedCall,
-    admitted: Admitted,
-    workdir: str,
-    binding: Binding | None,
-    *,
-    guard: GuardSetup,
-    shell_allowed: bool = True,
-    environ: Mapping[str, str],
-    which: Which,
-    is_dir: Callable[[str], bool],
-    build_prompt: PromptBuilder,
-) -> RunPlan | Failure:
-    """Build the prompt and the process to run, or the failure that says why not."""
-    found = resolve_program(config, environ, which)
-    if found is None:
-        return Failure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
-    program, extra_args = found
-    task = admitted.task
-    servers: dict[str, connectors.ServerConfig] = {}
-    if task.connectors:
-        # Only Claude takes the owner's MCP servers; another agent would answer without them.
-        if config.agent_kind != AgentKind.CLAUDE:
-            detail = "this task's connectors are only supported with Claude Code"
-            return Failure(code=CallErrorCode.AGENT_ERROR, detail=detail)
-        try:
-            servers = connectors.task_servers(task.id, task.connectors, guard.home, environ)
-        except connectors.ConnectorError as exc:
-            # Fail closed: nothing is spawned. The message names files and names, no config.
-            return Failure(code=CallErrorCode.AGENT_ERROR, detail=sanitize_detail(str(exc)))
-    roots = tuple(os.path.realpath(r) for r in config.read_roots if is_dir(r))
-    parts = PromptParts(
-        owner_address=config.address,
-        caller_address=opened.caller_address,
-        task_id=task.id,
-        task_name=task.name,
-        task_instructions=task.instructions or None,
-        workdir=workdir,
-        readable_roots=config.read_roots,
-        threaded=binding is not None,
-    )
-    prompt = build_prompt(parts, opened.request.message)
-    kind = str(config.agent_kind)
-    adapter = adapter_for(kind)
-    # Exactly what admission allowed: the ceiling's max_tools may have removed even read.
-    tools = frozenset(admitted.effective_tools)
-    sessions = session_plan(binding, threadable=task.threadable, agent_kind=kind)
-    guard_argv = list(guard.argv)
-    spec = AgentSpec(
-        binary=program,
-        workdir=workdir,
-        tools=tools,
-        read_roots=tuple(r for r in roots if r != workdir),
-        settings_json=(
-            guardwire.claude_guard_settings(guard_argv) if kind == AgentKind.CLAUDE else None
-        ),
-        codex_hook_config=(
-            guardwire.codex_hook_value(guard_argv) if kind == AgentKind.CODEX else None
-        ),
-        resume_session=sessions.resume_session,
-        keep_session=sessions.keep_session,
-        mcp_servers=servers,
-        mcp_config_file=_write_mcp_config(guard, opened.call_id, servers),
-    )
-    invocation = adapter.build(spec, prompt)
-    # The command adapter runs the program alone; the owner's configured arguments follow it.
-    argv = invocation.argv + extra_args
-    # Codex reads only through its shell, so its guard must let commands through (recorded,
-    # flagged when they name a denied path); its read-only sandbox still stops writes. Where
-    # the admin ceiling forbids exec, Codex gets no shell and answers from the prompt alone.
-    codex_shell = kind == AgentKind.CODEX and shell_allowed
-    guard_caps = tools | {"exec"} if codex_shell else tools
-    env = dict(agent_environment(environ, opened.call_id, invocation.env_additions))
-    # Added after the filter, which drops every AGENTCALL_* variable from outside.
-    env.update(
-        guardwire.guard_env(
-            roots=roots or (workdir,),
-            write_root=workdir if "write" in tools else None,
-            caps=guard_caps,
-            call_id=opened.call_id,
-            log_path=guard.tools_log,
-            home=guard.home,
-            extra_denied=guard.extra_denied,
-            mcp_servers=tuple(servers),
-        )
-    )
-    timeout_s = config.agent_timeout_s
-    if task.timeout_s is not None:
-        timeout_s = min(timeout_s, float(task.timeout_s))
-    run = AgentRun(
-        argv=argv,
-        cwd=invocation.cwd,
-        env=env,
-        stdin=invocation.stdin_bytes,
-        timeout_s=timeout_s,
-        kill_grace_s=config.kill_grace_s,
-    )
-    return RunPlan(
-        run=run,
-        adapter=adapter,
-        parser=adapter.new_parser(),
-        workdir=workdir,
-        private_files=(spec.mcp_config_file,) if spec.mcp_config_file else (),
-    )
-
-
-def _write_mcp_config(
-    guard: GuardSetup, call_id: str, servers: Mapping[str, connectors.ServerConfig]
-) -> str | None:
-    """Write the task's MCP servers to a 0600 file in the state directory (which the guard
-    refuses to the agent), so their tokens never appear in argv; the core removes it."""
-    if not servers:
-        return None
-    path = os.path.join(os.path.dirname(guard.tools_log), f"mcp-{call_id}.json")
-    data = json.dumps({"mcpServers": dict(servers)}, separators=(",", ":")).encode("utf-8")
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
-    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
-    with os.fdopen(fd, "wb") as out:
-        out.write(data)
-    return path
+# --- 4. the run: see agentcall.listener.planning (re-exported here) -------------------------
 
 
 # --- 5. the result ---------------------------------------------------------------------------
