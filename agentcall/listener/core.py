@@ -31,8 +31,8 @@ from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode
 from agentcall.keystore import LocalKeys
+from agentcall.listener import planning, stages
 from agentcall.listener import prompt as prompt_module
-from agentcall.listener import stages
 from agentcall.listener.admission import ASK_TASK, Admitted
 from agentcall.listener.calllog import CallRecord, CallStatus
 from agentcall.listener.contexts import Binding, ContextRefusal, Conversations
@@ -109,13 +109,13 @@ class Effects:
     replay: ReplayWindow
     load_admission: Callable[[], stages.AdmissionInputs]
     conversations: Conversations
-    guard: stages.GuardSetup
+    guard: planning.GuardSetup
     spawn: Spawner
     call_log: CallLogWriter
     environ: Mapping[str, str]
-    which: stages.Which = which_on_path
+    which: planning.Which = which_on_path
     is_dir: Callable[[str], bool] = os.path.isdir
-    build_prompt: stages.PromptBuilder = prompt_module.build_prompt
+    build_prompt: planning.PromptBuilder = prompt_module.build_prompt
 
 
 @attrs.define
@@ -273,14 +273,14 @@ class CallPipeline:
         # e. accepted, started, and only now does the message go into a prompt.
         self._deliver(CallAccepted(call_id=call.call_id), keep=False)
         self._deliver(CallStarted(call_id=call.call_id), keep=False)
-        plan = stages.plan_run(
+        plan = planning.plan_run(
             self.config,
             opened,
             decision,
             workdir,
             binding,
             guard=fx.guard,
-            shell_allowed=stages.shell_allowed(loaded[-1].ceiling if loaded else None),
+            shell_allowed=planning.shell_allowed(loaded[-1].ceiling if loaded else None),
             environ=fx.environ,
             which=fx.which,
             is_dir=fx.is_dir,

@@ -3,7 +3,7 @@
 Only here does the caller's message go into a prompt. The plan carries the task's tools (as
 admission and the admin ceiling left them), its working directory, the tool guard's settings
 and environment, the conversation's session, and the task's connectors (written to a private
-file, never to argv). :mod:`agentcall.listener.stages` re-exports these names.
+file, never to argv).
 """
 
 from __future__ import annotations

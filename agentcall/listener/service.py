@@ -35,9 +35,10 @@ from agentcall.listener.ceiling import Ceiling, CeilingError, load_ceiling
 from agentcall.listener.connection import RelayConnection, RelayLink, RelaySettings
 from agentcall.listener.contexts import Conversations
 from agentcall.listener.core import CallPipeline, Effects
+from agentcall.listener.planning import GuardSetup
 from agentcall.listener.policy import PolicyError, load_policy
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
-from agentcall.listener.stages import AdmissionInputs, GuardSetup
+from agentcall.listener.stages import AdmissionInputs
 from agentcall.listener.tasks import load_tasks
 from agentcall.logevents import Logger
 from agentcall.statedb import StateDb

@@ -7,8 +7,11 @@
 2. :func:`admit_call`: may this caller run this task? Decided from the relay-verified caller,
    the requested task id and local files only. The caller's message is not a parameter, so it
    cannot influence the decision.
+   (then the core checks a named conversation, :mod:`agentcall.listener.contexts`: it can only
+   narrow an admitted call, never select a task)
 3. (the core's one-call slot: ``busy``)
-4. :func:`plan_run`: only now does the message go into a prompt, for an admitted caller.
+4. :func:`agentcall.listener.planning.plan_run`: only now does the message go into a prompt,
+   for an admitted caller.
 5. :func:`judge_run`: the agent's result becomes a reply (redacted, then cut) or a failure.
 6. :func:`seal_outcome`: sign and seal it to the caller's pinned encryption key.
 
@@ -17,17 +20,6 @@ caller passes, and the environment is a mapping.
 """
 
 from __future__ import annotations
-
-__all__ = [  # planning's names are part of this module's interface too
-    "NOT_INSTALLED_DETAIL",
-    "GuardSetup",
-    "PromptBuilder",
-    "RunPlan",
-    "Which",
-    "plan_run",
-    "resolve_program",
-    "shell_allowed",
-]
 
 import os
 from collections.abc import Callable, Iterable
@@ -55,16 +47,6 @@ from agentcall.listener.agents.base import (
 )
 from agentcall.listener.calllog import CallStatus
 from agentcall.listener.ceiling import Ceiling, CeilingError
-from agentcall.listener.planning import (
-    NOT_INSTALLED_DETAIL,
-    GuardSetup,
-    PromptBuilder,
-    RunPlan,
-    Which,
-    plan_run,
-    resolve_program,
-    shell_allowed,
-)
 from agentcall.listener.policy import Policy, PolicyError
 from agentcall.listener.redact import redact
 from agentcall.listener.runner import RunResult
@@ -263,7 +245,7 @@ def choose_workdir(config: Config, task: Task, is_dir: Callable[[str], bool]) ->
     return os.path.realpath(shared[0])
 
 
-# --- 4. the run: see agentcall.listener.planning (re-exported here) -------------------------
+# --- 4. the run: agentcall.listener.planning ------------------------------------------------
 
 
 # --- 5. the result ---------------------------------------------------------------------------

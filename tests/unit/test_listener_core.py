@@ -25,7 +25,7 @@ from agentcall.crypto.replay import MemoryReplayStorage, ReplayWindow
 from agentcall.errors import CallErrorCode
 from agentcall.home import Home
 from agentcall.keystore import create_keys
-from agentcall.listener import core, stages
+from agentcall.listener import core, planning, stages
 from agentcall.listener.calllog import CallRecord, CallStatus
 from agentcall.listener.ceiling import Ceiling, CeilingError
 from agentcall.listener.contexts import Binding, Conversations, IContextStore
@@ -152,7 +152,7 @@ class Harness:
             replay=ReplayWindow(storage=self.replay),
             load_admission=self.load_admission,
             conversations=Conversations(self.contexts),
-            guard=stages.GuardSetup(
+            guard=planning.GuardSetup(
                 argv=GUARD_ARGV,
                 tools_log=self.tools_log,
                 home="/home/ken",

@@ -27,7 +27,7 @@ from agentcall.crypto.replay import IReplayStorage, MemoryReplayStorage, ReplayW
 from agentcall.errors import CallErrorCode
 from agentcall.home import Home
 from agentcall.keystore import EpochKey, LocalKeys
-from agentcall.listener import guardwire, stages
+from agentcall.listener import guardwire, planning, stages
 from agentcall.listener.admission import Admitted
 from agentcall.listener.agent_env import CALL_ID_ENV, agent_environment
 from agentcall.listener.agents import claude, command
@@ -569,7 +569,7 @@ ENVIRON = {
     "GITHUB_TOKEN": "ghp_not_for_agents",
     "DATABASE_URL": "postgres://secret",
 }
-GUARD = stages.GuardSetup(
+GUARD = planning.GuardSetup(
     argv=("/usr/bin/python3", "-I", "-m", "agentcall.guard"),
     tools_log="/home/ken/.agentcall/tools.log",
     home="/home/ken",
@@ -608,7 +608,7 @@ class Planner:
     )
     lookups: list[tuple[str, str]] = attrs.field(factory=list)
     prompts: list[tuple[PromptParts, str]] = attrs.field(factory=list)
-    guard: stages.GuardSetup = GUARD
+    guard: planning.GuardSetup = GUARD
 
     def which(self, program: str, path: str) -> str | None:
         self.lookups.append((program, path))
@@ -630,11 +630,11 @@ class Planner:
         admitted: Admitted = ASK,
         binding: Binding | None = None,
         shell_allowed: bool = True,
-    ) -> stages.RunPlan | Failure:
+    ) -> planning.RunPlan | Failure:
         workdir = stages.choose_workdir(config, admitted.task, self.is_dir)
         if isinstance(workdir, Failure):
             return workdir
-        return stages.plan_run(
+        return planning.plan_run(
             config,
             opened,
             admitted,
@@ -649,9 +649,9 @@ class Planner:
         )
 
 
-def planned(config: Config, admitted: Admitted = ASK, **kw: Any) -> stages.RunPlan:
+def planned(config: Config, admitted: Admitted = ASK, **kw: Any) -> planning.RunPlan:
     plan = Planner().plan(config, opened_call(), admitted, **kw)
-    assert isinstance(plan, stages.RunPlan)
+    assert isinstance(plan, planning.RunPlan)
     return plan
 
 
@@ -665,7 +665,7 @@ def test_a_claude_run_is_planned_on_path_with_a_filtered_environment() -> None:
     """claude is found on the listener's PATH; env keeps vendor and fake-agent variables only."""
     planner = Planner()
     plan = planner.plan(CLAUDE, opened_call())
-    assert isinstance(plan, stages.RunPlan)
+    assert isinstance(plan, planning.RunPlan)
     assert planner.lookups == [("claude", ENVIRON["PATH"])]
     assert plan.run.argv[0] == "/usr/local/bin/claude"
     assert after(plan.run.argv, "--add-dir") == "/srv/other"
@@ -703,7 +703,7 @@ def test_a_named_task_brings_its_instructions_tools_and_timeout() -> None:
     planner = Planner()
     task = attrs.evolve(CI, timeout_s=45)
     plan = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(task))
-    assert isinstance(plan, stages.RunPlan)
+    assert isinstance(plan, planning.RunPlan)
     [(parts, _)] = planner.prompts
     assert (parts.task_id, parts.task_name) == ("ci", "CI triage")
     assert parts.task_instructions == CI.instructions
@@ -729,7 +729,7 @@ def test_a_command_agent_keeps_its_configured_arguments() -> None:
     planner = Planner()
     config = make_config(agent_command=["/opt/agent/answer", "--quiet", "-"])
     plan = planner.plan(config, opened_call())
-    assert isinstance(plan, stages.RunPlan)
+    assert isinstance(plan, planning.RunPlan)
     assert plan.run.argv == ("/opt/agent/answer", "--quiet", "-")
 
 
@@ -813,10 +813,10 @@ def test_the_shell_is_allowed_unless_a_ceiling_caps_exec_away() -> None:
             assertions=(),
         )
 
-    assert stages.shell_allowed(None)
-    assert stages.shell_allowed(ceiling(None))
-    assert stages.shell_allowed(ceiling(frozenset({"read", "exec"})))
-    assert not stages.shell_allowed(ceiling(frozenset({"read"})))
+    assert planning.shell_allowed(None)
+    assert planning.shell_allowed(ceiling(None))
+    assert planning.shell_allowed(ceiling(frozenset({"read", "exec"})))
+    assert not planning.shell_allowed(ceiling(frozenset({"read"})))
 
 
 def test_a_writing_task_tells_the_guard_where_it_may_write() -> None:
@@ -848,7 +848,7 @@ def test_a_tasks_connectors_reach_claude_and_the_guard(tmp_path: Path) -> None:
     servers = {"github": GITHUB_MCP, "slack": {"command": "/usr/bin/slack-mcp"}}
     planner = owner_home(tmp_path, {"mcpServers": servers})
     plan = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(WITH_GITHUB))
-    assert isinstance(plan, stages.RunPlan)
+    assert isinstance(plan, planning.RunPlan)
     argv = plan.run.argv
     # By path, in a 0600 file: the server configs (tokens) never appear in argv.
     config_file = Path(after(argv, "--mcp-config"))
@@ -868,7 +868,7 @@ def test_a_task_without_connectors_reads_nothing_and_grants_no_mcp(tmp_path: Pat
     """Even a broken .claude.json is not read for a task that names no connector."""
     planner = owner_home(tmp_path, "{broken")
     plan = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(CI))
-    assert isinstance(plan, stages.RunPlan)
+    assert isinstance(plan, planning.RunPlan)
     assert "--mcp-config" not in plan.run.argv
     assert not any("mcp__" in arg for arg in plan.run.argv)
     assert plan.run.env["AGENTCALL_GUARD_MCP"] == ""
@@ -922,7 +922,7 @@ def test_a_threadable_claude_call_keeps_its_session_and_a_mutating_one_does_not(
 def test_a_confirmed_binding_resumes_its_session_in_a_threaded_prompt() -> None:
     planner = Planner()
     plan = planner.plan(CLAUDE, opened_call(), Admitted("ask"), a_binding())
-    assert isinstance(plan, stages.RunPlan)
+    assert isinstance(plan, planning.RunPlan)
     assert after(plan.run.argv, "--resume") == "sess-earlier-1"
     [(parts, _)] = planner.prompts
     assert parts.threaded is True
