@@ -3,17 +3,19 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import attrs
 
-from tests.e2e.processes import BIN, REPO, LogFollower, child_env
+from tests.e2e.processes import BIN, REPO, LogFollower, RelayProcess, child_env, start_relay
 
 FAKE_AGENT = REPO / "tests" / "fakes" / "fake_agent.py"
 
@@ -175,3 +177,41 @@ class Install:
     def stop(self) -> None:
         if self.listener is not None:
             self.listener.stop()
+
+
+@attrs.define
+class World:
+    """A relay with ann (admin, caller only) and ken (a callable claude), each with a HOME."""
+
+    relay: RelayProcess
+    root: Path
+    ann: Install
+    ken: Install
+
+    def invite(self) -> str:
+        """A fresh member invite, created by ann through the CLI."""
+        made = self.ann.cli("invite", "create")
+        if made.returncode != 0:
+            raise RuntimeError(f"invite create failed: {made.stderr}")
+        return made.stdout.strip()
+
+
+@contextlib.contextmanager
+def two_people(root: Path) -> Iterator[World]:
+    """Start a relay and enrol ann and ken; ken's listener is left to the caller to start
+    (after any set-up of its own). Everything is stopped on the way out."""
+    relay, invites = start_relay(root / "relay")
+    world = World(
+        relay,
+        root,
+        Install("ann", root / "ann", relay.ca_file),
+        Install("ken", root / "ken", relay.ca_file),
+    )
+    try:
+        world.ann.setup(invites["acme"], "ann", "--caller-only")
+        world.ken.setup(world.invite(), "ken", "--agent", "claude")
+        world.ken.set_scenario("happy")
+        yield world
+    finally:
+        world.ken.stop()
+        relay.stop()

@@ -11,40 +11,19 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
-import attrs
 import pytest
 
-from tests.e2e.installs import Install
-from tests.e2e.processes import RelayProcess, start_relay
+from tests.e2e.installs import World, two_people
 
 pytestmark = pytest.mark.e2e
 
 
-@attrs.define
-class World:
-    relay: RelayProcess
-    ann: Install
-    ken: Install
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    root: Path = tmp_path_factory.mktemp("world")
-    relay, invites = start_relay(root / "relay")
-    ann = Install("ann", root / "ann", relay.ca_file)
-    ken = Install("ken", root / "ken", relay.ca_file)
-    try:
-        ann.setup(invites["acme"], "ann", "--caller-only")
-        made = ann.cli("invite", "create")
-        assert made.returncode == 0, made.stderr
-        ken.setup(made.stdout.strip(), "ken", "--agent", "claude")
-        ken.edit_config(agent_timeout_s=2, kill_grace_s=0.5)
-        ken.set_scenario("happy")
-        ken.start_listener()
-        yield World(relay, ann, ken)
-    finally:
-        ken.stop()
-        relay.stop()
+    with two_people(tmp_path_factory.mktemp("world")) as world:
+        world.ken.edit_config(agent_timeout_s=2, kill_grace_s=0.5)
+        world.ken.start_listener()
+        yield world
 
 
 def test_the_answer_arrives(world: World) -> None:

@@ -14,42 +14,18 @@ import pytest_twisted
 
 from agentcall.errors import CallErrorCode
 from agentcall.wire import frames, payloads
-from tests.e2e.installs import Install
+from tests.e2e.installs import Install, World, two_people
 from tests.e2e.parties import Party, enrol
-from tests.e2e.processes import REPO, RelayProcess, start_relay
+from tests.e2e.processes import REPO
 
 pytestmark = pytest.mark.e2e
 
 
-@attrs.define
-class World:
-    relay: RelayProcess
-    root: Path
-    ann: Install
-    ken: Install
-
-    def invite(self) -> str:
-        made = self.ann.cli("invite", "create")
-        assert made.returncode == 0, made.stderr
-        return made.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    root: Path = tmp_path_factory.mktemp("robust")
-    relay, invites = start_relay(root / "relay")
-    ann = Install("ann", root / "ann", relay.ca_file)
-    ken = Install("ken", root / "ken", relay.ca_file)
-    world = World(relay, root, ann, ken)
-    try:
-        ann.setup(invites["acme"], "ann", "--caller-only")
-        ken.setup(world.invite(), "ken", "--agent", "claude")
-        ken.set_scenario("happy")
-        ken.start_listener()
+    with two_people(tmp_path_factory.mktemp("robust")) as world:
+        world.ken.start_listener()
         yield world
-    finally:
-        ken.stop()
-        relay.stop()
 
 
 async def _intruder(world: World, handle: str) -> Party:

@@ -10,14 +10,12 @@ from __future__ import annotations
 import json
 import subprocess
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
-import attrs
 import pytest
 
-from tests.e2e.installs import Install
-from tests.e2e.processes import BIN, RelayProcess, start_relay
+from tests.e2e.installs import Install, World, two_people
+from tests.e2e.processes import BIN
 
 pytestmark = pytest.mark.e2e
 
@@ -32,29 +30,10 @@ Look at the CI logs in the working directory and explain the first failure.
 """
 
 
-@attrs.define
-class World:
-    relay: RelayProcess
-    root: Path
-    ann: Install
-    ken: Install
-
-    def invite(self) -> str:
-        made = self.ann.cli("invite", "create")
-        assert made.returncode == 0, made.stderr
-        return made.stdout.strip()
-
-
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
-    root: Path = tmp_path_factory.mktemp("owner")
-    relay, invites = start_relay(root / "relay")
-    ann = Install("ann", root / "ann", relay.ca_file)
-    ken = Install("ken", root / "ken", relay.ca_file)
-    world = World(relay, root, ann, ken)
-    try:
-        ann.setup(invites["acme"], "ann", "--caller-only")
-        ken.setup(world.invite(), "ken", "--agent", "claude")
+    with two_people(tmp_path_factory.mktemp("owner")) as world:
+        ken = world.ken
         (ken.home / ".ssh").mkdir(mode=0o700)
         (ken.home / ".ssh" / "id_ed25519").write_text(SSH_KEY_TEXT)
         (ken.home / "notes.txt").write_text("the build broke on step 3")
@@ -66,12 +45,8 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         )
         granted = ken.cli("allow", "ann", "ci")
         assert granted.returncode == 0, granted.stderr
-        ken.set_scenario("happy")
         ken.start_listener()
         yield world
-    finally:
-        ken.stop()
-        relay.stop()
 
 
 def _last_run(install: Install) -> dict[str, Any]:
