@@ -85,7 +85,8 @@ _LIST_INVITES = (
     "SELECT id, org, role, created_by, created_at, expires_at, description, used_at, used_by,"
     " revoked_at FROM invites WHERE org = ?"
     " ORDER BY (used_at IS NULL AND revoked_at IS NULL AND expires_at > ?) DESC,"
-    " created_at DESC, id LIMIT ?"
+    # Newest first; rowid breaks ties within a second, so the order is the order of creation.
+    " created_at DESC, rowid DESC LIMIT ?"
 )
 # The cap is part of the insert, so it holds however requests interleave.
 _INSERT_INVITE_UNDER_CAP = (
