@@ -156,6 +156,9 @@ def render_unit(spec: UnitSpec) -> str:
         f"ExecStart={exec_start}",
         "Restart=always",
         "RestartSec=2",
+        # `agentcall listen` exits 78 when another listener for the identity took over at the
+        # relay (agentcall.cli.listen.EXIT_REPLACED); restarting would take it back, forever.
+        "RestartPreventExitStatus=78",
         *environment,
         f"StandardOutput=append:{log}",
         f"StandardError=append:{log}",

@@ -3,13 +3,21 @@
 It is the very service the twistd plugin builds (``agentcall.listener.tap.makeService``), run
 on the real reactor until SIGTERM or SIGINT. Log lines go to stdout, which the systemd unit
 appends to listener.log.
+
+When another listener for the same identity takes over at the relay, it logs
+``listener_replaced`` and exits with :data:`EXIT_REPLACED`, which the systemd unit does not
+restart on.
 """
 
 from __future__ import annotations
 
 import argparse
 import sys
-from typing import Any
+from typing import Any, Final
+
+# sysexits' EX_CONFIG: two installations answer for one identity, which only the owner can
+# settle. The systemd unit lists it in RestartPreventExitStatus=.
+EXIT_REPLACED: Final = 78
 
 DESCRIPTION = """\
 Answer calls on this machine: connect to the relay and run your coding agent for each call
@@ -17,7 +25,12 @@ your policy admits. Runs in the foreground until stopped (Ctrl-C or SIGTERM).
 
 `agentcall setup` normally installs this as a systemd user service; run it yourself under
 another supervisor (launchd, a container, tmux) when there is no systemd. It is the same
-service as `twistd -n agentcall-listen`."""
+service as `twistd -n agentcall-listen`.
+
+Only one listener per identity can hold the relay session: when another one for the same
+identity connects, the relay hands the session to the newer one, and this one logs
+`listener_replaced` and exits with status 78 (the systemd unit does not restart it on that
+status). Start it again to take the session back."""
 
 EPILOG = """\
 examples:
@@ -86,4 +99,5 @@ def run(args: argparse.Namespace) -> int:
     running.run()
     if refused:
         raise CommandError(f"the listener refused to start: {_refusal(refused[0])}")
-    return 0
+    # The listener_replaced log line already said why and what to do.
+    return EXIT_REPLACED if getattr(service, "replaced", False) else 0

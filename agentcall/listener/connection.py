@@ -8,6 +8,8 @@
 - Counts a connection only once the relay's ``ready`` frame for our own address arrived: that
   is ``prepareConnection``. Until then nothing is delivered and nothing is sent.
 - Decodes every frame strictly for the listener role; a malformed one is logged and dropped.
+- Stops for good when the relay closes its current socket with :data:`CLOSE_REPLACED`: another
+  listener for the same identity connected, and redialling would only replace it in turn.
 
 :class:`RelayLink` is what the pipeline sends through: a frame goes to the current usable
 socket, or :meth:`RelayLink.send` returns False and the pipeline keeps what matters.
@@ -49,6 +51,13 @@ txaio.use_twisted()
 _log = Logger(namespace="agentcall.listener.connection")
 
 RECONNECT_FACTOR = 2.0
+# The relay's close code for a listener session that a newer one for the same identity replaced
+# (agentcall.relay.switchboard.CLOSE_REPLACED; the relay package is not imported here).
+CLOSE_REPLACED = 4000
+REPLACED_DETAIL = (
+    "another listener for this identity connected to the relay and took over; this one stops "
+    "and does not reconnect (restart it to answer calls here again)"
+)
 
 
 def reconnect_delay(attempt: int, random: Callable[[], float]) -> float:
@@ -122,6 +131,10 @@ class _ListenerProtocol(WebSocketClientProtocol):
         self._ready: Ready | Exception | None = None
         self._ready_waiters: list[defer.Deferred[_ListenerProtocol]] = []
 
+    def connectionMade(self) -> None:
+        self.factory.latest = self
+        super().connectionMade()
+
     # --- ready ----------------------------------------------------------------------------
 
     def when_ready(self) -> defer.Deferred[_ListenerProtocol]:
@@ -132,9 +145,19 @@ class _ListenerProtocol(WebSocketClientProtocol):
             return defer.fail(NotReady("the socket closed right after ready"))
         if isinstance(self._ready, Exception):
             return defer.fail(self._ready)
-        waiter: defer.Deferred[_ListenerProtocol] = defer.Deferred()
+        waiter: defer.Deferred[_ListenerProtocol] = defer.Deferred(self._stop_waiting)
         self._ready_waiters.append(waiter)
         return waiter
+
+    def _stop_waiting(self, waiter: defer.Deferred[_ListenerProtocol]) -> None:
+        """Canceller of a ``when_ready`` waiter (the open timeout, or ClientService stopping).
+
+        The waiter leaves the list first: the close that dropping the socket causes would
+        otherwise settle it a second time (an ``AlreadyCalledError`` per timed-out handshake).
+        """
+        if waiter in self._ready_waiters:
+            self._ready_waiters.remove(waiter)
+        self.drop()
 
     def _settle(self, outcome: Ready | Exception) -> None:
         if self._ready is not None:
@@ -150,6 +173,13 @@ class _ListenerProtocol(WebSocketClientProtocol):
 
     def mark_counted(self) -> None:
         self.counted = True
+
+    @property
+    def replaced(self) -> bool:
+        """The relay's own close frame said a newer listener session took this one's place."""
+        # remoteCloseCode, not onClose's code: an unclean ending reports 1006 even after the
+        # relay's close frame arrived.
+        return bool(self.remoteCloseCode == CLOSE_REPLACED)
 
     # --- frames in ------------------------------------------------------------------------
 
@@ -216,6 +246,9 @@ class _ListenerFactory(WebSocketClientFactory):
         set_relay_protocol_options(self)
         self._connection = connection
         self.expected_address = ""
+        # The protocol of the newest attempt; ClientService dials only once the previous
+        # socket is gone, so any other one is a leftover.
+        self.latest: _ListenerProtocol | None = None
 
     def configure(self, settings: RelaySettings) -> None:
         """Point the next connection at ``settings`` (URL and credentials as just re-read)."""
@@ -304,6 +337,7 @@ class RelayConnection(service.MultiService):
         link: RelayLink,
         on_frame: Callable[[Frame], None],
         on_ready: Callable[[], None],
+        on_replaced: Callable[[], None] = lambda: None,
         clock: IReactorTime | None = None,
         endpoint_for: EndpointFor | None = None,
         random: Callable[[], float] = _random.random,
@@ -318,12 +352,14 @@ class RelayConnection(service.MultiService):
         self.link = link
         self._on_frame = on_frame
         self._on_ready = on_ready
+        self._on_replaced = on_replaced
         self._random = random
         self._factory = _ListenerFactory(reactor, self)
         self.netloc = "?"
         self.connections = 0  # usable connections so far
         self._last_failure = "not connected yet"
         self._lost: tuple[int | None, str | None] | None = None
+        self.replaced = False  # set once the relay said another listener took over
         self.client = internet.ClientService(
             _ReloadingEndpoint(self),
             self._factory,
@@ -356,10 +392,9 @@ class RelayConnection(service.MultiService):
 
     def _prepare(self, proxy: Any) -> defer.Deferred[None]:
         """ClientService's prepareConnection: a connection counts once the relay is ready."""
-        waiting: defer.Deferred[_ListenerProtocol] = proxy.when_ready()
-        # ClientService cancels this on stop; a cancel or the timeout drops the socket.
-        result: defer.Deferred[_ListenerProtocol] = defer.Deferred(lambda _d: proxy.drop())
-        waiting.chainDeferred(result)
+        # ClientService cancels this on stop; a cancel or the timeout drops the socket (the
+        # waiter's own canceller, so nothing can fire it afterwards).
+        result: defer.Deferred[_ListenerProtocol] = proxy.when_ready()
         result.addTimeout(OPEN_TIMEOUT_S, self._clock)
 
         def ready(protocol: _ListenerProtocol) -> None:
@@ -410,10 +445,35 @@ class RelayConnection(service.MultiService):
         self, protocol: _ListenerProtocol, code: int | None, reason: str | None
     ) -> None:
         self.link.detach(protocol)
+        if protocol.replaced and protocol is self._factory.latest and self.running:
+            self._replaced_elsewhere()
+            return
         if protocol.counted:
             self._lost = (code, reason)
             if not self.running:
                 _log.info("relay_disconnected", code=code, reason=reason, retry_in_s=None)
+
+    def _replaced_elsewhere(self) -> None:
+        """Another listener for this identity holds the relay session now: stop redialling.
+
+        Redialling would replace that listener, which would redial and replace this one, every
+        few seconds for as long as both run. Only the socket the newest attempt opened counts,
+        so a leftover socket of this very listener (a network blip) cannot stop it.
+        """
+        if self.replaced:
+            return
+        self.replaced = True
+        _log.error(
+            "listener_replaced",
+            address=self._factory.expected_address,
+            relay=self.netloc,
+            detail=REPLACED_DETAIL,
+        )
+        self.client.stopService()
+        try:
+            self._on_replaced()
+        except Exception:
+            _log.failure("listener_replaced_handler_failed")
 
     def stopService(self) -> defer.Deferred[None]:
         # A normal WebSocket close first; ClientService then drops whatever is left.

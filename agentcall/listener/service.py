@@ -10,16 +10,21 @@ retried on the next connection instead of stopping the listener.
 check. Stopping it (SIGTERM under twistd) refuses new calls, stops a running agent and waits
 for it (bounded by the kill grace plus a little), sends what can still be sent, and closes the
 socket normally.
+
+When the relay says another listener for the same identity took over (close code 4000), the
+service stops the whole process the same way, and :attr:`ListenerService.replaced` tells
+``agentcall listen`` to exit with :data:`agentcall.cli.listen.EXIT_REPLACED`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Callable, Mapping
 from typing import Any, Final
 
 from twisted.application import internet, service
-from twisted.internet import defer
+from twisted.internet import defer, error
 
 from agentcall.client.api import Credentials, RelayApi
 from agentcall.config import Config, load_config
@@ -206,6 +211,7 @@ class ListenerService(service.MultiService):
             link=self.link,
             on_frame=self.core.on_frame,
             on_ready=self._relay_ready,
+            on_replaced=self._replaced_elsewhere,
         )
         self.connection.setServiceParent(self)
         internet.TimerService(KEY_CHECK_INTERVAL_S, self._check_keys).setServiceParent(self)
@@ -241,6 +247,18 @@ class ListenerService(service.MultiService):
             credentials=Credentials(org=config.org, handle=config.handle, token=config.token),
             ca_file=config.ca_file,
         )
+
+    @property
+    def replaced(self) -> bool:
+        """True once another listener for this identity took over the relay session."""
+        return self.connection.replaced
+
+    def _replaced_elsewhere(self) -> None:
+        # The connection has logged why and stopped redialling; a process that stays up but
+        # answers nothing would look healthy to its supervisor, so the process ends (a running
+        # call is stopped as on SIGTERM: its answer could not be delivered any more).
+        with contextlib.suppress(error.ReactorNotRunning):
+            self._reactor.stop()
 
     def _relay_ready(self) -> None:
         self.core.relay_ready()

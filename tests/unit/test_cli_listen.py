@@ -8,10 +8,16 @@ import sys
 from pathlib import Path
 
 import pytest
+from twisted.internet.testing import MemoryReactorClock
 
+from agentcall import service_unit
+from agentcall.cli.listen import EXIT_REPLACED
 from agentcall.cli.main import main
 from agentcall.errors import AgentCallError
+from agentcall.home import Home
 from agentcall.listener import tap
+from agentcall.listener.service import make_listener_service
+from tests.unit.test_listener_core import fired, install
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -25,11 +31,18 @@ class Options(usage.Options):
     pass
 
 class Recorder(service.Service):
+    replaced = False
+
     def startService(self):
         if "--refuse" in sys.argv:
             raise RuntimeError("relay URL is not https")
         super().startService()
         print("STARTED", flush=True)
+        if "--replaced" in sys.argv:
+            # What ListenerService does when the relay says another listener took over.
+            from twisted.internet import reactor
+            self.replaced = True
+            reactor.callLater(0, reactor.stop)
 
     def stopService(self):
         print("STOPPED", flush=True)
@@ -97,3 +110,32 @@ def test_a_tap_that_cannot_build_the_service_is_one_line(
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert err.startswith("agentcall: the listener cannot start:") and "not set up here" in err
+
+
+def test_a_listener_replaced_by_another_exits_with_the_no_restart_status() -> None:
+    """Another listener took over: the service is stopped and the exit status is 78."""
+    process = start("--replaced")
+    out, err = process.communicate(timeout=20)
+    assert process.returncode == EXIT_REPLACED == 78, err
+    assert "STOPPED" in out
+
+
+def test_the_systemd_unit_does_not_restart_a_replaced_listener(tmp_path: Path) -> None:
+    home = Home.from_environ({"HOME": str(tmp_path)})
+    spec = service_unit.listener_spec(home, {}, python=sys.executable)
+    unit = service_unit.render_unit(spec).splitlines()
+    assert "Restart=always" in unit
+    assert f"RestartPreventExitStatus={EXIT_REPLACED}" in unit
+
+
+def test_the_listener_service_stops_the_process_once_replaced(tmp_path: Path) -> None:
+    """The connection's replaced notice reaches the service, which stops the reactor."""
+    reactor = MemoryReactorClock()
+    built = make_listener_service(reactor, install(tmp_path))
+    built.startService()
+    assert not built.replaced
+    built.connection._replaced_elsewhere()
+    assert built.replaced
+    assert reactor.hasStopped
+    assert not built.connection.client.running
+    assert fired(built.stopService())

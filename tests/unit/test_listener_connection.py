@@ -6,6 +6,8 @@ ClientService's retries run on a Clock, so nothing here waits on real time.
 
 from __future__ import annotations
 
+import contextlib
+import gc
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -26,6 +28,7 @@ from agentcall import limits
 from agentcall.client.api import Credentials
 from agentcall.client.endpoint import RelayUrl
 from agentcall.listener.connection import (
+    CLOSE_REPLACED,
     RelayConnection,
     RelayLink,
     RelaySettings,
@@ -155,6 +158,7 @@ class Listener:
     next_settings: RelaySettings | Exception = attrs.field(factory=settings)
     frames: list[Frame] = attrs.field(factory=list)
     readies: int = 0
+    replacements: int = 0
     link: RelayLink = attrs.field(factory=RelayLink)
     connection: RelayConnection = attrs.field(init=False)
 
@@ -165,6 +169,7 @@ class Listener:
             link=self.link,
             on_frame=self.frames.append,
             on_ready=self.ready,
+            on_replaced=self.replaced,
             clock=self.clock,
             endpoint_for=self.relay.endpoint_for,
             random=lambda: 0.0,
@@ -178,6 +183,9 @@ class Listener:
 
     def ready(self) -> None:
         self.readies += 1
+
+    def replaced(self) -> None:
+        self.replacements += 1
 
 
 @pytest.fixture
@@ -204,6 +212,17 @@ def listener(clock: Clock) -> Iterator[Listener]:
 
 def events_named(events: Sequence[LogEvent], name: str) -> list[LogEvent]:
     return [event for event in events if event.get("event") == name]
+
+
+@contextlib.contextmanager
+def no_unhandled_errors() -> Iterator[Sequence[LogEvent]]:
+    """Fails when anything in the block logs a failure, including a Deferred that is
+    garbage-collected with an unhandled error (collected before the block ends)."""
+    with capturedLogs() as events:
+        yield events
+        gc.collect()
+    failures = [event["log_failure"] for event in events if "log_failure" in event]
+    assert failures == []
 
 
 # --- counting a connection -------------------------------------------------------------------
@@ -346,3 +365,108 @@ def test_stopping_closes_the_socket_normally_and_stops_redialling(listener: List
     assert stopped.called
     listener.clock.advance(limits.RECONNECT_MAX_S * 2)
     assert len(listener.relay.dialled) == 1
+
+
+# --- a handshake that never completes --------------------------------------------------------
+
+
+def test_a_timed_out_handshake_whose_socket_then_closes_logs_no_error(listener: Listener) -> None:
+    """The open timeout drops the socket; the close that follows must not settle it again."""
+    listener.relay.ready_address = None
+    with no_unhandled_errors() as events:
+        listener.connection.startService()
+        listener.relay.flush()
+        listener.clock.advance(limits.WS_OPENING_HANDSHAKE_TIMEOUT_S)
+        listener.relay.flush()
+        listener.clock.advance(limits.RECONNECT_MAX_S)
+        listener.relay.flush()
+    [failed, *_] = events_named(events, "relay_connect_failed")
+    assert failed["reason"] == "no ready frame within 10 s"
+
+
+def test_a_close_before_the_open_timeout_logs_no_error(listener: Listener) -> None:
+    """The relay closes first; the timeout that would have fired later does nothing."""
+    listener.relay.ready_address = None
+    with no_unhandled_errors():
+        listener.connection.startService()
+        listener.relay.flush()
+        listener.relay.sockets[0].sendClose(4001, "unauthorized")
+        listener.relay.flush()
+        listener.clock.advance(limits.WS_OPENING_HANDSHAKE_TIMEOUT_S)
+        listener.relay.flush()
+    assert listener.connection.connections == 0
+    assert len(listener.relay.dialled) == 2  # redialled once, after one second
+
+
+def test_stopping_during_the_handshake_then_the_close_logs_no_error(listener: Listener) -> None:
+    """ClientService cancels the wait for ready on stop; the socket's close comes after."""
+    listener.relay.ready_address = None
+    with no_unhandled_errors():
+        listener.connection.startService()
+        listener.relay.flush()
+        stopped = listener.connection.stopService()
+        listener.relay.flush()
+        listener.clock.advance(limits.WS_OPENING_HANDSHAKE_TIMEOUT_S * 2)
+        listener.relay.flush()
+    assert stopped.called
+    assert len(listener.relay.dialled) == 1
+
+
+# --- replaced by another listener for the same identity ---------------------------------------
+
+
+def test_replaced_by_another_listener_logs_one_line_and_stops_redialling(
+    listener: Listener,
+) -> None:
+    """Close code 4000 on the current socket: one clear error line, no more attempts."""
+    listener.connection.startService()
+    listener.relay.flush()
+    with capturedLogs() as events:
+        listener.relay.sockets[0].sendClose(CLOSE_REPLACED, "replaced by a newer connection")
+        listener.relay.flush()
+        listener.clock.advance(limits.RECONNECT_MAX_S * 3)
+        listener.relay.flush()
+    assert len(listener.relay.dialled) == 1
+    assert listener.replacements == 1
+    assert listener.connection.replaced
+    assert not listener.connection.client.running
+    assert not listener.link.connected
+    [line] = events_named(events, "listener_replaced")
+    assert (line["address"], line["relay"]) == ("@acme/ken", "relay.acme.test")
+    assert "another listener for this identity" in line["detail"]
+    assert "restart it" in line["detail"]
+    assert events_named(events, "relay_disconnected") == []
+    assert events_named(events, "relay_connect_failed") == []
+
+
+@pytest.mark.parametrize("code", [1000, 3000, 4001, 4002, 4999])
+def test_any_other_close_code_is_redialled(listener: Listener, code: int) -> None:
+    listener.connection.startService()
+    listener.relay.flush()
+    listener.relay.sockets[0].sendClose(code, "bye")
+    listener.relay.flush()
+    listener.clock.advance(1.0)
+    listener.relay.flush()
+    assert listener.replacements == 0
+    assert listener.connection.connections == 2
+
+
+def test_a_stale_socket_replaced_after_a_blip_does_not_stop_the_listener(
+    listener: Listener,
+) -> None:
+    """The listener lost its socket without a close handshake and dialled again; the relay
+    then replaces the old, stale session with 4000. The newer socket is this listener's own."""
+    listener.connection.startService()
+    listener.relay.flush()
+    old_pump = listener.relay.pumps[0]
+    # The client notices the loss first; the relay still holds the old session.
+    old_pump.clientIO.reportDisconnect()
+    listener.clock.advance(1.0)
+    listener.relay.flush()
+    assert listener.connection.connections == 2
+    stale_relay_side = listener.relay.sockets[0]
+    stale_relay_side.sendClose(CLOSE_REPLACED, "replaced by a newer connection")
+    listener.relay.flush()
+    assert listener.replacements == 0
+    assert listener.connection.client.running
+    assert listener.link.send(CallAccepted(call_id=CALL_ID)) is True
