@@ -4,11 +4,13 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import signal
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,52 @@ def fake_bin(directory: Path) -> Path:
         if not link.exists():
             link.symlink_to(FAKE_AGENT)
     return directory
+
+
+EVENT_WAIT_S = 120.0
+POLL_S = 0.05
+
+
+@attrs.define(frozen=True)
+class AgentGate:
+    """Where the fake agent stops (scenario option ``hold``): it creates ``started`` once it
+    runs and then waits until :meth:`release` writes to the ``release`` FIFO. Tests act on
+    these events, never on how long an agent is guessed to take."""
+
+    started: Path
+    release_fifo: Path
+
+    @classmethod
+    def make(cls, directory: Path) -> AgentGate:
+        directory.mkdir(parents=True, exist_ok=True)
+        gate = cls(directory / "agent-started", directory / "agent-release.fifo")
+        os.mkfifo(gate.release_fifo, 0o600)
+        return gate
+
+    def scenario(self) -> dict[str, str]:
+        return {"started": str(self.started), "release": str(self.release_fifo)}
+
+    def wait_started(self, timeout: float = EVENT_WAIT_S) -> None:
+        # The deadline only bounds a wait for the event; a loaded machine just takes longer.
+        deadline = time.monotonic() + timeout
+        while not self.started.exists():
+            if time.monotonic() >= deadline:
+                raise TimeoutError(f"the fake agent did not reach its hold within {timeout:g} s")
+            time.sleep(POLL_S)
+
+    def release(self) -> bool:
+        """Let a held agent go on; False when no agent is waiting (it never came, or died)."""
+        try:
+            fd = os.open(self.release_fifo, os.O_WRONLY | os.O_NONBLOCK)
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # no reader has the FIFO open
+                return False
+            raise
+        try:
+            os.write(fd, b"go")
+        finally:
+            os.close(fd)
+        return True
 
 
 @attrs.define

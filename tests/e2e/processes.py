@@ -25,7 +25,8 @@ from agentcall.testing.tlsca import CA, make_ca
 
 REPO = Path(__file__).resolve().parents[2]
 BIN = Path(sys.executable).parent
-START_TIMEOUT_S = 20.0
+# Bounds a wait for a readiness line, never a delay: generous, so a loaded machine is only slower.
+START_TIMEOUT_S = 60.0
 
 
 def child_env(**extra: str) -> dict[str, str]:
@@ -49,7 +50,7 @@ def agentcall_cli(args: Sequence[str], *, env: dict[str, str] | None = None) -> 
         env=env or child_env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
     )
     if done.returncode != 0:

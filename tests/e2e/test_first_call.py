@@ -3,6 +3,9 @@
 ann (admin, caller) and ken (member, callee) each have their own HOME. ken's listener is a real
 `twistd agentcall-listen`; his "claude" is tests/fakes/fake_agent.py, whose behaviour each test
 picks through a scenario file.
+
+Agents get a generous kill timer, so a loaded machine cannot turn an answer into a timeout; the
+kill-timer tests call the task `stuck`, whose own short `timeout_s` applies to them alone.
 """
 
 from __future__ import annotations
@@ -13,16 +16,30 @@ from pathlib import Path
 
 import pytest
 
-from tests.e2e.installs import World, two_people
+from tests.e2e.installs import AgentGate, World, two_people
 
 pytestmark = pytest.mark.e2e
+
+# Long enough for the fake agent to start and leave its children behind on a loaded machine.
+STUCK_TIMEOUT_S = 8
+STUCK_TASK = f"""---
+description: An agent that never answers in time
+timeout_s: {STUCK_TIMEOUT_S}
+---
+Answer the caller.
+"""
 
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with two_people(tmp_path_factory.mktemp("world")) as world:
-        world.ken.edit_config(agent_timeout_s=2, kill_grace_s=0.5)
-        world.ken.start_listener()
+        ken = world.ken
+        ken.edit_config(agent_timeout_s=120, kill_grace_s=0.5)
+        assert ken.cli("task", "new", "stuck").returncode == 0
+        (ken.home / "AgentCall" / "tasks" / "stuck" / "SKILL.md").write_text(STUCK_TASK)
+        granted = ken.cli("allow", "ann", "stuck")
+        assert granted.returncode == 0, granted.stderr
+        ken.start_listener()
         yield world
 
 
@@ -71,27 +88,34 @@ def test_a_blocked_caller_is_refused_and_nothing_spawns(world: World) -> None:
         assert world.ken.cli("unblock", "ann").returncode == 0
 
 
-def test_a_concurrent_call_gets_busy(world: World) -> None:
-    """One call runs, none waits: a second caller meanwhile is told the agent is busy."""
-    world.ken.set_scenario({"name": "slow", "seconds": 1.5})
-    assert world.ken.listener is not None
-    mark = world.ken.listener.log.mark()
+def test_a_concurrent_call_gets_busy(world: World, tmp_path: Path) -> None:
+    """One call runs, none waits: a second caller meanwhile is told the agent is busy.
+
+    The first agent is held until the second call has its answer, however slowly it comes.
+    """
+    gate = AgentGate.make(tmp_path)
+    world.ken.set_scenario({"name": "happy", "hold": gate.scenario()})
     first = world.ann.cli_async("call", "@acme/ken", "first question")
-    world.ken.listener.log.wait_for(r"agent_started", timeout=30, since=mark)
-    second = world.ann.cli("call", "@acme/ken", "second question")
+    try:
+        gate.wait_started()
+        second = world.ann.cli("call", "@acme/ken", "second question")
+    finally:
+        # Never leave the agent held: the listener would stay busy for the next test.
+        released = gate.release()
+    assert released, "the first agent was no longer waiting to be released"
     assert second.returncode != 0
     assert "busy" in second.stderr.lower()
-    out, err = first.communicate(timeout=60)
+    out, err = first.communicate(timeout=120)
     assert first.returncode == 0, err
     assert out.strip() == "FAKE-AGENT-ANSWER: first question"
 
 
 @pytest.mark.parametrize("scenario", ["ignore_term", "hang"])
 def test_a_stuck_agent_is_killed_and_the_caller_gets_timeout(world: World, scenario: str) -> None:
-    """The kill timer (shortened in config) ends the agent, its group and detached children."""
+    """The kill timer (the task's short one) ends the agent, its group and detached children."""
     world.ken.set_scenario({"name": scenario, "seconds": 600, "leave_children": True})
     before = len(world.ken.agent_runs())
-    done = world.ann.cli("call", "@acme/ken", "never answered")
+    done = world.ann.cli("call", "@acme/ken", "--task", "stuck", "never answered")
     assert done.returncode != 0
     assert "time" in done.stderr.lower()
     runs = world.ken.agent_runs()[before:]

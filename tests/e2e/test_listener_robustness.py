@@ -93,7 +93,7 @@ def test_a_malformed_policy_stops_the_listener_from_starting(world: World) -> No
         env=zed.env(),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
         cwd=zed.root,
     )

@@ -133,7 +133,7 @@ def _start_refused(install: Install, **env: str) -> subprocess.CompletedProcess[
         env=install.env(**env),
         capture_output=True,
         text=True,
-        timeout=60,
+        timeout=120,
         check=False,
         cwd=install.root,
     )

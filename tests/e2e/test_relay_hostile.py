@@ -42,7 +42,7 @@ def _raw_request(
         process.url.http(path), data=body, method=method, headers=headers or {}
     )
     try:
-        with urllib.request.urlopen(request, context=_tls(process), timeout=10) as response:
+        with urllib.request.urlopen(request, context=_tls(process), timeout=60) as response:
             return response.status, json.loads(response.read())
     except urllib.error.HTTPError as error:
         return error.code, json.loads(error.read())
@@ -192,17 +192,17 @@ async def test_raw_garbage_and_half_open_sockets_never_crash_the_relay(relay: Re
     port = process.url.port
     idle = []
     for _ in range(5):  # half-open: connected, never speaking
-        s = socket.create_connection(("127.0.0.1", port), timeout=5)
+        s = socket.create_connection(("127.0.0.1", port), timeout=60)
         idle.append(s)
-    with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+    with socket.create_connection(("127.0.0.1", port), timeout=60) as s:
         s.sendall(b"\x00\x01garbage" * 1000)
     with _tls(process).wrap_socket(
-        socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
+        socket.create_connection(("127.0.0.1", port), timeout=60), server_hostname="localhost"
     ) as s:
         s.sendall(b"GET /v1/ws?role=listen HTTP/1.1\r\nHost: x\r\nUpgrade: websocket\r\n\r\n")
         s.sendall(b"\x00" * 4096)
     with _tls(process).wrap_socket(
-        socket.create_connection(("127.0.0.1", port), timeout=5), server_hostname="localhost"
+        socket.create_connection(("127.0.0.1", port), timeout=60), server_hostname="localhost"
     ) as s:
         s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: localhost\r\n")  # never finished
         assert _healthy(process)
@@ -241,7 +241,7 @@ async def test_audit_rows_are_metadata_only(relay: Relay) -> None:
     assert admin.registration.token not in process.log.text()
 
 
-async def _until(predicate: Any, timeout: float = 10.0) -> None:
+async def _until(predicate: Any, timeout: float = 60.0) -> None:
     """Wait on the reactor (not the wall clock in a sleep) until the predicate holds."""
     from twisted.internet import task
 

@@ -18,8 +18,11 @@ Options every scenario understands: ``marker`` (default ``FAKE-AGENT-ANSWER``), 
 (default true: the answer is ``<marker>: <first line of the caller's message>``), ``answer``
 (the literal answer), ``divider`` (what separates the caller's message from the preamble),
 ``version``, ``leave_children`` (true: first leave detached children behind, as a Bash tool's
-``setsid … &`` would, then behave as the named scenario). The scenario names are the keys of
-``CLAUDE_SCENARIOS`` / ``CODEX_SCENARIOS``.
+``setsid … &`` would, then behave as the named scenario), ``hold`` (``{"started": FILE,
+"release": FIFO}``: once running, create FILE, then wait until a test writes to the FIFO, then
+behave as the named scenario, so a test can act while the agent is surely running without
+guessing how long that takes). The scenario names are the keys of ``CLAUDE_SCENARIOS`` /
+``CODEX_SCENARIOS``.
 
 Tool calls and the guard (``happy``): ``tools`` is a list of ``{"tool_name", "tool_input"}``
 (optionally ``tool_use_id``). Each becomes a tool call that first goes through the PreToolUse
@@ -188,6 +191,23 @@ def spawn_orphans(scenario: Scenario) -> list[int]:
         )
         pids.append(nohup.pid)
     return pids
+
+
+def hold_until_released(scenario: Scenario) -> None:
+    """Say "started" through a file, then block until the test writes to the release FIFO."""
+    gate = scenario.get("hold")
+    if not gate:
+        return
+    # Opened read-write, the FIFO never blocks the open and never reads as end-of-file, so the
+    # read waits for the test's byte; and it is open before `started` exists, so the test's
+    # non-blocking open for writing always finds a reader.
+    fd = os.open(gate["release"], os.O_RDWR)
+    try:
+        with open(gate["started"], "w", encoding="utf-8") as fh:
+            fh.write(f"{os.getpid()}\n")
+        os.read(fd, 1)
+    finally:
+        os.close(fd)
 
 
 def refuse(message: str) -> NoReturn:
@@ -1095,6 +1115,7 @@ def claude_main(argv: list[str], scenario: Scenario) -> int:
         refuse(f"unknown scenario {scenario['name']!r}")
     if scenario.get("leave_children"):
         record_children(spawn_orphans(scenario))
+    hold_until_released(scenario)
     return behaviour(ClaudeOut(opts, scenario, version), prompt, scenario)
 
 
@@ -1440,6 +1461,7 @@ def codex_main(argv: list[str], scenario: Scenario) -> int:
         refuse(f"unknown scenario {scenario['name']!r}")
     if scenario.get("leave_children"):
         record_children(spawn_orphans(scenario))
+    hold_until_released(scenario)
     return behaviour(CodexOut(opts), prompt, scenario)
 
 

@@ -42,7 +42,7 @@ from tests.realagents.test_codex_guard import HOOK_BLOCKED
 
 pytestmark = pytest.mark.realagent
 
-ANSWER_WAIT_S = 30.0
+ANSWER_WAIT_S = 120.0
 MOCK_LIFETIME_S = 600.0
 # The outer environment's agent settings must not reach the callee's CLI (a real API key, a
 # config dir elsewhere): only what the test sets does.
