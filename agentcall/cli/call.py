@@ -1,8 +1,9 @@
 """``agentcall call TARGET MESSAGE``: ask a coworker's agent, print its answer.
 
-The answer goes to stdout, made terminal-safe; the lifecycle (ringing, answered, working, with
-elapsed time) goes to stderr as it happens. Exit 0 on an answer, 1 on any failure with one line
-on stderr. ``--json`` prints exactly one JSON object on stdout, also on failure.
+The answer goes to stdout, made terminal-safe (in ``--json`` too, even once decoded); the
+lifecycle (ringing, answered, working, with elapsed time) goes to stderr as it happens. Exit 0
+on an answer, 1 on any failure with one line on stderr. ``--json`` prints exactly one JSON
+object on stdout, also on failure.
 
 An answer may open a conversation; ``--continue`` (or ``--context ID``) follows up on it, and
 the open conversations are remembered in ``state.sqlite`` (:mod:`agentcall.outbound`).
@@ -233,7 +234,9 @@ class _Reporter:
                     "ok": True,
                     "address": result.address,
                     "call_id": result.call_id,
-                    "text": result.reply.text,
+                    # Cleaned here too, not only by the callee: `jq -r .text` prints the
+                    # decoded string raw, and the callee may be an older or hostile version.
+                    "text": safe_text(result.reply.text),
                     "task": answered_task,
                 }
                 if result.reply.context_id is not None:

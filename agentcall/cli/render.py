@@ -1,14 +1,10 @@
 """Terminal-safe output and the human wording of errors.
 
 Everything printed that came from elsewhere — a remote agent's reply, a relay's error text, a
-peer's task names — passes through here first. Agent CLIs pass escape sequences through
-verbatim, so a reply could otherwise recolour the terminal, retitle the window, plant an OSC 8
-link whose text lies about its target, write the clipboard with OSC 52, or use a bare carriage
-return, backspaces or bidi overrides to make one text display as another.
-
-The rule is simple: every control character except TAB and LF, and every invisible formatting
-character that can be used for spoofing, becomes a space; CR is dropped. ESC is a control
-character, so no CSI, OSC or DCS sequence survives — what remains of one is printable text.
+peer's task names — passes through here first. What counts as unsafe is defined once, in
+:mod:`agentcall.safetext` (the listener cleans answers with the same code before sealing
+them); :func:`safe_text` and :func:`safe_cell` are that module's, and :func:`safe_json` keeps
+``--json`` output free of what a terminal would act on even before it is decoded.
 """
 
 from __future__ import annotations
@@ -18,43 +14,12 @@ import re
 from typing import Final
 
 from agentcall.errors import CallErrorCode
+from agentcall.safetext import DEL_AND_C1, INVISIBLE, SURROGATES, safe_cell, safe_text
 
-# C0 except TAB and LF, DEL, and C1 (which holds 0x9b, the one-byte CSI, and 0x9d, OSC).
-_CONTROLS = r"\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f"
-# Invisible characters that reorder or hide text: the Arabic letter mark, LRM/RLM, the bidi
-# embeddings and overrides, the isolates, zero-width space, word joiner and invisible
-# operators, line and paragraph separators, Mongolian vowel separator, byte-order mark,
-# interlinear annotation marks, and the tag block (used to smuggle invisible ASCII).
-# ZWJ/ZWNJ stay: emoji sequences and several scripts need them.
-_INVISIBLE = (
-    r"\u061c\u200b\u200e\u200f\u2028-\u202e\u2060-\u2064\u2066-\u2069"
-    r"\u180e\ufeff\ufff9-\ufffb\U000e0000-\U000e007f"
-)
-# Lone surrogates: what undecodable bytes become under surrogateescape. They cannot be
-# written to a UTF-8 terminal at all, so they turn into the replacement character.
-_SURROGATES = r"\ud800-\udfff"
+__all__ = ["describe_error", "safe_cell", "safe_json", "safe_text"]
 
-_TEXT_UNSAFE = re.compile(f"[{_CONTROLS}{_INVISIBLE}]")
-_CELL_UNSAFE = re.compile(f"[\t\n{_CONTROLS}{_INVISIBLE}]")
-_SURROGATE = re.compile(f"[{_SURROGATES}]")
-# What JSON leaves literal but a terminal would act on or hide.
-_JSON_UNSAFE = re.compile(f"[\x7f-\x9f{_INVISIBLE}{_SURROGATES}]")
-
-
-def _clean(text: str, unsafe: re.Pattern[str]) -> str:
-    text = text.replace("\r", "")
-    text = _SURROGATE.sub("\ufffd", text)
-    return unsafe.sub(" ", text)
-
-
-def safe_text(text: str) -> str:
-    """Multi-line text for the terminal: keeps TAB and LF, neutralises everything else."""
-    return _clean(text, _TEXT_UNSAFE)
-
-
-def safe_cell(text: str) -> str:
-    """One-line text for a table cell or a status line: TAB and LF become spaces too."""
-    return _clean(text, _CELL_UNSAFE)
+# What JSON leaves literal but a terminal would act on or hide (JSON escapes C0 itself).
+_JSON_UNSAFE = re.compile(f"[{DEL_AND_C1}{INVISIBLE}{SURROGATES}]")
 
 
 def _escape(match: re.Match[str]) -> str:
@@ -69,9 +34,10 @@ def _escape(match: re.Match[str]) -> str:
 def safe_json(value: object, *, indent: int | None = None) -> str:
     """``json.dumps`` that keeps UTF-8 readable but escapes what a terminal would act on.
 
-    JSON already escapes C0 controls; DEL, C1, the invisible characters above and lone
-    surrogates are left literal by ``json.dumps``, so they are ``\\u``-escaped here. They can
-    only occur inside strings, so the result is still the same JSON value.
+    JSON already escapes C0 controls; DEL, C1, the invisible characters of
+    :mod:`agentcall.safetext` and lone surrogates are left literal by ``json.dumps``, so they
+    are ``\\u``-escaped here. They can only occur inside strings, so the result is still the
+    same JSON value.
     """
     return _JSON_UNSAFE.sub(_escape, json.dumps(value, ensure_ascii=False, indent=indent))
 

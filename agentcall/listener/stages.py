@@ -12,7 +12,8 @@
 3. (the core's one-call slot: ``busy``)
 4. :func:`agentcall.listener.planning.plan_run`: only now does the message go into a prompt,
    for an admitted caller.
-5. :func:`judge_run`: the agent's result becomes a reply (redacted, then cut) or a failure.
+5. :func:`judge_run`: the agent's result becomes a reply (made terminal-safe, redacted, then
+   cut) or a failure.
 6. :func:`seal_outcome`: sign and seal it to the caller's pinned encryption key.
 
 Nothing here reads a clock or the environment of the process: time comes from a clock the
@@ -41,7 +42,6 @@ from agentcall.listener.agents import AgentAdapter, AgentParser
 from agentcall.listener.agents.base import (
     AgentAnswer,
     FailureKind,
-    clean_text,
     cut_utf8,
     sanitize_detail,
 )
@@ -51,6 +51,7 @@ from agentcall.listener.policy import Policy, PolicyError
 from agentcall.listener.redact import redact
 from agentcall.listener.runner import RunResult
 from agentcall.listener.tasks import Task, TaskSet
+from agentcall.safetext import safe_text
 from agentcall.wire.frames import CallOutcome, IncomingCall, Terminal
 from agentcall.wire.http import EncryptionKeyRecord, KeysResponse
 from agentcall.wire.payloads import Failure, Reply, RequestPayload
@@ -266,13 +267,16 @@ class Verdict:
 
 
 def short_detail(text: str, secrets: Iterable[str]) -> str:
-    """A failure detail safe to send: redacted first, then one short clean line."""
-    return sanitize_detail(redact(clean_text(text), secrets=secrets))
+    """A failure detail safe to send: escapes removed, redacted, then one short clean line."""
+    return sanitize_detail(redact(safe_text(text), secrets=secrets))
 
 
 def reply_text(text: str, secrets: Iterable[str]) -> str:
-    """The agent's answer as sent: redacted before the cut, so no secret is half-kept."""
-    cut, _ = cut_utf8(redact(clean_text(text), secrets=secrets), limits.MAX_REPLY_BYTES)
+    """The agent's answer as sent: terminal escapes and controls removed (the caller's
+    ``--json | jq -r .text`` prints it raw), then redacted before the cut, so no secret is
+    half-kept. Cleaning comes first: an escape sequence inside a key would hide its shape
+    from redaction, and removing the sequence afterwards would rejoin the key."""
+    cut, _ = cut_utf8(redact(safe_text(text), secrets=secrets), limits.MAX_REPLY_BYTES)
     return cut
 
 

@@ -111,6 +111,21 @@ def test_json_reply_is_one_object(flow: FakeFlow, capsys: pytest.CaptureFixture[
     }
 
 
+def test_json_text_is_terminal_safe_once_decoded(
+    flow: FakeFlow, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """`--json | jq -r .text` prints no escape: the decoded text holds no ESC, OSC 52, OSC 8,
+    C1, CR, backspace or bidi override, even from a callee that did not clean it."""
+    flow.result = reply(
+        "ok\x1b]52;c;ZXZpbA==\x07 \x1b]8;;https://evil.example\x1b\\link\x1b]8;;\x1b\\"
+        " \x9b2J\x9d0;t\x9c\x1b[31mred\x1b[0m\rX\x08\u202eY\tdone\n"
+    )
+    code, out, _err = run(capsys, "bob", "hi", "--json")
+    assert code == 0
+    text = json.loads(out)["text"]
+    assert text == "ok link redX  Y\tdone\n"
+
+
 def test_a_failure_is_one_line_and_exit_one(
     flow: FakeFlow, capsys: pytest.CaptureFixture[str]
 ) -> None:

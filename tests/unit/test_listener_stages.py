@@ -1019,6 +1019,27 @@ def test_redaction_comes_before_the_cut() -> None:
     assert "sk-ant" not in verdict.outcome.text
 
 
+def test_terminal_escapes_are_removed_before_the_answer_is_sealed() -> None:
+    """OSC 52 (clipboard), OSC 8 (links), CSI colours, C1, CR, backspace and bidi overrides
+    never reach the caller, whose `--json | jq -r .text` would print them raw."""
+    text = (
+        "A\x1b]52;c;cm0gLXJmIH4=\x07B\x1b]8;;https://evil.example\x1b\\link\x1b]8;;\x1b\\"
+        "\x1b[31mC\x1b[0m\x9b2J\x9d0;title\x9cD\rE\x08F\u202eG\tH\n"
+    )
+    verdict = judge(run_result(stdout=text.encode()))
+    assert isinstance(verdict.outcome, Reply)
+    assert verdict.outcome.text == "ABlinkCDE F G\tH\n"
+
+
+def test_an_escape_inside_a_key_does_not_hide_it_from_redaction() -> None:
+    """Cleaning comes before redaction: a sequence splitting a key is removed and the whole
+    key, now whole again, is redacted rather than sent."""
+    text = "key sk-ant-api03-FAKE\x1b[0mfakeFAKEfake0123 done"
+    verdict = judge(run_result(stdout=text.encode()))
+    assert isinstance(verdict.outcome, Reply)
+    assert verdict.outcome.text == f"key {REDACTED} done"
+
+
 FAILURES: list[tuple[str, RunResult, Any, CallErrorCode, CallStatus]] = [
     (
         "kill timer",
