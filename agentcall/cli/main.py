@@ -50,6 +50,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
 }
 
 
+# What `cat` and other programs killed by SIGPIPE report to the shell (128 + 13), so
+# `set -o pipefail` scripts see the same status from us as from them.
+EXIT_OUTPUT_CLOSED = 141
+
+
 class CommandError(Exception):
     """A failure to report to the person as one line, with a non-zero exit."""
 
@@ -67,6 +72,10 @@ def build_parser() -> argparse.ArgumentParser:
             "Call a coworker's coding agent (Claude Code or Codex) on their machine and get an "
             "answer back, end-to-end encrypted through a relay."
         ),
+        epilog=(
+            "A command whose output is closed early (`agentcall history --json | head -n1`) "
+            f"stops quietly with exit status {EXIT_OUTPUT_CLOSED}, like other Unix tools."
+        ),
     )
     parser.add_argument("--version", action="version", version=f"agentcall {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
@@ -79,17 +88,47 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """Run one command; its exit status. A closed stdout (`agentcall … | head -n1`) ends any
+    command quietly with :data:`EXIT_OUTPUT_CLOSED` instead of a BrokenPipeError traceback."""
     args_list = list(sys.argv[1:] if argv is None else argv)
-    # Fast path: no command modules are needed to print the version.
-    if args_list in (["--version"], ["-V"]):
-        print(f"agentcall {__version__}")
-        return 0
     # The tool guard starts once per tool call of an answering agent: it takes its input
-    # from stdin and its configuration from the environment, never from argparse.
+    # from stdin and its configuration from the environment, never from argparse. Its exit
+    # status is its verdict, so it keeps its own handling of every error.
     if args_list[:1] == ["guard"]:
         from agentcall.guard.main import main as guard_main
 
         return guard_main(args_list[1:])
+    try:
+        try:
+            return _main(args_list)
+        finally:
+            # Flushed here rather than at interpreter exit, so a reader that went away is
+            # noticed inside this try (also after argparse's SystemExit for --help).
+            sys.stdout.flush()
+    except BrokenPipeError:
+        _discard_stdout()
+        return EXIT_OUTPUT_CLOSED
+
+
+def _discard_stdout() -> None:
+    # Python flushes stdout once more at exit and would report the same broken pipe there;
+    # pointing the descriptor at /dev/null gives that flush somewhere to go.
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return  # not a real file (a test's capture): nothing is flushed at exit
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        os.dup2(devnull, fd)
+    finally:
+        os.close(devnull)
+
+
+def _main(args_list: list[str]) -> int:
+    # Fast path: no command modules are needed to print the version.
+    if args_list in (["--version"], ["-V"]):
+        print(f"agentcall {__version__}")
+        return 0
     if args_list[:1] != ["listen"]:
         # Short-lived commands skip autobahn's native helpers: compiling them costs ~50 ms of
         # every start, and their speed matters only to long-running sockets (the listener).

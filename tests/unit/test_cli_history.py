@@ -3,12 +3,15 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from agentcall.cli.main import main
+from agentcall.cli.main import EXIT_OUTPUT_CLOSED, main
 from agentcall.guard.decide import Decision, HookCall
 from agentcall.guard.main import GuardConfig, append_log, log_entry
 from agentcall.home import Home
@@ -141,7 +144,7 @@ def test_hostile_text_is_made_terminal_safe(home: Home, capsys: pytest.CaptureFi
     tool(home, 1, "deny", "denied-home-path", "/w/\x1b[2Jx\ny")
     _code, out = history(capsys)
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
-    assert "/w/ [2Jx y" in out and len(out.splitlines()) == 4
+    assert "/w/x y" in out and len(out.splitlines()) == 4
     _code, out = history(capsys, "--json")
     assert "\x1b" not in out and "\\u202e" in out
 
@@ -158,3 +161,50 @@ def test_help_explains_with_an_example(capsys: pytest.CaptureFixture[str]) -> No
         main(["history", "--help"])
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "agentcall history --flagged" in out.split("examples:")[1]
+
+
+# --- a reader that goes away ---------------------------------------------------------------------
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def run_into_closed_pipe(argv: list[str], home: Path) -> subprocess.CompletedProcess[bytes]:
+    """Run the real CLI with stdout a pipe nobody reads: its read end is closed before the
+    process starts, so every write fails at once, whatever the timing (`… | head -n1` once
+    head has read its line)."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {
+        "HOME": str(home),
+        "PATH": os.environ.get("PATH", os.defpath),
+        "PYTHONPATH": str(REPO),
+    }
+    try:
+        return subprocess.run(
+            [sys.executable, "-m", "agentcall", *argv],
+            stdout=write_end,
+            stderr=subprocess.PIPE,
+            stdin=subprocess.DEVNULL,
+            env=env,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        os.close(write_end)
+
+
+@pytest.mark.parametrize("argv", [["history", "--json"], ["history"]])
+def test_history_into_a_closed_pipe_exits_quietly(home: Home, argv: list[str]) -> None:
+    """`agentcall history --json | head -n1`: no BrokenPipeError traceback, status 141."""
+    for n in range(200):
+        call(home, n)
+    done = run_into_closed_pipe(argv, home.user_home)
+    assert done.stderr == b""
+    assert done.returncode == EXIT_OUTPUT_CLOSED == 141
+
+
+@pytest.mark.parametrize("argv", [["--version"], ["--help"], ["call", "--help"]])
+def test_every_command_exits_quietly_into_a_closed_pipe(home: Home, argv: list[str]) -> None:
+    """The fix sits at the entry point, so the fast path and argparse's own exit get it too."""
+    done = run_into_closed_pipe(argv, home.user_home)
+    assert (done.returncode, done.stderr) == (141, b"")
