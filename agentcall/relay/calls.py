@@ -9,6 +9,10 @@ about nor affect anyone else's call.
 Audit rows name who caused a transition: ``actor`` is the caller for ``call.submit``, the callee
 for ``call.accept``/``call.complete``/``call.fail``/``call.cancel``, and None (the relay itself)
 for ``call.timeout``; ``target`` is the other party.
+
+The rate windows are rebuilt from those ``call.submit`` rows when the relay starts
+(:func:`restored_limiter`): every call that rang was audited the moment its hit was recorded, so
+a restart grants no fresh hour.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from agentcall.errors import CallErrorCode
 from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.ratelimit import SlidingWindowLimiter
+from agentcall.relay.store_interface import Submission
 from agentcall.relay.switchboard import Channel, Switchboard
 from agentcall.wire import frames as fr
 
@@ -57,6 +62,23 @@ class AuditSink(Protocol):
         at: float,
         detail: str | None,
     ) -> None: ...
+
+
+class SubmissionLog(Protocol):
+    """What :func:`restored_limiter` needs of the store."""
+
+    def submissions_since(self, since: float) -> list[Submission]: ...
+
+
+def restored_limiter(
+    log: SubmissionLog, limit: int, window_s: float, now: float
+) -> SlidingWindowLimiter:
+    """The per-pair call budget with the calls of the last window already counted."""
+    limiter = SlidingWindowLimiter(limit, window_s)
+    submissions = log.submissions_since(now - window_s)
+    kept = limiter.restore((((s.org, s.caller, s.callee), s.at) for s in submissions), now)
+    _log.info("rate_windows_restored", calls=kept, pairs=limiter.tracked_keys())
+    return limiter
 
 
 class Pending(Protocol):

@@ -3,9 +3,14 @@
 The relay budgets calls per (org, caller, callee): at most ``limit`` allowed hits in any window of
 ``window_s`` seconds. Only allowed hits are recorded, so a caller hammering a closed window does
 not push its own reopening further away.
+
+The windows live in memory; :meth:`SlidingWindowLimiter.restore` refills them from hits recorded
+elsewhere (the relay's audit rows), so a restart does not grant a fresh window.
 """
 
 from __future__ import annotations
+
+from collections.abc import Iterable
 
 Key = tuple[str, ...]
 
@@ -41,6 +46,27 @@ class SlidingWindowLimiter:
         stamps.insert(index, now)
         self._hits[key] = stamps
         return True
+
+    def restore(self, hits: Iterable[tuple[Key, float]], now: float) -> int:
+        """Add hits allowed before ``now`` (in any order); returns how many the keys now hold.
+
+        Hits already expired at ``now`` are skipped, and per key only the newest ``limit`` are
+        kept: older ones can no longer decide anything. A hit stamped after ``now`` (the clock
+        went back across a restart) counts as made at ``now``, so it blocks at most one window.
+        """
+        if self.limit == 0:
+            return 0  # nothing is ever allowed; there is no window to fill
+        restored: dict[Key, list[float]] = {}
+        for key, at in hits:
+            stamp = min(at, now)
+            if stamp + self.window_s > now:
+                restored.setdefault(key, []).append(stamp)
+        kept = 0
+        for key, stamps in restored.items():
+            merged = sorted([*self._hits.get(key, []), *stamps])[-self.limit :]
+            self._hits[key] = merged
+            kept += len(merged)
+        return kept
 
     def retry_after(self, key: Key, now: float) -> float:
         """Seconds from ``now`` until a hit for ``key`` would be allowed (0.0 when it is now)."""

@@ -23,7 +23,13 @@ from agentcall.db import open_database, packaged_schema, transaction
 from agentcall.errors import ApiError, ApiErrorCode, StoreError
 from agentcall.relay import audit, store_keys
 from agentcall.relay.auth import hash_secret, secret_matches
-from agentcall.relay.store_interface import AuditRow, IRelayStore, Member, RelayStore
+from agentcall.relay.store_interface import (
+    AuditRow,
+    IRelayStore,
+    Member,
+    RelayStore,
+    Submission,
+)
 from agentcall.wire.http import (
     AgentKind,
     InviteInfo,
@@ -41,6 +47,7 @@ __all__ = [
     "Member",
     "RelayStore",
     "SqliteRelayStore",
+    "Submission",
     "open_relay_store",
 ]
 
@@ -396,6 +403,19 @@ class SqliteRelayStore:
             (org, after_id, limit),
         )
         return [AuditRow(*row) for row in rows]
+
+    def submissions_since(self, since: float) -> list[Submission]:
+        # Per organisation so each query walks the (org, at) index, not the whole audit table.
+        found: list[Submission] = []
+        for (org,) in self._read_all("SELECT org FROM orgs ORDER BY org", ()):
+            rows = self._read_all(
+                "SELECT actor, target, at FROM audit WHERE org = ? AND at >= ? AND event = ?"
+                " AND actor IS NOT NULL AND target IS NOT NULL ORDER BY at, id",
+                (org, since, audit.CALL_SUBMIT),
+            )
+            found += [Submission(org, caller, callee, at) for caller, callee, at in rows]
+        found.sort(key=lambda submission: submission.at)
+        return found
 
     # --- helpers ------------------------------------------------------------------------
 

@@ -54,6 +54,16 @@ class AuditRow:
     detail: str | None
 
 
+@attrs.frozen
+class Submission:
+    """One call the relay let ring: who called whom, and when (from its ``call.submit`` row)."""
+
+    org: str
+    caller: str
+    callee: str
+    at: float
+
+
 class IRelayStore(IDirectory, IAuditSink):
     """The relay's registry: orgs, members, invites, published keys, audit rows.
 
@@ -125,6 +135,9 @@ class IRelayStore(IDirectory, IAuditSink):
     def audit_rows(org: str, *, limit: int = 100, after_id: int = 0) -> list[AuditRow]:
         """Audit rows of the organisation with ids above ``after_id``, oldest first."""
 
+    def submissions_since(since: float) -> list[Submission]:
+        """Every call submitted at or after ``since``, in every organisation, oldest first."""
+
 
 class RelayStore(Protocol):
     """The structural twin of :class:`IRelayStore` for the type checker.
@@ -186,3 +199,5 @@ class RelayStore(Protocol):
     def fetch_keys(self, org: str, handle: str) -> KeysResponse | None: ...
 
     def audit_rows(self, org: str, *, limit: int = 100, after_id: int = 0) -> list[AuditRow]: ...
+
+    def submissions_since(self, since: float) -> list[Submission]: ...

@@ -131,9 +131,8 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         reactor = global_reactor
     from autobahn.twisted.resource import WebSocketResource
 
-    from agentcall.relay.calls import CallBook
+    from agentcall.relay.calls import CallBook, restored_limiter
     from agentcall.relay.protocol import RelayWebSocketFactory
-    from agentcall.relay.ratelimit import SlidingWindowLimiter
     from agentcall.relay.store import open_relay_store
     from agentcall.relay.switchboard import Switchboard
     from agentcall.relay.web import CappedRequest, RelayApi
@@ -142,7 +141,10 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     origin: str = relay_url.origin
     store = open_relay_store(config["database"])
     switchboard = Switchboard()
-    limiter = SlidingWindowLimiter(config["calls-per-hour"], limits.RATE_WINDOW_S)
+    # The windows start from the calls of the last hour, so a restart grants no fresh hour.
+    limiter = restored_limiter(
+        store, config["calls-per-hour"], limits.RATE_WINDOW_S, reactor.seconds()
+    )
     calls = CallBook(
         reactor,
         switchboard,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -12,8 +13,9 @@ from twisted.internet.task import Clock
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode
-from agentcall.relay.calls import CallBook, Phase
+from agentcall.relay.calls import CallBook, Phase, restored_limiter
 from agentcall.relay.ratelimit import SlidingWindowLimiter
+from agentcall.relay.store import open_relay_store
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import (
     AuditRow,
@@ -630,3 +632,42 @@ def test_call_record_holds_no_envelope(relay: Relay) -> None:
     assert call is not None
     values = attrs.asdict(call, recurse=False).values()
     assert not any(isinstance(v, SealedEnvelope | CallRequest) for v in values)
+
+
+def test_a_relay_restart_does_not_grant_a_fresh_hour(tmp_path: Path) -> None:
+    """Thirty calls audited in the store; the call book built after a restart, with its
+    limiter rebuilt from that store, refuses the thirty-first until the hour has slid."""
+    store = open_relay_store(tmp_path / "relay.sqlite")
+    store.ensure_org("acme", T0)
+    directory = MemoryDirectory({("acme", "ana"), ("acme", "ken")})
+    clock = Clock()
+    clock.advance(T0)
+
+    def start_relay() -> tuple[CallBook, Switchboard]:
+        board = Switchboard()
+        board.attach_listener("acme", "ken", RecordingChannel("ken-listener"))
+        limiter = restored_limiter(
+            store, limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S, clock.seconds()
+        )
+        return CallBook(clock, board, directory, store, limiter, ORIGIN), board
+
+    def call(book: CallBook) -> RecordingChannel:
+        channel = RecordingChannel("ana-caller")
+        book.submit("acme", "ana", "ken", channel, request())
+        return channel
+
+    book, _ = start_relay()
+    for _ in range(30):
+        clock.advance(1)
+        assert not call(book).closed
+    clock.advance(60)
+    book, _ = start_relay()  # the restart
+    refused = call(book)
+    assert refused.sent[0] == CallError(
+        code=CallErrorCode.RATE_LIMITED, detail="too many calls to this handle; retry in 3511 s"
+    )
+    # The first of the thirty left the window at T0 + 1 + 3600; one call fits again.
+    clock.advance(limits.RATE_WINDOW_S - 89)
+    assert not call(book).closed
+    assert call(book).closed
+    store.close()

@@ -151,3 +151,51 @@ def test_matches_naive_model(
         assert limiter.tracked_keys() <= 3
     limiter.prune(now + window)
     assert limiter.tracked_keys() == 0
+
+
+# --- restoring the windows after a restart ------------------------------------------------------
+
+
+def test_a_limiter_restored_with_a_full_hour_refuses_the_next_hit() -> None:
+    """Thirty calls recorded in the last hour: a fresh limiter refuses the thirty-first."""
+    limiter = budget()
+    now = T0 + HOUR - 10
+    kept = limiter.restore([(PAIR, T0 + i) for i in range(30)], now)
+    assert kept == 30
+    assert limiter.hit(PAIR, now) is False
+    assert limiter.retry_after(PAIR, now) == pytest.approx(10.0)
+    assert limiter.hit(PAIR, T0 + HOUR) is True
+
+
+def test_restoring_skips_expired_hits_and_keeps_only_the_newest_limit() -> None:
+    limiter = SlidingWindowLimiter(2, 100.0)
+    other = ("acme", "bob", "ken")
+    hits = [(PAIR, 0.0), (PAIR, 60.0), (PAIR, 50.0), (PAIR, 70.0), (other, 5.0)]
+    assert limiter.restore(hits, now=105.0) == 2
+    assert limiter.count(PAIR, 105.0) == 2
+    assert limiter.count(other, 105.0) == 0
+    assert limiter.tracked_keys() == 1
+    # The newest two (60 and 70) decide: room again once 60 has left the window.
+    assert limiter.retry_after(PAIR, 105.0) == pytest.approx(55.0)
+
+
+def test_a_hit_stamped_in_the_future_counts_as_now() -> None:
+    """A wall clock that went back across a restart blocks for at most one window."""
+    limiter = SlidingWindowLimiter(1, 100.0)
+    limiter.restore([(PAIR, 10_000.0)], now=500.0)
+    assert limiter.hit(PAIR, 599.0) is False
+    assert limiter.hit(PAIR, 600.0) is True
+
+
+def test_restoring_merges_with_hits_already_recorded() -> None:
+    limiter = SlidingWindowLimiter(3, 100.0)
+    assert limiter.hit(PAIR, 40.0)
+    limiter.restore([(PAIR, 20.0), (PAIR, 30.0)], now=50.0)
+    assert limiter.hit(PAIR, 50.0) is False
+    assert limiter.retry_after(PAIR, 50.0) == pytest.approx(70.0)
+
+
+def test_a_zero_limit_restores_nothing() -> None:
+    limiter = SlidingWindowLimiter(0, 100.0)
+    assert limiter.restore([(PAIR, 10.0)], now=20.0) == 0
+    assert limiter.tracked_keys() == 0

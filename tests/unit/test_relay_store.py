@@ -19,6 +19,7 @@ from agentcall.relay.store import (
     IRelayStore,
     Member,
     SqliteRelayStore,
+    Submission,
     open_relay_store,
 )
 from agentcall.wire.http import (
@@ -528,3 +529,18 @@ def test_audit_events_vocabulary() -> None:
         "call.cancel",
         "call.timeout",
     } == audit.EVENTS
+
+
+def test_submissions_since_lists_the_calls_that_rang_in_every_org(store: SqliteRelayStore) -> None:
+    """Only call.submit rows at or after ``since``, oldest first, across organisations."""
+    store.ensure_org("acme", T0)
+    store.ensure_org("beta", T0)
+    store.record(audit.CALL_SUBMIT, "acme", "ana", "ken", "c1", T0 - 10, None)
+    store.record(audit.CALL_SUBMIT, "beta", "bo", "al", "c2", T0 + 5, None)
+    store.record(audit.CALL_SUBMIT, "acme", "ana", "ken", "c3", T0 + 1, None)
+    store.record(audit.CALL_COMPLETE, "acme", "ken", "ana", "c3", T0 + 2, "completed")
+    assert store.submissions_since(T0) == [
+        Submission("acme", "ana", "ken", T0 + 1),
+        Submission("beta", "bo", "al", T0 + 5),
+    ]
+    assert store.submissions_since(T0 + 6) == []
