@@ -14,6 +14,7 @@ verifies against the callee's pinned identity and the hash of the request we sen
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
@@ -33,6 +34,7 @@ from agentcall.errors import (
     CallErrorCode,
     CryptoError,
     IdentityChanged,
+    KeyRecordExpired,
 )
 from agentcall.home import Home, LocalStateError
 from agentcall.keystore import LocalKeys, rotate_if_needed
@@ -63,7 +65,7 @@ class CallRefused(AgentCallError):
     """The call was not placed, or its answer not believed, for a reason the user must fix.
 
     ``code`` names the reason for ``--json`` output: ``identity_changed``, ``keys_rejected``,
-    ``bad_request`` or ``local_error``.
+    ``keys_expired`` (the callee has been offline too long), ``bad_request`` or ``local_error``.
     """
 
     def __init__(self, code: str, message: str) -> None:
@@ -195,6 +197,24 @@ async def _fresh_keys(
     return rotated
 
 
+def expired_key_message(address: str, not_after: int) -> str:
+    """What a caller is told when the callee's published encryption key has expired.
+
+    Expiry is not an attack: the callee's own AgentCall renews the key while it runs (the
+    listener, or any call it places), so an expired key means nothing of theirs has run for
+    weeks. The message says so, and what the callee can do about it.
+    """
+    handle = ids.parse_address(address).handle
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(not_after))
+    return (
+        f"{address}'s published encryption key expired on {when}: {handle}'s listener has "
+        f"been offline too long to accept calls (keys last at most "
+        f"{limits.MAX_KEY_VALIDITY_S // 86400} days and are renewed while it runs); "
+        f"{handle} should start it (`agentcall listen`, or the installed service), which "
+        "publishes a fresh key"
+    )
+
+
 def _pin(
     pins: PinBook,
     config: Config,
@@ -216,6 +236,8 @@ def _pin(
         )
     except IdentityChanged as exc:
         raise CallRefused("identity_changed", str(exc)) from None
+    except KeyRecordExpired as exc:
+        raise CallRefused("keys_expired", expired_key_message(address, exc.not_after)) from None
     except CryptoError as exc:
         raise CallRefused(
             "keys_rejected", f"the keys the relay served for {address} were rejected: {exc}"

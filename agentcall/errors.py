@@ -137,3 +137,14 @@ class ApiError(AgentCallError):
         self.status = status
         self.code = code
         self.message = message
+
+
+class KeyRecordExpired(KeyRecordInvalid):
+    """A published encryption key's validity ended: its owner has not renewed it in time.
+
+    ``not_after`` (Unix seconds) lets the message say when, and so how long ago.
+    """
+
+    def __init__(self, message: str, not_after: int) -> None:
+        super().__init__(message)
+        self.not_after = not_after

@@ -7,7 +7,7 @@ identity key, and every encryption epoch links to the one before it.
 from __future__ import annotations
 
 from agentcall import limits
-from agentcall.errors import KeyRecordInvalid, SignatureInvalid
+from agentcall.errors import KeyRecordExpired, KeyRecordInvalid, SignatureInvalid
 from agentcall.wire import canonical
 from agentcall.wire.http import (
     SUITE_X25519,
@@ -97,7 +97,8 @@ def verify_encryption_record(
 ) -> None:
     """Check suite, key id, the identity signature and (given ``now``) the validity window.
 
-    Raises :class:`KeyRecordInvalid` naming the failed check.
+    Raises :class:`KeyRecordInvalid` naming the failed check; past ``not_after``, its subclass
+    :class:`KeyRecordExpired`.
     """
     record = signed.record
     # The wire validators refuse these too; repeated so this check stands on its own.
@@ -125,7 +126,8 @@ def verify_encryption_record(
         if now < record.not_before:
             raise KeyRecordInvalid("encryption record: not valid yet (not_before)")
         if now >= record.not_after:
-            raise KeyRecordInvalid("encryption record: expired (not_after)")
+            # Its own type: an expired record means an owner who has been away, not forgery.
+            raise KeyRecordExpired("encryption record: expired (not_after)", record.not_after)
 
 
 def verify_chain(previous: SignedEncryptionKeyRecord, nxt: SignedEncryptionKeyRecord) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -249,6 +250,31 @@ def test_a_changed_identity_is_refused_before_dialling(ann: Any, bob: Party) -> 
         call(ann, FakeDirectory({"bob": served(impostor)}), None)
     assert refused.value.code == "identity_changed"
     assert "agentcall trust --reset @acme/bob" in str(refused.value)
+
+
+def test_an_expired_key_says_the_callee_has_been_offline_too_long(ann: Any) -> None:
+    """A callee whose listener has not run for weeks: not "keys rejected", but when the key
+    expired, why, and what the callee should do; nothing is dialled."""
+    expired_at = int(NOW) - 3 * DAY
+    away = make_party(BOB, origin=ORIGIN, not_before=expired_at - 30 * DAY, not_after=expired_at)
+    with pytest.raises(CallRefused) as refused:
+        call(ann, FakeDirectory({"bob": served(away)}), None)
+    assert refused.value.code == "keys_expired"
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(expired_at))
+    assert str(refused.value) == (
+        f"@acme/bob's published encryption key expired on {when}: bob's listener has been "
+        "offline too long to accept calls (keys last at most 30 days and are renewed while it "
+        "runs); bob should start it (`agentcall listen`, or the installed service), which "
+        "publishes a fresh key"
+    )
+
+
+def test_a_key_not_valid_yet_is_still_rejected(ann: Any) -> None:
+    """Only expiry gets the offline wording; a record from the future is a rejected key."""
+    early = make_party(BOB, origin=ORIGIN, not_before=int(NOW) + DAY, not_after=int(NOW) + 2 * DAY)
+    with pytest.raises(CallRefused) as refused:
+        call(ann, FakeDirectory({"bob": served(early)}), None)
+    assert refused.value.code == "keys_rejected"
 
 
 def test_an_answer_signed_by_another_key_is_not_believed(ann: Any, bob: Party) -> None:

@@ -10,7 +10,7 @@ import pytest
 from agentcall import limits
 from agentcall.crypto import records, transcripts
 from agentcall.crypto.keys import EncryptionKey, IdentityKey
-from agentcall.errors import KeyRecordInvalid
+from agentcall.errors import KeyRecordExpired, KeyRecordInvalid
 from agentcall.wire import canonical, codec
 from agentcall.wire.http import SignedEncryptionKeyRecord, SignedIdentityRecord
 from tests.unit.crypto_helpers import DAY, NOW, ORIGIN, make_party, rotate
@@ -124,6 +124,18 @@ def test_encryption_record_window_is_half_open() -> None:
         records.verify_encryption_record(party.encryption, party.identity_pub, now=NOW - 0.5)
     with pytest.raises(KeyRecordInvalid, match="expired"):
         records.verify_encryption_record(party.encryption, party.identity_pub, now=NOW + DAY)
+
+
+def test_expiry_is_its_own_error_and_says_when() -> None:
+    """Expiry is told apart from every other rejection (it means an absent owner, not a
+    forgery), and carries not_after so the caller can say when; not-yet-valid is not expiry."""
+    party = make_party("@acme/ken", not_before=NOW, not_after=NOW + DAY)
+    with pytest.raises(KeyRecordExpired) as expired:
+        records.verify_encryption_record(party.encryption, party.identity_pub, now=NOW + 40 * DAY)
+    assert expired.value.not_after == NOW + DAY
+    with pytest.raises(KeyRecordInvalid) as early:
+        records.verify_encryption_record(party.encryption, party.identity_pub, now=NOW - 1)
+    assert not isinstance(early.value, KeyRecordExpired)
 
 
 def test_make_encryption_record_refuses_long_or_empty_windows() -> None:
