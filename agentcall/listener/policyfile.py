@@ -58,6 +58,9 @@ def decode_json(raw: bytes) -> Any:
     except json.JSONDecodeError as failure:
         where = f"line {failure.lineno}, column {failure.colno}"
         raise SchemaProblem(f"is not valid JSON ({failure.msg} at {where})") from None
+    except ValueError:
+        # Not a JSONDecodeError: Python refuses integers longer than sys.get_int_max_str_digits().
+        raise SchemaProblem("has a number too long to read") from None
     except RecursionError:
         raise SchemaProblem("is nested too deeply") from None
 

@@ -157,6 +157,9 @@ def _workdir(entry: Entry, read_roots: Iterable[str]) -> Path:
     raw = _text(entry, "workdir", 4096)
     if not os.path.isabs(raw):
         raise _Bad(entry.line, f"workdir must be an absolute path, not {raw!r}")
+    if "\0" in raw:
+        # No file system path holds NUL; realpath would raise ValueError instead of refusing.
+        raise _Bad(entry.line, "workdir must not contain a NUL character")
     # Resolving symlinks first means a link inside a root cannot lead the agent outside it.
     real = _canonical(raw)
     inside = any(os.path.commonpath([real, root]) == root for root in map(_canonical, read_roots))
