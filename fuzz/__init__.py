@@ -1,0 +1,1 @@
+"""Coverage-guided fuzzing of AgentCall's parsers (atheris); see fuzz/README.md."""
