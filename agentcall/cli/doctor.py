@@ -21,11 +21,13 @@ if TYPE_CHECKING:
 
 DESCRIPTION = """\
 Check this installation, in order: the installed program, private-file permissions, config,
-keys, the relay and the keys it publishes for you, the listener (systemd user service, and
-whether the relay sees it connected), the agent CLI (on PATH, logged in), the tool guard (the
-real guard program is run on two sample tool calls: a read of ~/.ssh/id_ed25519 must be
-refused, a read inside your first read root let through), Claude settings that would switch
-hooks off, tasks, policy, the admin ceiling and assertions, and what the agent cannot bound.
+keys and when the current encryption key expires (! when fewer than 6 days remain: nothing
+has renewed it; ✗ once expired), the relay and the keys it publishes for you, the listener
+(systemd user service, and whether the relay sees it connected), the agent CLI (on PATH,
+logged in), the tool guard (the real guard program is run on two sample tool calls: a read of
+~/.ssh/id_ed25519 must be refused, a read inside your first read root let through), Claude
+settings that would switch hooks off, tasks, policy, the admin ceiling and assertions, and
+what the agent cannot bound.
 
 Each line is ✓ (pass), ✗ (fail, followed by how to fix it) or ! (unproven, or worth knowing).
 The exit status is 1 when any check failed. Nothing is changed and no call is placed.
@@ -167,6 +169,10 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
     checks.append(dc.Check("config", dc.OK, f"{config.address} ({config.role}), agent {kind}"))
     key_check, keys = dc.local_keys(home, config)
     checks.append(key_check)
+    if keys is not None:
+        from agentcall.cli.doctor_keys import key_expiry
+
+        checks.append(key_expiry(keys, deps.clock(), caller_only=config.caller_only))
 
     async def work(reactor: Any) -> dc.RelayFacts:
         return await dc.ask_relay(reactor, deps, config, presence=not config.caller_only)

@@ -17,6 +17,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Final
 
@@ -98,6 +99,7 @@ class DoctorDeps:
     guard_argv: Callable[[], list[str]] = _guard_argv
     managed_settings: Callable[[], tuple[str, ...]] = _managed_paths
     environ: Mapping[str, str] = attrs.field(factory=lambda: os.environ)
+    clock: Callable[[], float] = time.time  # now, for the key expiry line
 
     @property
     def path(self) -> str:

@@ -30,6 +30,7 @@ ALL_CHECKS = [
     "private files",
     "config",
     "keys",
+    "key expiry",
     "relay",
     "published keys",
     "listener service",
@@ -108,6 +109,7 @@ class World:
     )
     guard_argv: list[str] | None = None
     path: str = "/nonexistent"
+    now: float = NOW  # what doctor takes as the time (the keys were made at NOW)
 
     def deps(self) -> DoctorDeps:
         deps = DoctorDeps(
@@ -117,6 +119,7 @@ class World:
             which=lambda program, _path: self.programs.get(program),
             managed_settings=lambda: (str(self.managed),),
             environ={"HOME": str(self.home), "PATH": self.path},
+            clock=lambda: self.now,
         )
         argv = self.guard_argv
         return deps if argv is None else attrs.evolve(deps, guard_argv=lambda: argv)
@@ -510,6 +513,74 @@ def test_unusable_policy_or_ceiling_fail(
     assert code == 1 and "no call is answered" in ceiling["detail"]
 
 
+# --- key expiry -----------------------------------------------------------------------------------
+
+DAY = 24 * 3600
+
+
+def expiry_of(world: World) -> int:
+    return world.keys.current_record.record.not_after
+
+
+@pytest.mark.parametrize(
+    ("left", "status", "shown"),
+    [
+        (30 * DAY - 200, "pass", "(in 30 days); renewed automatically"),
+        (6 * DAY + 60, "pass", "(in 6 days)"),
+        (6 * DAY - 60, "warn", "(in 6 days); nothing has renewed it"),
+        (3600, "warn", "(in 1 hour)"),
+        (0, "fail", "expired on 2025-07-15 15:04 UTC (0 hours ago): callers are told you"),
+        (-40 * DAY, "fail", "(40 days ago)"),
+    ],
+)
+def test_key_expiry_shows_the_date_and_warns_before_it(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    left: int,
+    status: str,
+    shown: str,
+) -> None:
+    """✓ with the date while more than 6 days remain; ! inside 6 days (a running listener
+    renews at 7, so nothing is renewing it); ✗ once expired, with the way to a fresh key."""
+    world.now = expiry_of(world) - left
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "key expiry")
+    assert check["status"] == status, check
+    assert check["detail"].startswith("encryption key epoch 1 ")
+    assert "2025-07-15 15:04 UTC" in check["detail"] and shown in check["detail"]
+    if status == "pass":
+        assert "hint" not in check
+    else:
+        assert "agentcall listen" in check["hint"] and "fresh key" in check["hint"]
+    assert (code == 1) is (status == "fail")
+
+
+def test_an_expired_key_of_a_caller_only_installation_is_a_warning(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A caller-only installation is reached only by answers to its own calls, and each call
+    renews the key first: expiry is worth knowing, not a failure."""
+    world.reconfigure(agent_kind=None)
+    world.now = expiry_of(world) + DAY
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "key expiry")
+    assert (code, check["status"]) == (0, "warn")
+    assert check["hint"] == "your next `agentcall call` mints and publishes a fresh one"
+
+
+def test_key_expiry_in_the_text_report(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The text form marks an expired key ✗ and prints the fix under it."""
+    world.now = expiry_of(world) + 2 * DAY
+    monkeypatch.setattr(doctor, "DEPS", world.deps())
+    assert main(["doctor"]) == 1
+    lines = capsys.readouterr().out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith("✗ key expiry: "))
+    assert lines[at + 1].startswith("    fix: start the listener")
+
+
 # --- caller-only and terminal safety -------------------------------------------------------------
 
 
@@ -545,7 +616,8 @@ def test_what_others_say_is_made_terminal_safe(
     main(["doctor"])
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\x07" not in out and "\u202e" not in out
-    assert " ]0;owned bad " in out
+    # The whole OSC sequence goes, payload included (agentcall.safetext).
+    assert "exited 1: bad" in out and "owned" not in out
     main(["doctor", "--json"])
     out = capsys.readouterr().out
     assert "\x1b" not in out and "\\u202e" in out
