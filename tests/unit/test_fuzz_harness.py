@@ -5,6 +5,7 @@ The fuzzing runs (atheris, in subprocesses) are in scripts/test; these tests nee
 
 from __future__ import annotations
 
+import importlib.util
 import inspect
 from pathlib import Path
 
@@ -129,3 +130,12 @@ def test_replay_runs_a_saved_input_without_atheris(
     saved.write_bytes(b'{"version": ' + b"9" * 5000 + b"}")
     assert run.main(["--target", "policy", "--replay", str(saved)]) == 0
     assert "is handled by target policy" in capsys.readouterr().out
+
+
+def test_without_atheris_the_run_fails_loudly(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """CI must never pass a fuzz step it could not run."""
+    monkeypatch.setattr(importlib.util, "find_spec", lambda _name: None)
+    assert run.main(["--target", "http", "--seconds", "1"]) == 2
+    assert "atheris is not installed" in capsys.readouterr().err
