@@ -82,6 +82,7 @@ class ApiErrorCode(enum.StrEnum):
     SIGNATURE_INVALID = "signature_invalid"
     RECORD_INVALID = "record_invalid"
     RATE_LIMITED = "rate_limited"
+    UPGRADE_REQUIRED = "upgrade_required"
     INTERNAL = "internal"
 
 

@@ -76,3 +76,13 @@ MAILBOX_TTL_S = 72 * 3600.0
 
 # Relay HTTP client timeout.
 HTTP_TIMEOUT_S = 10.0
+
+# The relay's front door (each one a `twistd agentcall-relay` option).
+HEAD_TIMEOUT_S = 10.0  # a whole request head (and body) must arrive within this
+CALL_REQUEST_TIMEOUT_S = 10.0  # a caller socket sends its call_request this soon after ready
+MAX_CONNECTIONS_PER_SOURCE = 64
+MAX_CALLERS_PER_IDENTITY = 8
+MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request head (or upgrade)
+FD_RESERVE = 64  # descriptors kept free under RLIMIT_NOFILE for the database, logs and refusals
+REGISTER_PER_MINUTE = 30  # POST /v1/register attempts per source address (bucket size and rate)
+AUTH_FAILURES_PER_MINUTE = 20  # failed authentications per source address before 429

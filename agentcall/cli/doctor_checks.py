@@ -213,7 +213,8 @@ def relay(facts: RelayFacts, config: Config, keys: LocalKeys | None) -> list[Che
         detail = f"{where} is {facts.relay_origin}, but this installation enrolled at "
         hint = "point relay_url (or AGENTCALL_RELAY) at the relay you enrolled with"
         return [Check("relay", FAIL, detail + config.relay_origin, hint)]
-    checks = [Check("relay", OK, f"{where} answers (relay {facts.version})")]
+    version = f" (relay {facts.version})" if facts.version else ""
+    checks = [Check("relay", OK, f"{where} answers{version}")]
     if keys is None:
         checks.append(Check("published keys", WARN, "unproven: the local keys did not load"))
     elif facts.keys is None:

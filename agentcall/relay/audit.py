@@ -18,6 +18,11 @@ CALL_COMPLETE = "call.complete"
 CALL_FAIL = "call.fail"
 CALL_CANCEL = "call.cancel"
 CALL_TIMEOUT = "call.timeout"
+# One row per source address and minute with a count; target is the address, never a token.
+AUTH_FAILED = "auth.failed"
+
+# The org column of rows about the relay as a whole (no organisation was proven).
+RELAY_WIDE = ""
 
 EVENTS = frozenset(
     {
@@ -33,5 +38,6 @@ EVENTS = frozenset(
         CALL_FAIL,
         CALL_CANCEL,
         CALL_TIMEOUT,
+        AUTH_FAILED,
     }
 )

@@ -3,7 +3,9 @@
 One socket per party at ``/v1/ws``. ``?role=listen`` holds a listener session for the
 authenticated identity; ``?role=call&to=HANDLE`` carries exactly one call. The protocol only
 authenticates, enforces sizes, decodes, and hands frames to :class:`CallBook` and
-:class:`Switchboard`; it never decides routing itself.
+:class:`Switchboard`; it never decides routing itself. The front door
+(:class:`~agentcall.relay.door.Door`) caps caller sockets per identity, sees every failed
+authentication, and gives a caller socket a deadline for its ``call_request``.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from typing import Any
 import txaio
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
+from twisted.internet.interfaces import IDelayedCall
 from zope.interface import implementer
 
 from agentcall import limits
@@ -20,6 +23,8 @@ from agentcall.errors import CallErrorCode, MalformedFrame
 from agentcall.interfaces import IChannel
 from agentcall.logevents import Logger
 from agentcall.relay.calls import CallBook
+from agentcall.relay.door import Door, source_of
+from agentcall.relay.gate import Refusal
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard
 from agentcall.wire import codec, frames
@@ -30,6 +35,8 @@ CLOSE_NORMAL = 1000
 CLOSE_UNAUTHORIZED = 4001
 CLOSE_PROTOCOL_ERROR = 4002
 CLOSE_BAD_REQUEST = 4003
+# Over a front-door cap (too many caller sockets for one identity); 4029 echoes HTTP 429.
+CLOSE_TOO_MANY = 4029
 
 _log = Logger(namespace="agentcall.relay.ws")
 
@@ -65,6 +72,9 @@ class RelayWebSocket(WebSocketServerProtocol):
         # Not `is_open`: autobahn keeps its own Deferred under that name.
         self.opened = False
         self._refusal: tuple[int, CallErrorCode, str] | None = None
+        # The identity whose caller-socket count this socket holds, until it closes.
+        self._counted_caller: str | None = None
+        self._call_request_deadline: IDelayedCall | None = None
 
     # --- handshake ---------------------------------------------------------------------------
 
@@ -84,8 +94,21 @@ class RelayWebSocket(WebSocketServerProtocol):
             self.target = to[0] if len(to) == 1 else None
         self.member = self.factory.authenticate(headers)
         if self.member is None:
+            peer = self.transport.getPeer() if self.transport is not None else None
+            self.factory.door.auth_failed(source_of(peer))
             self._refusal = (CLOSE_UNAUTHORIZED, CallErrorCode.UNAUTHORIZED, "unauthorized")
             _log.info("ws_unauthorized", role=str(self.role), peer=self.peer)
+        elif self.role is frames.Role.CALL:
+            identity = self.member.address
+            if self.factory.door.gate.admit_caller(identity):
+                self._counted_caller = identity
+            else:
+                self.factory.door.refusals.note(Refusal.CALLERS_PER_IDENTITY)
+                self._refusal = (
+                    CLOSE_TOO_MANY,
+                    CallErrorCode.RATE_LIMITED,
+                    "too many caller sockets for this identity",
+                )
 
     def onOpen(self) -> None:
         self.opened = True
@@ -107,9 +130,27 @@ class RelayWebSocket(WebSocketServerProtocol):
             role=self.role, address=address, relay_origin=self.factory.relay_origin
         )
         self.channel.send(ready)
+        if self.role is frames.Role.CALL:
+            door = self.factory.door
+            self._call_request_deadline = door.clock.callLater(
+                door.config.call_request_timeout_s, self._call_request_overdue
+            )
         if self.role is frames.Role.LISTEN:
             self.factory.switchboard.attach_listener(member.org, member.handle, self.channel)
             _log.info("listener_attached", org=member.org, handle=member.handle)
+
+    def _call_request_overdue(self) -> None:
+        """A caller socket that answers pings but never asks for a call holds a socket for
+        nothing; it is closed like any other protocol error."""
+        self._call_request_deadline = None
+        self.factory.door.refusals.note(Refusal.CALL_REQUEST_TIMEOUT)
+        if self.channel is not None and self.opened:
+            self._fail_caller(self.channel, CallErrorCode.PROTOCOL_ERROR)
+
+    def _stop_call_request_deadline(self) -> None:
+        call, self._call_request_deadline = self._call_request_deadline, None
+        if call is not None and call.active():
+            call.cancel()
 
     def _release_handshake(self) -> None:
         """Drop what the upgrade left behind: an idle listener should cost only its socket.
@@ -161,6 +202,7 @@ class RelayWebSocket(WebSocketServerProtocol):
             return
         book = self.factory.calls
         if isinstance(frame, frames.CallRequest):
+            self._stop_call_request_deadline()
             if self.target is None:
                 self._fail_caller(channel, CallErrorCode.UNKNOWN_HANDLE)
                 return
@@ -191,6 +233,10 @@ class RelayWebSocket(WebSocketServerProtocol):
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         was_open, self.opened = self.opened, False
+        self._stop_call_request_deadline()
+        counted, self._counted_caller = self._counted_caller, None
+        if counted is not None:
+            self.factory.door.gate.release_caller(counted)
         member, channel = self.member, self.channel
         if not was_open or member is None or channel is None or self._refusal is not None:
             return
@@ -214,8 +260,11 @@ class RelayWebSocketFactory(WebSocketServerFactory):
         calls: CallBook,
         relay_origin: str,
         reactor: Any,
+        door: Door,
     ) -> None:
-        super().__init__(url, reactor=reactor)
+        # server=None: the upgrade response names no software and no version.
+        super().__init__(url, reactor=reactor, server=None)
+        self.door = door
         self.store = store
         self.switchboard = switchboard
         self.calls = calls
@@ -229,6 +278,8 @@ class RelayWebSocketFactory(WebSocketServerFactory):
             autoPingTimeout=limits.KEEPALIVE_TIMEOUT_S,
             openHandshakeTimeout=limits.WS_OPENING_HANDSHAKE_TIMEOUT_S,
             closeHandshakeTimeout=5,
+            # A plain GET never reaches autobahn (the resource answers 426); never show its page.
+            webStatus=False,
             perMessageCompressionAccept=lambda _offers: None,
             # Frames are decoded as strict UTF-8 by agentcall.wire.codec; no second pass.
             utf8validateIncoming=False,

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import resource as rlimits
 from typing import Any
 
 from twisted.application import internet, service
@@ -59,6 +60,63 @@ class Options(usage.Options):
             "Calls one identity may place to one other identity per sliding hour (1-1000).",
         ],
         ["ready-file", None, None, 'Write {"url", "port"} as JSON here once listening.'],
+        [
+            "head-timeout",
+            None,
+            f"{limits.HEAD_TIMEOUT_S:g}",
+            "Seconds a client has to send a whole request head and body; bytes trickled in "
+            "do not extend it (0.1-120).",
+        ],
+        [
+            "call-request-timeout",
+            None,
+            f"{limits.CALL_REQUEST_TIMEOUT_S:g}",
+            "Seconds a caller socket has, after `ready`, to send its call_request (0.1-120).",
+        ],
+        [
+            "max-per-source",
+            None,
+            str(limits.MAX_CONNECTIONS_PER_SOURCE),
+            "Open connections one source address may hold; more are closed at once (1-100000).",
+        ],
+        [
+            "max-callers-per-identity",
+            None,
+            str(limits.MAX_CALLERS_PER_IDENTITY),
+            "Caller sockets one identity may hold at once (1-10000).",
+        ],
+        [
+            "max-handshakes",
+            None,
+            str(limits.MAX_CONNECTIONS_IN_HEAD),
+            "Connections that may be sending their first request head or WebSocket upgrade "
+            "at once (1-100000).",
+        ],
+        [
+            "max-connections",
+            None,
+            "auto",
+            "Open connections in total; `auto` is the open-file limit minus --fd-reserve.",
+        ],
+        [
+            "fd-reserve",
+            None,
+            str(limits.FD_RESERVE),
+            "File descriptors kept free under the open-file limit so the relay can always "
+            "accept and refuse (16-10000).",
+        ],
+        [
+            "register-per-minute",
+            None,
+            str(limits.REGISTER_PER_MINUTE),
+            "Registration attempts per source address per minute before 429 (1-10000).",
+        ],
+        [
+            "auth-failures-per-minute",
+            None,
+            str(limits.AUTH_FAILURES_PER_MINUTE),
+            "Failed authentications per source address per minute before 429 (1-10000).",
+        ],
     ]
 
     def postOptions(self) -> None:
@@ -74,6 +132,53 @@ class Options(usage.Options):
             raise usage.UsageError(f"--url: {exc}") from exc
         self["call-deadline"] = _bounded(self["call-deadline"], "--call-deadline", 1, 360, float)
         self["calls-per-hour"] = _bounded(self["calls-per-hour"], "--calls-per-hour", 1, 1000, int)
+        self["door"] = _door_config(self, _open_file_limit())
+
+
+def _open_file_limit() -> int:
+    soft, _hard = rlimits.getrlimit(rlimits.RLIMIT_NOFILE)
+    # RLIM_INFINITY: fall back to a number the kernel could really hand out.
+    return soft if soft != rlimits.RLIM_INFINITY else 1_048_576
+
+
+def _door_config(options: usage.Options, open_file_limit: int) -> Any:
+    from agentcall.relay.door import DoorConfig
+    from agentcall.relay.gate import GateLimits, total_cap
+
+    reserve = _bounded(options["fd-reserve"], "--fd-reserve", 16, 10_000, int)
+    if options["max-connections"] == "auto":
+        try:
+            total = total_cap(open_file_limit, reserve)
+        except ValueError as exc:
+            raise usage.UsageError(str(exc)) from exc
+    else:
+        total = _bounded(options["max-connections"], "--max-connections", 1, 10_000_000, int)
+        if total > open_file_limit - reserve:
+            raise usage.UsageError(
+                f"--max-connections {total} does not fit under the open-file limit "
+                f"{open_file_limit} minus --fd-reserve {reserve}; raise LimitNOFILE (ulimit -n)"
+            )
+    caps = GateLimits(
+        per_source=_bounded(options["max-per-source"], "--max-per-source", 1, 100_000, int),
+        total=total,
+        handshakes=_bounded(options["max-handshakes"], "--max-handshakes", 1, 100_000, int),
+        callers_per_identity=_bounded(
+            options["max-callers-per-identity"], "--max-callers-per-identity", 1, 10_000, int
+        ),
+    )
+    return DoorConfig(
+        caps=caps,
+        head_timeout_s=_bounded(options["head-timeout"], "--head-timeout", 0.1, 120, float),
+        call_request_timeout_s=_bounded(
+            options["call-request-timeout"], "--call-request-timeout", 0.1, 120, float
+        ),
+        register_per_minute=_bounded(
+            options["register-per-minute"], "--register-per-minute", 1, 10_000, int
+        ),
+        auth_failures_per_minute=_bounded(
+            options["auth-failures-per-minute"], "--auth-failures-per-minute", 1, 10_000, int
+        ),
+    )
 
 
 def _bounded(value: str, name: str, lo: float, hi: float, kind: type[Any]) -> Any:
@@ -89,7 +194,7 @@ def _bounded(value: str, name: str, lo: float, hi: float, kind: type[Any]) -> An
 class ListeningService(service.Service):
     """Listen on an endpoint; once bound, log it and optionally write a ready file."""
 
-    def __init__(self, reactor: Any, description: str, site: server.Site, ready_file: str | None):
+    def __init__(self, reactor: Any, description: str, site: Any, ready_file: str | None) -> None:
         self._reactor = reactor
         self._description = description
         self._site = site
@@ -132,6 +237,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     from autobahn.twisted.resource import WebSocketResource
 
     from agentcall.relay.calls import CallBook, restored_limiter
+    from agentcall.relay.door import Door, GatedFactory, RelaySite
     from agentcall.relay.protocol import RelayWebSocketFactory
     from agentcall.relay.store import open_relay_store
     from agentcall.relay.switchboard import Switchboard
@@ -154,6 +260,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         origin,
         deadline_s=config["call-deadline"],
     )
+    door = Door(config["door"], reactor, store)
     ws_factory = RelayWebSocketFactory(
         relay_url.ws(""),
         store=store,
@@ -161,6 +268,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         calls=calls,
         relay_origin=origin,
         reactor=reactor,
+        door=door,
     )
     api = RelayApi(
         store=store,
@@ -168,31 +276,73 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         clock=reactor,
         relay_origin=origin,
         public_url=config["url"],
+        door=door,
     )
-    v1 = _ApiWithSocket(api, WebSocketResource(ws_factory))
+    v1 = _ApiWithSocket(api, WebSocketResource(ws_factory), door)
     root = resource.Resource()
     root.putChild(b"v1", v1)
-    site = server.Site(root)
+    site = RelaySite(root, door, reactor)
     site.requestFactory = CappedRequest
-    site.displayTracebacks = False
 
     top = service.MultiService()
-    ListeningService(reactor, config["listen"], site, config["ready-file"]).setServiceParent(top)
+    ListeningService(
+        reactor, config["listen"], GatedFactory(site), config["ready-file"]
+    ).setServiceParent(top)
     internet.TimerService(600, lambda: _prune(limiter, reactor)).setServiceParent(top)
-    _log.info("relay_configured", relay_origin=origin, deadline_s=config["call-deadline"])
+    _DoorFlush(door).setServiceParent(top)
+    caps = config["door"].caps
+    _log.info(
+        "relay_configured",
+        relay_origin=origin,
+        deadline_s=config["call-deadline"],
+        max_connections=caps.total,
+        max_per_source=caps.per_source,
+        max_handshakes=caps.handshakes,
+        max_callers_per_identity=caps.callers_per_identity,
+    )
     return top
+
+
+class _DoorFlush(internet.TimerService):
+    """Logs the front door's refusal counts and writes ``auth.failed`` rows once a minute,
+    and everything still pending when the relay stops."""
+
+    def __init__(self, door: Any) -> None:
+        super().__init__(60, door.flush)
+        self._door = door
+
+    def stopService(self) -> Any:
+        result = super().stopService()
+        self._door.flush(final=True)
+        return result
 
 
 class _ApiWithSocket(resource.Resource):
     """``/v1/ws`` is the WebSocket; every other ``/v1/...`` path goes to the JSON API."""
 
-    def __init__(self, api: resource.Resource, socket: resource.IResource) -> None:
+    def __init__(self, api: resource.Resource, socket: resource.IResource, door: Any) -> None:
         super().__init__()
         self._api = api
         self._socket = socket
+        self._door = door
 
     def getChild(self, path: bytes, request: server.Request) -> resource.IResource:
+        from agentcall.relay.door import (
+            Throttled,
+            is_upgrade,
+            source_of,
+            throttled_page,
+            upgrade_required,
+        )
+
         if path == b"ws" and not request.postpath:
+            # Answered here, in the API's JSON, rather than by autobahn's HTML pages.
+            if not is_upgrade(request):
+                return upgrade_required()
+            try:
+                self._door.check_auth_allowed(source_of(request.getClientAddress()))
+            except Throttled as exc:
+                return throttled_page(exc)
             return self._socket
         return self._api  # a leaf that routes on the full request path itself
 

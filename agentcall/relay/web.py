@@ -2,6 +2,8 @@
 
 Every body is size-capped before it is stored in memory and decoded through the one wire
 decoder; every refusal is an :class:`ApiError` rendered as ``{"error": code, "message": text}``.
+Registration and failed authentication are throttled per source address by the relay's
+:class:`~agentcall.relay.door.Door`; a throttled request gets 429 with ``Retry-After``.
 """
 
 from __future__ import annotations
@@ -13,13 +15,15 @@ from typing import Any
 from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource, server
 
-from agentcall import __version__, ids, limits
+from agentcall import ids, limits
 from agentcall.crypto import records
 from agentcall.errors import ApiError, ApiErrorCode, CryptoError, MalformedFrame
 from agentcall.invites import make_invite_url
 from agentcall.logevents import Logger
+from agentcall.relay.door import Door, Throttled, source_of
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard
+from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
 
 _log = Logger(namespace="agentcall.relay.web")
@@ -29,9 +33,16 @@ _KEYS_OF = re.compile(r"^/v1/keys/([a-z0-9][a-z0-9-]{1,30})$")
 
 
 class CappedRequest(server.Request):
-    """A request that stops buffering its body past the API's size cap."""
+    """A request that stops buffering its body past the API's size cap, and whose answers
+    carry no ``Server`` header (twisted.web would name itself and its version)."""
 
     too_large = False
+
+    def setHeader(self, name: bytes | str, value: bytes | str) -> None:
+        lowered = name.lower()
+        if lowered in (b"server", "server"):
+            return
+        super().setHeader(name, value)
 
     def gotLength(self, length: int | None) -> None:
         if length is not None and length > limits.MAX_HTTP_BODY_BYTES:
@@ -62,8 +73,10 @@ class RelayApi(resource.Resource):
         clock: IReactorTime,
         relay_origin: str,
         public_url: str,
+        door: Door,
     ) -> None:
         super().__init__()
+        self._door = door
         self._store = store
         self._switchboard = switchboard
         self._clock = clock
@@ -77,7 +90,11 @@ class RelayApi(resource.Resource):
             status, body = self._route(request)
         except ApiError as exc:
             status, body = exc.status, http.ApiErrorBody(error=exc.code, message=exc.message)
-            _log.info("api_refused", path=_path(request), status=status, code=str(exc.code))
+            if isinstance(exc, Throttled):
+                request.setHeader(b"retry-after", retry_after_header(exc.retry_after_s))
+            else:
+                # Throttled refusals are counted by the door and logged in aggregate instead.
+                _log.info("api_refused", path=_path(request), status=status, code=str(exc.code))
         except Exception:
             _log.failure("api_internal_error", path=_path(request))
             status = 500
@@ -93,8 +110,10 @@ class RelayApi(resource.Resource):
         if getattr(request, "too_large", False):
             raise ApiError(413, ApiErrorCode.BODY_TOO_LARGE, "request body too large")
         if path == "/v1/status" and method == "GET":
-            return 200, http.StatusResponse(ok=True, version=__version__, relay_origin=self._origin)
+            # No version: an unauthenticated caller learns that the relay is up, nothing more.
+            return 200, http.StatusResponse(ok=True, relay_origin=self._origin)
         if path == "/v1/register" and method == "POST":
+            self._door.check_register(source_of(request.getClientAddress()))
             return 200, self._register(request)
         handlers: dict[tuple[str, str], Callable[[server.Request, Member], object]] = {
             ("GET", "/v1/me"): self._me,
@@ -122,6 +141,9 @@ class RelayApi(resource.Resource):
         return self._clock.seconds()
 
     def _authenticated(self, request: server.Request) -> Member:
+        source = source_of(request.getClientAddress())
+        # Before the token is looked at: a throttled source learns nothing from a guess.
+        self._door.check_auth_allowed(source)
         headers = {
             name: (request.getHeader(name) or "")
             for name in ("authorization", "x-agentcall-org", "x-agentcall-handle")
@@ -130,6 +152,7 @@ class RelayApi(resource.Resource):
 
         member = authenticate_headers(self._store, headers)
         if member is None:
+            self._door.auth_failed(source)
             raise ApiError(401, ApiErrorCode.UNAUTHORIZED, "missing or invalid credentials")
         return member
 

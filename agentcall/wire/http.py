@@ -59,8 +59,12 @@ class ApiErrorBody:
 @attrs.frozen
 class StatusResponse:
     ok: bool
-    version: str = attrs.field(validator=f.text(40))
     relay_origin: str = attrs.field(validator=f.relay_origin)
+    # Older relays sent their software version here; a relay now sends null, because an
+    # unauthenticated health check should not tell a scanner what to attack. Clients accept both.
+    version: str | None = attrs.field(
+        default=None, validator=attrs.validators.optional(f.text(40))
+    )
 
 
 @attrs.frozen

@@ -1,0 +1,297 @@
+"""The relay's front door in Twisted: caps at accept time, a deadline on every request head,
+per-source throttles, and the periodic flush of refusal counts and ``auth.failed`` rows.
+
+Decisions live in :mod:`agentcall.relay.gate` and :mod:`agentcall.relay.throttle`; this module
+only wires them to sockets. The stack for one connection is (TLS) → :class:`GatedConnection`
+(counts it, releases it when it is gone, whatever protocol holds it by then) →
+:class:`GatedChannel` (HTTP with a head deadline) → autobahn after an upgrade.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ISSLTransport
+from twisted.internet.protocol import Protocol, connectionDone
+from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
+from twisted.python.failure import Failure
+from twisted.web import http, resource, server
+from zope.interface import directlyProvidedBy, directlyProvides
+
+from agentcall.errors import ApiError, ApiErrorCode
+from agentcall.interfaces import IAuditSink
+from agentcall.logevents import Logger
+from agentcall.relay import audit
+from agentcall.relay.gate import ConnectionGate, GateLimits, Refusal, RefusalTally, Ticket
+from agentcall.relay.throttle import FailureTally, TokenBuckets, retry_after_header
+from agentcall.wire import codec
+from agentcall.wire import http as wire_http
+
+_log = Logger(namespace="agentcall.relay.door")
+
+
+@attrs.frozen
+class DoorConfig:
+    """The front-door options of ``twistd agentcall-relay``."""
+
+    caps: GateLimits
+    head_timeout_s: float
+    call_request_timeout_s: float
+    register_per_minute: int
+    auth_failures_per_minute: int
+
+
+class Throttled(ApiError):
+    """429 ``rate_limited``; the API adds ``Retry-After`` from ``retry_after_s``."""
+
+    def __init__(self, retry_after_s: float, message: str) -> None:
+        super().__init__(429, ApiErrorCode.RATE_LIMITED, message)
+        self.retry_after_s = retry_after_s
+
+
+class Door:
+    """The front door's state for one relay: counters, throttles and what is due to be logged."""
+
+    def __init__(self, config: DoorConfig, clock: IReactorTime, sink: IAuditSink) -> None:
+        self.config = config
+        self.clock = clock
+        self.gate = ConnectionGate(config.caps)
+        self.refusals = RefusalTally()
+        self._register = TokenBuckets(config.register_per_minute)
+        self._auth = TokenBuckets(config.auth_failures_per_minute)
+        self._failures = FailureTally()
+        self._sink = sink
+
+    # --- throttles (called by the API and the WebSocket adapter) ------------------------------
+
+    def check_register(self, source: str) -> None:
+        """Every ``POST /v1/register`` takes a token; :class:`Throttled` when none is left."""
+        wait = self._register.take(source, self.clock.seconds())
+        if wait is not None:
+            self.refusals.note(Refusal.REGISTER_THROTTLED)
+            raise Throttled(wait, "too many registration attempts from this address")
+
+    def check_auth_allowed(self, source: str) -> None:
+        """Raises :class:`Throttled` while ``source`` has used up its failed authentications."""
+        wait = self._auth.retry_after(source, self.clock.seconds())
+        if wait is not None:
+            self.refusals.note(Refusal.AUTH_THROTTLED)
+            raise Throttled(wait, "too many failed authentications from this address")
+
+    def auth_failed(self, source: str) -> None:
+        now = self.clock.seconds()
+        self._auth.take(source, now)
+        self._failures.note(source, now)
+
+    # --- periodic ---------------------------------------------------------------------------
+
+    def flush(self, *, final: bool = False) -> None:
+        """Log the refusal counts and write the ``auth.failed`` rows of ended minutes.
+
+        Runs on a timer, so it never raises: a failure is logged and the next run tries again.
+        """
+        try:
+            now = self.clock.seconds()
+            counts = self.refusals.drain()
+            if counts:
+                _log.warn(
+                    "front_door_refusals",
+                    **counts,
+                    open_connections=self.gate.open_total,
+                    in_head=self.gate.in_head,
+                )
+            rows = self._failures.drain() if final else self._failures.due(now)
+            for row in rows:
+                # Relay-wide (no organisation was proven); the source and a count, nothing else.
+                self._sink.record(
+                    audit.AUTH_FAILED,
+                    audit.RELAY_WIDE,
+                    None,
+                    row.source,
+                    None,
+                    row.minute,
+                    f"{row.count} failed authentications in this minute",
+                )
+            self._register.prune(now)
+            self._auth.prune(now)
+        except Exception:
+            _log.failure("front_door_flush_failed")
+
+
+def source_of(address: IAddress | None) -> str:
+    """The source address a connection is counted under (its host, without the port)."""
+    host = getattr(address, "host", None)
+    return host if isinstance(host, str) else "unknown"
+
+
+# --- connections ------------------------------------------------------------------------------
+
+
+class GatedChannel(http.HTTPChannel):
+    """HTTP/1.1 whose request head (and body) must arrive within a deadline.
+
+    twisted.web's own ``timeOut`` is an idle timer that every byte resets, so a client that
+    trickles one header line at a time could hold the socket for ever. This deadline is armed
+    when the connection opens and again after each response on a kept-alive connection, and it
+    is only cancelled once the whole request has arrived.
+    """
+
+    site: RelaySite
+    # Set by GatedFactory: tells the gate the first head is complete.
+    on_head_done: Callable[[], None] | None = None
+    _head_deadline: IDelayedCall | None = None
+
+    def connectionMade(self) -> None:
+        super().connectionMade()
+        self._arm_head_deadline()
+
+    def allHeadersReceived(self) -> None:
+        hook, self.on_head_done = self.on_head_done, None
+        if hook is not None:
+            hook()
+        super().allHeadersReceived()
+
+    def allContentReceived(self) -> None:
+        self._disarm_head_deadline()
+        super().allContentReceived()
+
+    def requestDone(self, request: Any) -> None:
+        # Armed before the parent feeds a pipelined request, whose arrival disarms it again.
+        if self.persistent:
+            self._arm_head_deadline()
+        super().requestDone(request)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._disarm_head_deadline()
+        super().connectionLost(reason)
+
+    def _arm_head_deadline(self) -> None:
+        self._disarm_head_deadline()
+        self._head_deadline = self.callLater(self.site.door.config.head_timeout_s, self._overdue)
+
+    def _disarm_head_deadline(self) -> None:
+        call, self._head_deadline = self._head_deadline, None
+        if call is not None and call.active():
+            call.cancel()
+
+    def _overdue(self) -> None:
+        self._head_deadline = None
+        self.site.door.refusals.note(Refusal.HEAD_TIMEOUT)
+        # Abort, not a polite close: a client that is not reading must not keep the socket.
+        transport: Any = self.transport
+        if transport is not None:
+            transport.abortConnection()
+
+
+class RelaySite(server.Site):
+    """A Site whose channels carry the head deadline and answer without a Server header."""
+
+    protocol = GatedChannel  # type: ignore[assignment]
+
+    def __init__(self, root: resource.IResource, door: Door, reactor: Any) -> None:
+        super().__init__(root, reactor=reactor)
+        self.door = door
+        self.displayTracebacks = False
+
+
+class GatedConnection(ProtocolWrapper):
+    """Holds the connection's ticket and returns it when the socket closes.
+
+    It stays between the transport and whatever protocol speaks (autobahn replaces the HTTP
+    channel here after an upgrade), so the count is right for every kind of connection.
+    """
+
+    factory: GatedFactory
+
+    def __init__(self, factory: GatedFactory, wrapped: Any, ticket: Ticket) -> None:
+        super().__init__(factory, wrapped)
+        self.ticket = ticket
+
+    def makeConnection(self, transport: Any) -> None:
+        super().makeConnection(transport)
+        # ProtocolWrapper copies the transport's interfaces, TLS included; autobahn then takes
+        # this wrapper for the TLS layer itself and fails to read a channel id from it. The
+        # relay asks nothing of TLS at this level, so the wrapper does not claim it.
+        directlyProvides(self, directlyProvidedBy(self) - ISSLTransport)
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self.factory.door.gate.release(self.ticket)
+        super().connectionLost(reason)
+
+
+class _Refused(Protocol):
+    """Closes a connection over a cap at once, before reading a byte (TLS included)."""
+
+    def connectionMade(self) -> None:
+        transport: Any = self.transport
+        transport.abortConnection()
+
+
+class GatedFactory(WrappingFactory[GatedConnection]):
+    """Admits a connection through the gate, or closes it at once and counts why."""
+
+    protocol = GatedConnection
+
+    def __init__(self, site: RelaySite) -> None:
+        super().__init__(site)
+        self.door = site.door
+
+    def buildProtocol(self, addr: IAddress) -> Any:  # type: ignore[override]
+        decision = self.door.gate.admit(source_of(addr))
+        if isinstance(decision, Refusal):
+            self.door.refusals.note(decision)
+            return _Refused()
+        ticket = decision
+        channel = self.wrappedFactory.buildProtocol(addr)
+        if isinstance(channel, GatedChannel):
+            gate = self.door.gate
+            channel.on_head_done = lambda: gate.head_done(ticket)
+        return GatedConnection(self, channel, ticket)
+
+
+# --- JSON error pages ---------------------------------------------------------------------------
+
+
+class ErrorPage(resource.Resource):
+    """An API error as a resource: the status and ``{"error", "message"}`` for any method."""
+
+    isLeaf = True
+
+    def __init__(
+        self, status: int, code: ApiErrorCode, message: str, headers: dict[str, str] | None = None
+    ) -> None:
+        super().__init__()
+        self._status = status
+        self._body = codec.encode(wire_http.ApiErrorBody(error=code, message=message))
+        self._headers = headers or {}
+
+    def render(self, request: server.Request) -> bytes:
+        request.setResponseCode(self._status)
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-store")
+        for name, value in self._headers.items():
+            request.setHeader(name.encode("ascii"), value.encode("ascii"))
+        return self._body
+
+
+def upgrade_required() -> ErrorPage:
+    return ErrorPage(
+        426,
+        ApiErrorCode.UPGRADE_REQUIRED,
+        "this path is a WebSocket; send an upgrade request",
+        {"upgrade": "websocket", "connection": "Upgrade"},
+    )
+
+
+def throttled_page(exc: Throttled) -> ErrorPage:
+    return ErrorPage(
+        exc.status, exc.code, exc.message, {"retry-after": retry_after_header(exc.retry_after_s)}
+    )
+
+
+def is_upgrade(request: server.Request) -> bool:
+    """A WebSocket upgrade request, as far as the headers go (autobahn checks the rest)."""
+    upgrade = (request.getHeader("upgrade") or "").lower()
+    return request.method == b"GET" and "websocket" in upgrade

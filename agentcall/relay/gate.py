@@ -1,0 +1,164 @@
+"""The relay's front-door arithmetic: which new connection or caller socket may stay.
+
+Pure bookkeeping with no sockets and no clock. The Twisted glue (:mod:`agentcall.relay.door`)
+asks :class:`ConnectionGate` at accept time and tells it when a request head is complete and
+when a connection is gone; :class:`RefusalTally` counts refusals so a flood is logged as one
+event with counts instead of one line per connection.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections import Counter
+
+import attrs
+
+
+class Refusal(enum.StrEnum):
+    """Why a connection, socket or request was turned away (the field names of the log event)."""
+
+    PER_SOURCE = "per_source"
+    TOTAL = "total"
+    HANDSHAKES = "handshakes"
+    CALLERS_PER_IDENTITY = "callers_per_identity"
+    HEAD_TIMEOUT = "head_timeout"
+    CALL_REQUEST_TIMEOUT = "call_request_timeout"
+    REGISTER_THROTTLED = "register_throttled"
+    AUTH_THROTTLED = "auth_throttled"
+
+
+def _at_least_one(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
+    if value < 1:
+        raise ValueError(f"{attribute.name} must be at least 1, not {value}")
+
+
+@attrs.frozen
+class GateLimits:
+    """The caps, each a relay option."""
+
+    per_source: int = attrs.field(validator=_at_least_one)
+    total: int = attrs.field(validator=_at_least_one)
+    handshakes: int = attrs.field(validator=_at_least_one)
+    callers_per_identity: int = attrs.field(validator=_at_least_one)
+
+
+@attrs.define(eq=False)
+class Ticket:
+    """One admitted connection. ``in_head`` until its first request head is complete."""
+
+    source: str
+    in_head: bool = True
+    released: bool = False
+
+
+class ConnectionGate:
+    """Open connections per source address and in total, connections still sending their
+    first request head (which is where a WebSocket handshake happens), caller sockets per
+    identity."""
+
+    def __init__(self, caps: GateLimits) -> None:
+        self.caps = caps
+        self._by_source: Counter[str] = Counter()
+        self._total = 0
+        self._in_head = 0
+        self._callers: Counter[str] = Counter()
+
+    # --- connections ------------------------------------------------------------------------
+
+    def admit(self, source: str) -> Ticket | Refusal:
+        """A ticket for a new connection from ``source``, or why it must be closed at once."""
+        # Total first: it protects the file descriptors everyone else needs.
+        if self._total >= self.caps.total:
+            return Refusal.TOTAL
+        if self._by_source[source] >= self.caps.per_source:
+            return Refusal.PER_SOURCE
+        if self._in_head >= self.caps.handshakes:
+            return Refusal.HANDSHAKES
+        self._by_source[source] += 1
+        self._total += 1
+        self._in_head += 1
+        return Ticket(source)
+
+    def head_done(self, ticket: Ticket) -> None:
+        """The connection's first request head is complete; calling it again is harmless."""
+        if ticket.in_head and not ticket.released:
+            ticket.in_head = False
+            self._in_head -= 1
+
+    def release(self, ticket: Ticket) -> None:
+        """The connection is gone; calling it again is harmless."""
+        if ticket.released:
+            return
+        self.head_done(ticket)
+        ticket.released = True
+        self._total -= 1
+        self._by_source[ticket.source] -= 1
+        if self._by_source[ticket.source] <= 0:
+            del self._by_source[ticket.source]
+
+    # --- caller sockets ---------------------------------------------------------------------
+
+    def admit_caller(self, identity: str) -> bool:
+        """Count one more caller socket for ``identity``; False (and no count) over the cap."""
+        if self._callers[identity] >= self.caps.callers_per_identity:
+            return False
+        self._callers[identity] += 1
+        return True
+
+    def release_caller(self, identity: str) -> None:
+        if self._callers[identity] <= 1:
+            self._callers.pop(identity, None)
+        else:
+            self._callers[identity] -= 1
+
+    # --- what the tests and the logs read ------------------------------------------------------
+
+    @property
+    def open_total(self) -> int:
+        return self._total
+
+    @property
+    def in_head(self) -> int:
+        return self._in_head
+
+    def open_from(self, source: str) -> int:
+        return self._by_source.get(source, 0)
+
+    def callers_of(self, identity: str) -> int:
+        return self._callers.get(identity, 0)
+
+    @property
+    def sources(self) -> int:
+        """How many source addresses hold at least one connection (memory is bounded by this)."""
+        return len(self._by_source)
+
+
+class RefusalTally:
+    """Refusals counted by reason between two log flushes."""
+
+    def __init__(self) -> None:
+        self._counts: Counter[Refusal] = Counter()
+
+    def note(self, reason: Refusal) -> None:
+        self._counts[reason] += 1
+
+    def drain(self) -> dict[str, int]:
+        """The counts since the last drain, by reason name (empty when nothing was refused)."""
+        counts = {str(reason): n for reason, n in sorted(self._counts.items())}
+        self._counts.clear()
+        return counts
+
+
+def total_cap(open_file_limit: int, reserve: int) -> int:
+    """Connections allowed under an open-file limit, keeping ``reserve`` descriptors for the
+    database, the logs, the listening socket and the accept-then-close of a refused
+    connection. Raises ValueError when the limit leaves no room at all."""
+    if reserve < 0:
+        raise ValueError("the descriptor reserve cannot be negative")
+    room = open_file_limit - reserve
+    if room < 1:
+        raise ValueError(
+            f"an open-file limit of {open_file_limit} leaves no room for connections after "
+            f"a reserve of {reserve}; raise LimitNOFILE (ulimit -n)"
+        )
+    return room

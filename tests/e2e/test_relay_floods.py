@@ -1,0 +1,140 @@
+"""The relay's front door against a real `twistd agentcall-relay`: caps, deadlines, throttles."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import sqlite3
+import ssl
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.processes import RelayProcess, start_relay
+
+pytestmark = pytest.mark.e2e
+
+PER_SOURCE = 5
+AUTH_FAILURES = 3
+
+
+@pytest.fixture(scope="module")
+def relay(tmp_path_factory: pytest.TempPathFactory) -> Iterator[RelayProcess]:
+    """A relay with small caps; a long head deadline so held sockets stay while a test runs."""
+    workdir: Path = tmp_path_factory.mktemp("floods")
+    process, _ = start_relay(
+        workdir,
+        extra_args=(
+            "--head-timeout=60",
+            f"--max-per-source={PER_SOURCE}",
+            f"--auth-failures-per-minute={AUTH_FAILURES}",
+        ),
+    )
+    yield process
+    process.stop()
+
+
+def _tls(process: RelayProcess) -> ssl.SSLContext:
+    return ssl.create_default_context(cafile=process.ca_file)
+
+
+def _get(
+    process: RelayProcess, path: str, headers: dict[str, str] | None = None, source: str = ""
+) -> http.client.HTTPResponse:
+    conn = http.client.HTTPSConnection(
+        "localhost",
+        process.url.port,
+        context=_tls(process),
+        timeout=30,
+        source_address=(source, 0) if source else None,
+    )
+    conn.request("GET", path, headers=headers or {})
+    response = conn.getresponse()
+    response.read()
+    conn.close()
+    return response
+
+
+def _body(process: RelayProcess, path: str, headers: dict[str, str] | None = None) -> object:
+    conn = http.client.HTTPSConnection("localhost", process.url.port, context=_tls(process))
+    conn.request("GET", path, headers=headers or {})
+    data = conn.getresponse().read()
+    conn.close()
+    return json.loads(data)
+
+
+def _closed_by_peer(s: socket.socket) -> bool:
+    """Block until the relay closes the socket (EOF or reset); False if it stays open."""
+    try:
+        return s.recv(1) == b""
+    except (ConnectionResetError, ssl.SSLError):
+        return True
+    except TimeoutError:
+        return False
+
+
+def test_status_and_plain_socket_get_disclose_nothing(relay: RelayProcess) -> None:
+    status = _get(relay, "/v1/status")
+    assert status.status == 200 and status.getheader("server") is None
+    assert _body(relay, "/v1/status")["version"] is None  # type: ignore[index]
+    ws = _get(relay, "/v1/ws?role=listen")
+    assert ws.status == 426 and ws.getheader("server") is None
+    assert ws.getheader("content-type") == "application/json"
+    assert _body(relay, "/v1/ws")["error"] == "upgrade_required"  # type: ignore[index]
+
+
+def test_idle_connections_over_the_per_source_cap_are_refused(relay: RelayProcess) -> None:
+    port = relay.url.port
+    held = [socket.create_connection(("127.0.0.1", port), timeout=30) for _ in range(PER_SOURCE)]
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=30) as refused:
+            assert _closed_by_peer(refused)
+        # Another source address is still served while 127.0.0.1 is at its cap.
+        assert _get(relay, "/v1/status", source="127.0.0.2").status == 200
+    finally:
+        for s in held:
+            s.close()
+
+
+def test_bad_tokens_are_throttled_with_retry_after_and_audited(relay: RelayProcess) -> None:
+    bad = {
+        "Authorization": "Bearer not-a-real-token-at-all",
+        "X-AgentCall-Org": "acme",
+        "X-AgentCall-Handle": "nobody",
+    }
+    source = "127.0.0.3"
+    codes = [_get(relay, "/v1/me", bad, source).status for _ in range(AUTH_FAILURES)]
+    assert codes == [401] * AUTH_FAILURES
+    throttled = _get(relay, "/v1/me", bad, source)
+    assert throttled.status == 429 and int(throttled.getheader("retry-after") or "0") >= 1
+    relay.stop()  # the final flush writes the row of the current minute
+    with sqlite3.connect(relay.database) as db:
+        rows = db.execute(
+            "SELECT org, target, detail FROM audit WHERE event = 'auth.failed'"
+        ).fetchall()
+    assert ("", source, f"{AUTH_FAILURES} failed authentications in this minute") in rows
+    assert not any("not-a-real-token" in str(row) for row in rows)
+    relay.restart()
+
+
+def test_a_trickled_head_is_cut_at_its_deadline(tmp_path: Path) -> None:
+    process, _ = start_relay(tmp_path, extra_args=("--head-timeout=1",))
+    try:
+        raw = socket.create_connection(("127.0.0.1", process.url.port), timeout=30)
+        with _tls(process).wrap_socket(raw, server_hostname="localhost") as s:
+            s.sendall(b"GET /v1/status HTTP/1.1\r\nHost: localhost\r\n")
+            started = time.monotonic()
+            s.settimeout(0.2)  # the pace of the trickle, and how long each wait for EOF lasts
+            lines = 0
+            while not _closed_by_peer(s):
+                s.sendall(f"X-Trickle-{lines}: y\r\n".encode())
+                lines += 1
+                assert time.monotonic() - started < 30, "the trickling head was never cut"
+            assert lines >= 2  # it was trickling, and the trickle did not keep it open
+    finally:
+        process.stop()
+    # Refusals are logged in aggregate (once a minute, and when the relay stops).
+    assert "front_door_refusals" in process.log.text() and "head_timeout=1" in process.log.text()

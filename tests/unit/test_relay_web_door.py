@@ -1,0 +1,347 @@
+"""The relay's front door over memory transports: deadlines, caps, throttles, disclosure."""
+
+from __future__ import annotations
+
+import base64
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import attrs
+import pytest
+from autobahn.twisted.resource import WebSocketResource
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+from twisted.web import resource
+
+from agentcall.relay import audit
+from agentcall.relay.calls import CallBook
+from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
+from agentcall.relay.gate import GateLimits
+from agentcall.relay.protocol import RelayWebSocketFactory
+from agentcall.relay.ratelimit import SlidingWindowLimiter
+from agentcall.relay.store import SqliteRelayStore, open_relay_store
+from agentcall.relay.switchboard import Switchboard
+from agentcall.relay.tap import _ApiWithSocket
+from agentcall.relay.web import CappedRequest, RelayApi
+from agentcall.wire.http import MemberRole
+
+ORIGIN = "relay.example"
+
+
+@attrs.define
+class Front:
+    reactor: MemoryReactorClock
+    store: SqliteRelayStore
+    door: Door
+    factory: GatedFactory
+    token: str
+
+    def connect(self, host: str = "10.0.0.1") -> tuple[Any, StringTransport]:
+        address = IPv4Address("TCP", host, 40000)
+        protocol = self.factory.buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
+        protocol.makeConnection(transport)
+        return protocol, transport
+
+    def request(self, raw: bytes, host: str = "10.0.0.1") -> tuple[int, dict[str, str], bytes]:
+        protocol, transport = self.connect(host)
+        protocol.dataReceived(raw)
+        if transport.disconnecting:
+            # A memory transport only records the close; deliver it as the reactor would.
+            protocol.connectionLost(Failure(ConnectionDone()))
+        return parse(transport.value())
+
+
+def parse(data: bytes) -> tuple[int, dict[str, str], bytes]:
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return int(lines[0].split()[1]), headers, body
+
+
+def config(**changes: Any) -> DoorConfig:
+    values: dict[str, Any] = {
+        "caps": GateLimits(per_source=3, total=10, handshakes=5, callers_per_identity=1),
+        "head_timeout_s": 10.0,
+        "call_request_timeout_s": 10.0,
+        "register_per_minute": 2,
+        "auth_failures_per_minute": 2,
+    }
+    values.update(changes)
+    return DoorConfig(**values)
+
+
+@pytest.fixture
+def front(tmp_path: Path) -> Iterator[Front]:
+    yield make_front(tmp_path, config())
+
+
+def make_front(tmp_path: Path, door_config: DoorConfig) -> Front:
+    reactor = MemoryReactorClock()
+    reactor.advance(1_000_000.0)
+    store = open_relay_store(tmp_path / "relay.sqlite")
+    store.ensure_org("acme", reactor.seconds())
+    secret, _ = store.create_invite(
+        "acme",
+        created_by=None,
+        role=MemberRole.MEMBER,
+        expires_in_days=7,
+        description=None,
+        now=reactor.seconds(),
+    )
+    _, token = store.register("acme", secret, "ann", None, reactor.seconds())
+    door = Door(door_config, reactor, store)
+    switchboard = Switchboard()
+    limiter = SlidingWindowLimiter(30, 3600.0)
+    calls = CallBook(reactor, switchboard, store, store, limiter, ORIGIN)
+    ws = RelayWebSocketFactory(
+        f"ws://{ORIGIN}/v1/ws",
+        store=store,
+        switchboard=switchboard,
+        calls=calls,
+        relay_origin=ORIGIN,
+        reactor=reactor,
+        door=door,
+    )
+    api = RelayApi(
+        store=store,
+        switchboard=switchboard,
+        clock=reactor,
+        relay_origin=ORIGIN,
+        public_url=f"https://{ORIGIN}",
+        door=door,
+    )
+    root = resource.Resource()
+    root.putChild(b"v1", _ApiWithSocket(api, WebSocketResource(ws), door))
+    site = RelaySite(root, door, reactor)
+    site.requestFactory = CappedRequest
+    return Front(reactor, store, door, GatedFactory(site), token)
+
+
+def get(path: str, *headers: str) -> bytes:
+    lines = [f"GET {path} HTTP/1.1", "Host: relay.example", *headers, "Connection: close"]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def upgrade(path: str, *headers: str) -> bytes:
+    key = base64.b64encode(b"0123456789abcdef").decode()
+    lines = [
+        f"GET {path} HTTP/1.1",
+        "Host: relay.example",
+        "Upgrade: websocket",
+        "Connection: Upgrade",
+        f"Sec-WebSocket-Key: {key}",
+        "Sec-WebSocket-Version: 13",
+        *headers,
+    ]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode()
+
+
+def auth(front: Front, token: str | None = None) -> tuple[str, str, str]:
+    return (
+        f"Authorization: Bearer {token or front.token}",
+        "X-AgentCall-Org: acme",
+        "X-AgentCall-Handle: ann",
+    )
+
+
+def ws_frames(data: bytes) -> list[tuple[int, bytes]]:
+    """(opcode, payload) of the unmasked frames a server sent."""
+    out = []
+    while data:
+        opcode, length = data[0] & 0x0F, data[1] & 0x7F
+        offset = 2
+        if length == 126:
+            length, offset = int.from_bytes(data[2:4], "big"), 4
+        out.append((opcode, data[offset : offset + length]))
+        data = data[offset + length :]
+    return out
+
+
+# --- disclosure -------------------------------------------------------------------------------
+
+
+def test_status_names_no_version_and_no_server(front: Front) -> None:
+    status, headers, body = front.request(get("/v1/status"))
+    assert status == 200
+    assert json.loads(body) == {"ok": True, "relay_origin": ORIGIN, "version": None}
+    assert "server" not in headers
+
+
+def test_plain_get_of_the_socket_is_426_json(front: Front) -> None:
+    status, headers, body = front.request(get("/v1/ws?role=listen"))
+    assert status == 426
+    assert json.loads(body)["error"] == "upgrade_required"
+    assert headers["upgrade"] == "websocket"
+    assert headers["content-type"] == "application/json"
+    assert "server" not in headers
+
+
+def test_upgrade_response_names_no_server(front: Front) -> None:
+    protocol, transport = front.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
+    status, headers, _ = parse(transport.value())
+    assert status == 101
+    assert "server" not in headers
+
+
+# --- the head deadline ------------------------------------------------------------------------
+
+
+def test_a_trickled_head_is_cut_at_its_deadline(front: Front) -> None:
+    protocol, transport = front.connect()
+    protocol.dataReceived(b"GET /v1/status HTTP/1.1\r\n")
+    for n in range(4):
+        front.reactor.advance(2.4)
+        protocol.dataReceived(f"X-Trickle-{n}: y\r\n".encode())
+    assert not transport.disconnecting
+    front.reactor.advance(0.5)  # 10 s since the connection opened
+    assert transport.disconnected
+    assert front.door.refusals.drain() == {"head_timeout": 1}
+
+
+def test_a_complete_request_is_not_cut_and_an_idle_kept_alive_one_is(front: Front) -> None:
+    protocol, transport = front.connect()
+    protocol.dataReceived(b"GET /v1/status HTTP/1.1\r\nHost: x\r\n\r\n")
+    assert parse(transport.value())[0] == 200
+    front.reactor.advance(9.9)
+    assert not transport.disconnecting
+    front.reactor.advance(0.2)
+    assert transport.disconnected
+
+
+def test_an_upgraded_socket_outlives_the_head_deadline(front: Front) -> None:
+    protocol, transport = front.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
+    front.reactor.advance(25.0)
+    assert not transport.disconnecting
+
+
+# --- caps -------------------------------------------------------------------------------------
+
+
+def test_connections_over_the_per_source_cap_are_closed_at_once(front: Front) -> None:
+    held = [front.connect("10.0.0.1") for _ in range(3)]
+    assert not any(t.disconnecting for _, t in held)
+    _, refused = front.connect("10.0.0.1")
+    assert refused.disconnected
+    _, other = front.connect("10.0.0.2")
+    assert not other.disconnecting
+    held[0][0].connectionLost(Failure(ConnectionDone()))
+    _, again = front.connect("10.0.0.1")
+    assert not again.disconnecting
+    assert front.door.refusals.drain() == {"per_source": 1}
+
+
+def test_the_handshake_cap_frees_places_when_heads_complete(tmp_path: Path) -> None:
+    caps = GateLimits(per_source=10, total=10, handshakes=2, callers_per_identity=1)
+    front = make_front(tmp_path, config(caps=caps))
+    first, _ = front.connect("10.0.0.1")
+    front.connect("10.0.0.2")
+    assert front.connect("10.0.0.3")[1].disconnected
+    first.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
+    assert not front.connect("10.0.0.3")[1].disconnecting
+    assert front.door.refusals.drain() == {"handshakes": 1}
+
+
+# --- throttles and auth.failed ----------------------------------------------------------------
+
+
+def register() -> bytes:
+    body = b"{}"
+    return (
+        b"POST /v1/register HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+        b"Content-Length: 2\r\nConnection: close\r\n\r\n" + body
+    )
+
+
+def test_registration_is_throttled_per_source(front: Front) -> None:
+    assert front.request(register())[0] == 400
+    assert front.request(register())[0] == 400
+    status, headers, body = front.request(register())
+    assert status == 429 and headers["retry-after"] == "30"
+    assert json.loads(body)["error"] == "rate_limited"
+    assert front.request(register(), host="10.0.0.9")[0] == 400
+
+
+def test_failed_authentication_is_throttled_and_audited_per_minute(front: Front) -> None:
+    bad = auth(front, "guess-one-secret-token")
+    assert front.request(get("/v1/me", *bad))[0] == 401
+    assert front.request(get("/v1/me", *bad))[0] == 401
+    status, headers, _ = front.request(get("/v1/me", *auth(front)))
+    assert status == 429 and headers["retry-after"] == "30"
+    # The socket is throttled too, before its credentials are looked at.
+    status, headers, body = front.request(upgrade("/v1/ws?role=listen", *auth(front)))
+    assert status == 429 and json.loads(body)["error"] == "rate_limited"
+    assert front.request(get("/v1/me", *auth(front)), host="10.0.0.2")[0] == 200
+    assert front.door.refusals.drain() == {"auth_throttled": 2}
+    front.reactor.advance(60.0)
+    front.door.flush()
+    rows = front.store.audit_rows(audit.RELAY_WIDE)
+    assert [(r.event, r.target, r.detail) for r in rows] == [
+        (audit.AUTH_FAILED, "10.0.0.1", "2 failed authentications in this minute")
+    ]
+    assert "guess" not in repr(rows)
+
+
+def test_a_failed_socket_login_counts_as_a_failure(front: Front) -> None:
+    for _ in range(2):
+        protocol, _ = front.connect()
+        protocol.dataReceived(upgrade("/v1/ws?role=listen", *auth(front, "nope")))
+    status, _, _ = front.request(get("/v1/me", *auth(front)))
+    assert status == 429
+    front.door.flush(final=True)
+    assert front.store.audit_rows(audit.RELAY_WIDE)[0].detail.startswith("2 ")  # type: ignore[union-attr]
+
+
+def test_flush_never_raises() -> None:
+    class Broken:
+        def record(self, *args: object) -> None:
+            raise RuntimeError("disk full")
+
+    door = Door(config(), MemoryReactorClock(), Broken())  # type: ignore[arg-type]
+    door.auth_failed("10.0.0.1")
+    door.flush(final=True)
+
+
+# --- caller sockets ---------------------------------------------------------------------------
+
+
+def open_caller(front: Front) -> StringTransport:
+    protocol, transport = front.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=call&to=ken", *auth(front)))
+    return transport
+
+
+def server_frames(transport: StringTransport) -> list[tuple[int, bytes]]:
+    _, _, rest = transport.value().partition(b"\r\n\r\n")
+    return ws_frames(rest)
+
+
+def test_a_caller_that_never_sends_its_request_is_closed(front: Front) -> None:
+    transport = open_caller(front)
+    ready = server_frames(transport)
+    assert json.loads(ready[0][1])["type"] == "ready"
+    front.reactor.advance(9.9)
+    assert len(server_frames(transport)) == 1
+    front.reactor.advance(0.2)
+    sent = server_frames(transport)
+    assert json.loads(sent[1][1])["code"] == "protocol_error"
+    assert sent[2][0] == 0x8  # close
+    assert front.door.refusals.drain() == {"call_request_timeout": 1}
+
+
+def test_caller_sockets_per_identity_are_capped(front: Front) -> None:
+    open_caller(front)
+    second = open_caller(front)
+    sent = server_frames(second)
+    assert json.loads(sent[0][1])["code"] == "rate_limited"
+    assert sent[1][0] == 0x8 and int.from_bytes(sent[1][1][:2], "big") == 4029
+    assert front.door.gate.callers_of("@acme/ann") == 1
