@@ -7,7 +7,9 @@ a second identity on the same machine) only needs its own ``HOME``.
 
 The state directory is 0700 and every file in it 0600. Reads refuse a file that someone else
 could have written or read, rather than trusting it: a token or key that others can read is no
-longer secret, and a file others can write is no longer ours.
+longer secret, and a file others can write is no longer ours. A state directory that group or
+others can use is refused too (never silently tightened): anyone could have replaced or removed
+a file in it. The rules themselves are in :mod:`agentcall.filetrust`.
 """
 
 from __future__ import annotations
@@ -22,40 +24,33 @@ from pathlib import Path
 
 import attrs
 
-from agentcall.errors import AgentCallError
+from agentcall.filetrust import (
+    PRIVATE_FILE_MODE,
+    FileTrust,
+    LocalStateError,
+    PrivateFileError,
+    PrivateFileProblem,
+    mode_problem,
+    private_dir_problem,
+)
+
+# The errors and the file mode live in agentcall.filetrust; most callers know them from here.
+__all__ = [
+    "PRIVATE_FILE_MODE",
+    "STATE_DIR_MODE",
+    "FileTrust",
+    "Home",
+    "HomeError",
+    "LocalStateError",
+    "PrivateFileError",
+    "PrivateFileProblem",
+]
 
 STATE_DIR_MODE = 0o700
-PRIVATE_FILE_MODE = 0o600
-
-
-class LocalStateError(AgentCallError):
-    """The installation's local files are missing, unsafe or malformed (one-line reason)."""
 
 
 class HomeError(LocalStateError):
     """The environment does not name a usable state directory."""
-
-
-class PrivateFileError(LocalStateError):
-    """A private file or the state directory is not safe to use; the message says the fix."""
-
-    def __init__(self, path: Path, problem: str, fix: str) -> None:
-        super().__init__(f"{path}: {problem}; {fix}")
-        self.path = path
-        self.problem = problem
-        self.fix = fix
-
-
-@attrs.frozen
-class PrivateFileProblem:
-    """One finding of :meth:`Home.private_file_problems`, for ``doctor``."""
-
-    path: Path
-    problem: str
-    fix: str
-
-    def __str__(self) -> str:
-        return f"{self.path}: {self.problem}; {self.fix}"
 
 
 def _absolute(name: str, value: str) -> Path:
@@ -79,27 +74,10 @@ def _user_home(environ: Mapping[str, str]) -> Path:
 
 
 def _file_problem(path: Path, st: os.stat_result) -> PrivateFileProblem | None:
-    """What is wrong with an lstat/fstat result for a private file, if anything."""
-    if stat.S_ISLNK(st.st_mode):
-        return PrivateFileProblem(
-            path, "is a symbolic link", f"replace it with the file itself (rm {path}, re-create)"
-        )
-    if not stat.S_ISREG(st.st_mode):
-        return PrivateFileProblem(path, "is not a regular file", f"remove it (rm -r {path})")
-    uid = os.getuid()
-    if st.st_uid != uid:
-        return PrivateFileProblem(
-            path,
-            f"is owned by uid {st.st_uid}, not by you (uid {uid})",
-            f"check who made it, then remove it or run `chown {uid} {path}`",
-        )
-    if st.st_mode & 0o077:
-        return PrivateFileProblem(
-            path,
-            f"is accessible by group or others (mode {stat.S_IMODE(st.st_mode):04o})",
-            f"run `chmod 600 {path}`",
-        )
-    return None
+    """What is wrong with an lstat/fstat result for a private (secret) file, if anything."""
+    return mode_problem(
+        path, mode=st.st_mode, uid=st.st_uid, my_uid=os.getuid(), trust=FileTrust.PRIVATE
+    )
 
 
 @attrs.frozen
@@ -160,12 +138,15 @@ class Home:
         return self.state_dir / "listener.log"
 
     def private_paths(self) -> tuple[Path, ...]:
-        """Every file in the state directory that must be 0600 when it exists."""
+        """Every file in the state directory that must be 0600 when it exists.
+
+        Not policy.json: it is the owner's, not a secret, so it only has to be safe from
+        others' writes (0644 is accepted; see :func:`agentcall.listener.policy.load_policy`).
+        """
         db = self.state_db_path
         return (
             self.config_path,
             self.keys_path,
-            self.policy_path,
             self.contacts_path,
             db,
             db.with_name(db.name + "-wal"),
@@ -178,7 +159,12 @@ class Home:
     # --- the directory ---------------------------------------------------------------------
 
     def ensure(self) -> None:
-        """Create the state directory 0700, or tighten an existing one of ours to 0700."""
+        """Create the state directory 0700; an existing one must already be ours alone.
+
+        A directory that group or others could use is refused, not silently tightened: while
+        it was open, anyone could have replaced or removed a file in it (a removed policy.json
+        means the default policy), so the owner has to look before trusting it again.
+        """
         try:
             self.state_dir.mkdir(mode=STATE_DIR_MODE, parents=True, exist_ok=True)
             st = os.stat(self.state_dir)
@@ -188,20 +174,27 @@ class Home:
         if problem is not None:
             raise PrivateFileError(problem.path, problem.problem, problem.fix)
         if stat.S_IMODE(st.st_mode) != STATE_DIR_MODE:
+            # Only the owner's own bits can differ here (group and other bits were refused).
             os.chmod(self.state_dir, STATE_DIR_MODE)
 
+    def check_state_dir(self) -> None:
+        """Refuse a state directory that is not ours alone; a missing one is fine here."""
+        try:
+            problem = private_dir_problem(self.state_dir)
+        except FileNotFoundError:
+            return
+        if problem is not None:
+            raise PrivateFileError(problem.path, problem.problem, problem.fix)
+
     def _dir_problem(self, st: os.stat_result) -> PrivateFileProblem | None:
-        path = self.state_dir
-        if not stat.S_ISDIR(st.st_mode):
-            return PrivateFileProblem(path, "is not a directory", f"move it away ({path})")
-        uid = os.getuid()
-        if st.st_uid != uid:
-            return PrivateFileProblem(
-                path,
-                f"is owned by uid {st.st_uid}, not by you (uid {uid})",
-                "set AGENTCALL_HOME to a directory of your own",
-            )
-        return None
+        return mode_problem(
+            self.state_dir,
+            mode=st.st_mode,
+            uid=st.st_uid,
+            my_uid=os.getuid(),
+            trust=FileTrust.PRIVATE,
+            directory=True,
+        )
 
     # --- private files ---------------------------------------------------------------------
 
@@ -237,8 +230,11 @@ class Home:
     def read_private(self, path: Path) -> bytes:
         """The bytes of a private file, refused unless it is a regular 0600 file of ours.
 
-        A missing file raises :class:`FileNotFoundError` for the caller to interpret.
+        A missing file raises :class:`FileNotFoundError` for the caller to interpret. A state
+        directory that group or others can use is refused first, like the file itself.
         """
+        if path.parent == self.state_dir:
+            self.check_state_dir()
         # O_NOFOLLOW refuses a symlink at open time; O_NONBLOCK keeps a FIFO from hanging us.
         flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0)
         try:
@@ -294,15 +290,10 @@ class Home:
         problems: list[PrivateFileProblem] = []
         dir_problem = self._dir_problem(dir_st)
         if dir_problem is not None:
-            return [dir_problem]
-        if stat.S_IMODE(dir_st.st_mode) != STATE_DIR_MODE:
-            problems.append(
-                PrivateFileProblem(
-                    self.state_dir,
-                    f"has mode {stat.S_IMODE(dir_st.st_mode):04o}, not 0700",
-                    f"run `chmod 700 {self.state_dir}`",
-                )
-            )
+            if not stat.S_ISDIR(dir_st.st_mode) or dir_st.st_uid != os.getuid():
+                return [dir_problem]
+            # A loose mode is reported, and the files in the directory are still looked at.
+            problems.append(dir_problem)
         for path in self.private_paths():
             try:
                 st = os.lstat(path)

@@ -84,18 +84,26 @@ def _owner_checks(home: Home, config: Config) -> tuple[list[Check], bool]:
     from agentcall.listener.admission import check_assertions, runnable_tools
     from agentcall.listener.ceiling import CeilingError
     from agentcall.listener.policy import PolicyError, load_policy
-    from agentcall.listener.tasks import load_tasks
+    from agentcall.listener.tasks import TaskSet, load_tasks
 
-    tasks = load_tasks(home.tasks_dir, config.read_roots)
     fix_task = "fix that SKILL.md (`agentcall lint` checks again)"
-    checks = [Check("tasks", FAIL, str(problem), fix_task) for problem in tasks.problems]
-    if not tasks.problems:
-        checks.append(Check("tasks", OK, f"all load: {', '.join(sorted(tasks.tasks))}"))
+    try:
+        tasks = load_tasks(home.tasks_dir, config.read_roots)
+    except PolicyError as exc:
+        # Someone else could have written a task: the listener refuses every call over it.
+        detail = f"{exc.path}: {exc.problem}; no call is answered until it is fixed"
+        checks = [Check("tasks", FAIL, detail, exc.fix or fix_task)]
+        tasks = TaskSet()
+    else:
+        checks = [Check("tasks", FAIL, str(problem), fix_task) for problem in tasks.problems]
+        if not tasks.problems:
+            checks.append(Check("tasks", OK, f"all load: {', '.join(sorted(tasks.tasks))}"))
     policy: Policy | None = None
     try:
         policy = load_policy(home.policy_path)
     except PolicyError as exc:
-        checks.append(Check("policy", FAIL, str(exc), "fix it by hand (it is never overwritten)"))
+        hint = exc.fix or "fix it by hand (it is never overwritten)"
+        checks.append(Check("policy", FAIL, f"{exc.path}: {exc.problem}", hint))
     else:
         offer = ", ".join(policy.default_offer) or "nothing"
         detail = f"default access {policy.default_access}, default offer: {offer}"

@@ -68,6 +68,7 @@ def load_layers(home: Home) -> Layers:
     from agentcall.cli.main import CommandError
     from agentcall.config import NotSetUp, load_config
     from agentcall.home import LocalStateError
+    from agentcall.listener.policy import PolicyError
     from agentcall.listener.tasks import load_tasks
 
     config: Config | None
@@ -78,7 +79,12 @@ def load_layers(home: Home) -> Layers:
     except LocalStateError as exc:
         raise CommandError(str(exc)) from None
     roots = config.read_roots if config is not None else (str(home.user_home),)
-    return Layers(home, config, roots, load_tasks(home.tasks_dir, roots))
+    try:
+        tasks = load_tasks(home.tasks_dir, roots)
+    except PolicyError as exc:
+        # A task file someone else could have written: no call is answered until it is fixed.
+        raise CommandError(f"{exc}; until then no call is answered") from None
+    return Layers(home, config, roots, tasks)
 
 
 def ceiling_or_fail(action: str) -> Ceiling | None:

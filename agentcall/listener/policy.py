@@ -31,11 +31,13 @@ import json
 import os
 import tempfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
 from agentcall.errors import AgentCallError
+from agentcall.filetrust import PrivateFileError, private_dir_problem, read_trusted
 from agentcall.ids import HANDLE_RE, ROSTER_ID_RE, TASK_RE
 from agentcall.listener.policyfile import (
     Assertion,
@@ -67,12 +69,22 @@ _GROUP_KEYS: Final = frozenset({"roster_id", "grants"})
 
 
 class PolicyError(AgentCallError):
-    """``policy.json`` exists but cannot be used; the message names the file and the problem."""
+    """The owner's policy or tasks cannot be used; the message names the file and the problem.
 
-    def __init__(self, path: str, problem: str) -> None:
-        super().__init__(f"{path}: {problem}")
+    ``fix``, when known, is the exact command that repairs it (for a file someone else could
+    have changed); it is also the end of the message.
+    """
+
+    def __init__(self, path: str, problem: str, fix: str | None = None) -> None:
+        super().__init__(f"{path}: {problem}" + (f"; {fix}" if fix else ""))
         self.path = path
         self.problem = problem
+        self.fix = fix
+
+    @classmethod
+    def untrusted(cls, failure: PrivateFileError) -> PolicyError:
+        """The policy error for a file or directory that someone else could have changed."""
+        return cls(str(failure.path), failure.problem, failure.fix)
 
 
 class Access(enum.StrEnum):
@@ -287,13 +299,24 @@ def policy_to_json(policy: Policy) -> dict[str, Any]:
 
 
 def load_policy(path: str | os.PathLike[str]) -> Policy:
-    """Read ``policy.json``; missing means :data:`DEFAULT_POLICY`, anything wrong raises."""
+    """Read ``policy.json``; missing means :data:`DEFAULT_POLICY`, anything wrong raises.
+
+    Like config.json, it is used only when nobody else could have changed it: its directory
+    (the state directory) must be ours alone, the file ours and not writable by group or
+    others, and a symlink may only lead elsewhere inside that directory. Otherwise another
+    local account could have granted itself a task, or removed the file to get the default.
+    """
     name = os.fspath(path)
+    policy_path = Path(os.path.abspath(name))
     try:
-        with open(name, "rb") as policy_file:
-            raw = policy_file.read(MAX_POLICY_BYTES + 1)
+        problem = private_dir_problem(policy_path.parent)
+        if problem is not None:
+            raise PolicyError(str(problem.path), problem.problem, problem.fix)
+        raw = read_trusted(policy_path, policy_path.parent, limit=MAX_POLICY_BYTES)
     except FileNotFoundError:
         return DEFAULT_POLICY
+    except PrivateFileError as failure:
+        raise PolicyError.untrusted(failure) from None
     except OSError as failure:
         reason = failure.strerror or type(failure).__name__
         raise PolicyError(name, f"cannot be read ({reason})") from None

@@ -11,9 +11,15 @@ inside one of the owner's read roots once symlinks are resolved), ``timeout_s`` 
 ``threadable`` (default: true only without write and exec), ``connectors`` (MCP server names,
 default none).
 
-:func:`load_tasks` never fails as a whole: a task with any problem is skipped and the problem is
-reported with its file and line, so one typo never takes the other tasks — or the listener —
-down, and a task is never half-loaded. The built-in ``ask`` task is always present and its id
+:func:`load_tasks` does not fail as a whole over a task's content: a task with any problem is
+skipped and the problem is reported with its file and line, so one typo never takes the other
+tasks — or the listener — down, and a task is never half-loaded. What it does fail over is
+trust: the tasks directory, a task directory or a SKILL.md that is not the owner's own (owned by
+someone else, writable by group or others, or a symlink leading out of the tasks directory)
+raises :class:`~agentcall.listener.policy.PolicyError` naming it and the fix, because another
+local account could have written a task with ``exec`` into it. The tasks directory itself may be
+a symlink only within ``~/AgentCall``; a task directory or SKILL.md only within the tasks
+directory. The built-in ``ask`` task is always present and its id
 is reserved. Existing on disk is not being offered: the owner's policy decides who gets what.
 """
 
@@ -27,7 +33,9 @@ from typing import Final, TypeVar
 
 import attrs
 
+from agentcall.filetrust import PrivateFileError, read_trusted, trusted_problem
 from agentcall.ids import TASK_RE
+from agentcall.listener.policy import PolicyError
 from agentcall.listener.taskyaml import Entry, FrontmatterError, Value, parse_frontmatter
 
 ASK_ID: Final = "ask"
@@ -46,6 +54,7 @@ MAX_CONNECTORS = 20
 TIMEOUT_RANGE: Final = (1, 300)
 CONNECTOR_RE: Final = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}\Z")
 _FENCE: Final = "---"
+_TASK_DIR_MODE: Final = 0o755
 T = TypeVar("T")
 
 
@@ -258,12 +267,13 @@ def parse_skill(task_id: str, text: str, path: Path, read_roots: Iterable[str]) 
     )
 
 
-def _read_skill(path: Path) -> str:
+def _read_skill(path: Path, base: Path) -> str:
     try:
-        with open(path, "rb") as skill:
-            raw = skill.read(MAX_SKILL_BYTES + 1)
+        raw = read_trusted(path, base, limit=MAX_SKILL_BYTES)
     except FileNotFoundError:
         raise _Bad(None, f"{SKILL_FILE} is missing") from None
+    except PrivateFileError as failure:
+        raise PolicyError.untrusted(failure) from None
     except OSError as failure:
         raise _Bad(None, f"cannot be read ({failure.strerror or type(failure).__name__})") from None
     if len(raw) > MAX_SKILL_BYTES:
@@ -274,7 +284,17 @@ def _read_skill(path: Path) -> str:
         raise _Bad(None, "is not UTF-8 text") from None
 
 
-def _load_one(directory: Path, read_roots: Iterable[str]) -> Task | TaskProblem:
+def _check_owned(path: Path, base: Path) -> None:
+    """Refuse a directory someone else could have changed; a missing one is left to the caller."""
+    try:
+        problem = trusted_problem(path, base, directory=True)
+    except FileNotFoundError:
+        return
+    if problem is not None:
+        raise PolicyError(str(problem.path), problem.problem, problem.fix)
+
+
+def _load_one(directory: Path, base: Path, read_roots: Iterable[str]) -> Task | TaskProblem:
     task_id = directory.name
     if task_id == ASK_ID:
         return TaskProblem(directory, None, "`ask` is built in and cannot be defined; rename it")
@@ -284,15 +304,22 @@ def _load_one(directory: Path, read_roots: Iterable[str]) -> Task | TaskProblem:
         )
     path = directory / SKILL_FILE
     try:
-        return parse_skill(task_id, _read_skill(path), path, read_roots)
+        _check_owned(directory, base)
+        return parse_skill(task_id, _read_skill(path, base), path, read_roots)
     except _Bad as bad:
         return TaskProblem(path, bad.line, bad.message)
 
 
 def load_tasks(tasks_dir: str | os.PathLike[str], read_roots: Iterable[str]) -> TaskSet:
-    """Every valid task under ``tasks_dir`` plus ``ask``; invalid ones become problems."""
-    base = Path(tasks_dir)
+    """Every valid task under ``tasks_dir`` plus ``ask``; invalid ones become problems.
+
+    :raises PolicyError: a directory or SKILL.md could have been changed by someone else.
+    """
+    base = Path(os.path.abspath(tasks_dir))
     roots = tuple(read_roots)
+    if os.path.isdir(base):
+        # Anything else at that path is reported below as a directory that cannot be listed.
+        _check_owned(base, base.parent)
     tasks: dict[str, Task] = {ASK_ID: BUILTIN_ASK}
     problems: list[TaskProblem] = []
     try:
@@ -304,7 +331,7 @@ def load_tasks(tasks_dir: str | os.PathLike[str], read_roots: Iterable[str]) -> 
         return TaskSet(tasks, [TaskProblem(base, None, f"cannot be listed ({reason})")])
     directories = [e for e in entries if not e.name.startswith(".") and e.is_dir()]
     for entry in directories[:MAX_TASKS]:
-        loaded = _load_one(Path(entry.path), roots)
+        loaded = _load_one(Path(entry.path), base, roots)
         if isinstance(loaded, Task):
             tasks[loaded.id] = loaded
         else:
@@ -348,7 +375,10 @@ def scaffold_task(tasks_dir: str | os.PathLike[str], task_id: str) -> Path:
     if not TASK_RE.match(task_id):
         raise TaskIdError(f"{task_id!r} is not a valid task id (lowercase letters, digits and -)")
     directory = Path(tasks_dir) / task_id
-    directory.mkdir(parents=True, exist_ok=True)
+    missing = [directory, *directory.parents]
+    for parent in reversed(missing[: next(i for i, d in enumerate(missing) if d.exists())]):
+        # 0755 whatever the umask (even 002): a group-writable directory is refused on load.
+        parent.mkdir(mode=_TASK_DIR_MODE, exist_ok=True)
     path = directory / SKILL_FILE
     # O_EXCL: an existing SKILL.md, even one created a moment ago, is never replaced.
     fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o644)

@@ -14,6 +14,8 @@ import attrs
 from agentcall import ids, limits
 from agentcall.client.endpoint import RelayUrl
 from agentcall.db import open_database
+from agentcall.errors import StoreError
+from agentcall.filetrust import PrivateFileError, prepare_database_file
 from agentcall.invites import make_invite_url
 from agentcall.relay.store import RELAY_SCHEMA, SqliteRelayStore
 from agentcall.wire.http import MemberRole
@@ -39,11 +41,18 @@ def bootstrap(
 ) -> BootstrapResult:
     """Make ``database_path`` ready to serve ``org`` at ``public_url``; returns the admin invite.
 
-    A bad organisation name or URL raises ``ValueError`` before the database is touched.
+    A bad organisation name or URL raises ``ValueError`` before the database is touched. A new
+    database is created 0600; an existing one that group or others could write (or that is
+    someone else's, or a symlink) raises :class:`StoreError` naming the fix.
     """
-    if not ids.is_org(org):
+    if not ids.is_new_org_name(org):
         raise ValueError("not a valid organisation name")
     relay_url = str(RelayUrl.parse(public_url))
+    try:
+        # 0600 from the start: SQLite would create it (and its -wal) with the umask's mode.
+        prepare_database_file(database_path)
+    except PrivateFileError as exc:
+        raise StoreError(f"relay database {exc}") from None
     opened = open_database(database_path, RELAY_SCHEMA)
     store = SqliteRelayStore(opened.connection)
     try:

@@ -110,7 +110,17 @@ def handle_allowed(handle: str) -> bool:
 
 
 def open_relay_store(path: str | os.PathLike[str]) -> SqliteRelayStore:
-    """Open (creating or upgrading) the relay database at ``path``."""
+    """Open (creating 0600, or upgrading) the relay database at ``path``.
+
+    :raises StoreError: it (or its -wal/-shm) is writable by group or others, someone else's,
+        or a symlink; the message names the file and the fix.
+    """
+    from agentcall.filetrust import PrivateFileError, prepare_database_file
+
+    try:
+        prepare_database_file(path)
+    except PrivateFileError as exc:
+        raise StoreError(f"relay database {exc}") from None
     return SqliteRelayStore(open_database(path, RELAY_SCHEMA).connection)
 
 

@@ -513,6 +513,23 @@ def test_unusable_policy_or_ceiling_fail(
     assert code == 1 and "no call is answered" in ceiling["detail"]
 
 
+def test_files_others_could_have_written_name_the_fix(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A world-writable policy.json and SKILL.md each fail with the exact chmod as the fix."""
+    skill = world.task("deploy", "description: d\ntools: [read, exec]")
+    skill.chmod(0o666)
+    world.policy({"version": 2})
+    world.state.policy_path.chmod(0o666)
+    code, report = run_doctor(world, monkeypatch, capsys)
+    assert code == 1
+    policy, tasks = one(report, "policy"), one(report, "tasks")
+    assert policy["detail"].startswith(f"{world.state.policy_path}: can be changed by group")
+    assert policy["hint"] == f"run `chmod go-w {world.state.policy_path}`"
+    assert "no call is answered" in tasks["detail"]
+    assert tasks["hint"] == f"run `chmod go-w {skill.resolve()}`"
+
+
 # --- key expiry -----------------------------------------------------------------------------------
 
 DAY = 24 * 3600

@@ -78,12 +78,30 @@ def test_ensure_creates_the_state_dir_0700(home: Home) -> None:
     assert mode_of(home.state_dir) == 0o700
 
 
-def test_ensure_tightens_an_existing_dir(home: Home) -> None:
-    """A state directory that others can read is made 0700."""
-    home.state_dir.mkdir(parents=True, mode=0o755)
-    os.chmod(home.state_dir, 0o755)
+@pytest.mark.parametrize("mode", [0o755, 0o750, 0o705, 0o770, 0o777])
+def test_ensure_refuses_a_state_dir_others_can_use(home: Home, mode: int) -> None:
+    """A state directory with group or other bits is refused with the chmod, not tightened."""
+    home.state_dir.mkdir(parents=True)
+    os.chmod(home.state_dir, mode)
+    with pytest.raises(PrivateFileError, match=f"run `chmod 700 {home.state_dir}`"):
+        home.ensure()
+    assert mode_of(home.state_dir) == mode
+
+
+def test_ensure_gives_the_owner_back_their_own_bits(home: Home) -> None:
+    """Only a dir missing some of the owner's own bits is set to 0700."""
+    home.state_dir.mkdir(parents=True)
+    os.chmod(home.state_dir, 0o500)
     home.ensure()
     assert mode_of(home.state_dir) == 0o700
+
+
+def test_read_private_refuses_a_file_in_a_state_dir_others_can_use(home: Home) -> None:
+    """A 0600 config.json in a loose state directory is refused: it could have been replaced."""
+    home.write_private(home.config_path, b"{}")
+    os.chmod(home.state_dir, 0o755)
+    with pytest.raises(PrivateFileError, match=f"{home.state_dir}: is accessible by group"):
+        home.read_private(home.config_path)
 
 
 def test_ensure_refuses_a_file_in_the_way(home: Home) -> None:

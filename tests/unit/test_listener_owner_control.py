@@ -18,8 +18,11 @@ from twisted.internet.testing import MemoryReactorClock
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode
+from agentcall.guard.main import DENY_OUTPUT
 from agentcall.home import Home
 from agentcall.listener import guardwire, stages
+from agentcall.listener import service as service_module
+from agentcall.listener.admission import Admitted
 from agentcall.listener.calllog import CallStatus
 from agentcall.listener.ceiling import TEST_OVERRIDE_ENV
 from agentcall.listener.contexts import Binding
@@ -269,12 +272,17 @@ def test_the_spawned_claude_run_is_wired_to_the_guard() -> None:
 def test_the_spawned_codex_run_is_wired_to_the_guard_with_exec() -> None:
     h = Harness(config=CODEX)
     h.place()
-    [run] = h.runs
+    h.runs[0].finish(PREFLIGHT_DENIED)
+    _preflight, run = h.runs
     hook = "hooks.PreToolUse=" + guardwire.codex_hook_value(list(GUARD_ARGV))
     assert "--dangerously-bypass-hook-trust" in run.run.argv
     assert run.run.argv[run.run.argv.index(hook) - 1] == "-c"
     assert run.run.env["AGENTCALL_GUARD_CAPS"] == "exec,read"
     assert "AGENTCALL_HOME" not in run.run.env
+
+
+# What a working guard answers the preflight run that precedes every Codex run.
+PREFLIGHT_DENIED = run_result(stdout=DENY_OUTPUT.encode() + b"\n")
 
 
 def write_tools_log(path: Path, *entries: tuple[str, str]) -> None:
@@ -319,7 +327,8 @@ def test_codex_item_ids_are_not_cross_checked() -> None:
         {"type": "turn.completed"},
     ]
     stdout = b"".join(json.dumps(event).encode() + b"\n" for event in events)
-    h.runs[0].finish(run_result(stdout=stdout))
+    h.runs[0].finish(PREFLIGHT_DENIED)
+    h.runs[1].finish(run_result(stdout=stdout))
     assert answer(h).text == "from codex"
 
 
@@ -411,3 +420,59 @@ def test_the_service_refuses_to_start_on_a_failing_owner_assertion(tmp_path: Pat
     assert "policy assertion 1" in message and "ann does not get ci" in message
     write_skill(home.tasks_dir, "ci", 'description: "Why did CI fail?"\n')
     assert start(environ, test_ceiling=False) is None
+
+
+# --- files someone else could have written (issue 7 item 3) -------------------------------------
+
+GRANT_EVE = json.dumps({"version": 2, "callers": {"eve": {"grants": ["ci"]}}})
+
+
+def loose_policy(home: Home) -> None:
+    home.policy_path.write_text(GRANT_EVE)
+    home.policy_path.chmod(0o666)
+
+
+def loose_skill(home: Home) -> None:
+    write_skill(home.tasks_dir, "ci", 'description: "Why did CI fail?"\ntools: [read, exec]\n')
+    (home.tasks_dir / "ci" / "SKILL.md").chmod(0o666)
+
+
+def policy_linked_out(home: Home) -> None:
+    outside = home.user_home / "shared-policy.json"
+    outside.write_text(GRANT_EVE)
+    outside.chmod(0o600)
+    home.policy_path.symlink_to(outside)
+
+
+@pytest.mark.parametrize(
+    ("spoil", "expected"),
+    [
+        (loose_policy, "policy.json: can be changed by group or others"),
+        (loose_skill, "SKILL.md: can be changed by group or others"),
+        (policy_linked_out, "policy.json: is a symbolic link to "),
+    ],
+)
+def test_a_file_others_could_have_written_stops_start_and_refuses_every_call(
+    tmp_path: Path, spoil: Callable[[Home], None], expected: str
+) -> None:
+    """The listener refuses to start; one already running refuses each call as a policy error."""
+    environ = install(tmp_path)
+    home = Home.from_environ(environ)
+    config = make_config(read_roots=[str(tmp_path)])
+    load = service_module.admission_loader(home, config)
+    assert isinstance(stages.admit_call(load, "eve", None), Admitted)
+    spoil(home)
+    message = start(environ, test_ceiling=False)
+    assert message is not None and expected in message
+    refused = stages.admit_call(load, "eve", None)
+    assert isinstance(refused, stages.Refusal)
+    assert refused.status is CallStatus.POLICY_ERROR
+
+
+def test_a_loose_state_dir_stops_start(tmp_path: Path) -> None:
+    """A state directory group or others can use is refused, naming the chmod."""
+    environ = install(tmp_path)
+    home = Home.from_environ(environ)
+    home.state_dir.chmod(0o755)
+    message = start(environ, test_ceiling=False)
+    assert message is not None and f"chmod 700 {home.state_dir}" in message

@@ -33,6 +33,7 @@ from agentcall.listener.policy import (
 )
 from agentcall.listener.policyfile import Assertion
 from agentcall.listener.tasks import BUILTIN_ASK, Task, TaskSet
+from tests.unit import wire_strategies as ws
 
 
 def write(tmp_path: Path, text: str | bytes) -> Path:
@@ -158,7 +159,7 @@ def test_unreadable_path_is_a_policy_error(tmp_path: Path) -> None:
     """A policy.json that cannot be read (here a directory) fails closed."""
     path = tmp_path / "policy.json"
     path.mkdir()
-    with pytest.raises(PolicyError, match="cannot be read") as caught:
+    with pytest.raises(PolicyError, match="is not a regular file") as caught:
         load_policy(path)
     assert caught.value.path == str(path)
 
@@ -259,7 +260,7 @@ def test_policy_objects_refuse_bad_values() -> None:
         Policy(callers=[CallerRule("ana"), CallerRule("ana", Access.BLOCKED)])
 
 
-HANDLES = st.from_regex(r"^[a-z0-9][a-z0-9-]{1,30}\Z", fullmatch=True)
+HANDLES = ws.handles
 ACCESS = st.sampled_from([Access.ALLOWED, Access.BLOCKED, None])
 
 
@@ -521,3 +522,81 @@ def test_version_2_json_form_round_trips(
     )
     text = json.dumps(policy_to_json(policy))
     assert parse_policy(json.loads(text), source="mem") == policy
+
+
+# --- the file must be the owner's own (issue 7 item 3) -------------------------------------------
+
+
+@pytest.fixture
+def state_dir(tmp_path: Path) -> Path:
+    directory = tmp_path / "state"
+    directory.mkdir(mode=0o700)
+    return directory
+
+
+GRANT_EXEC = json.dumps({"version": 2, "callers": {"eve": {"grants": ["shell"]}}})
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o620, 0o602, 0o646])
+def test_a_policy_others_can_write_is_a_policy_error(state_dir: Path, mode: int) -> None:
+    """World- or group-writable: refused, naming the file and the exact chmod."""
+    path = state_dir / "policy.json"
+    path.write_text(GRANT_EXEC)
+    path.chmod(mode)
+    with pytest.raises(PolicyError) as caught:
+        load_policy(path)
+    assert caught.value.path == str(path)
+    assert caught.value.fix == f"run `chmod go-w {path}`"
+    assert str(caught.value).endswith(f"run `chmod go-w {path}`")
+
+
+def test_a_policy_readable_by_others_is_still_used(state_dir: Path) -> None:
+    """0644 (as an editor or `cat >` leaves it) is not a risk inside the 0700 state dir."""
+    path = state_dir / "policy.json"
+    path.write_text(GRANT_EXEC)
+    path.chmod(0o644)
+    assert load_policy(path).rule_for("eve") is not None
+
+
+def test_a_policy_linked_out_of_the_state_dir_is_a_policy_error(
+    state_dir: Path, tmp_path: Path
+) -> None:
+    """The reported attack: policy.json a symlink to a file in a place others control."""
+    outside = tmp_path / "shared" / "policy.json"
+    outside.parent.mkdir()
+    outside.write_text(GRANT_EXEC)
+    outside.chmod(0o600)
+    (state_dir / "policy.json").symlink_to(outside)
+    with pytest.raises(PolicyError, match=r"is a symbolic link to .* outside") as caught:
+        load_policy(state_dir / "policy.json")
+    assert caught.value.fix is not None and "rm " in caught.value.fix
+
+
+def test_a_policy_linked_inside_the_state_dir_is_used(state_dir: Path) -> None:
+    """A link that stays in the state directory is followed."""
+    (state_dir / "policies").mkdir(mode=0o700)
+    target = state_dir / "policies" / "work.json"
+    target.write_text(GRANT_EXEC)
+    (state_dir / "policy.json").symlink_to(target)
+    assert load_policy(state_dir / "policy.json").rule_for("eve") is not None
+
+
+@pytest.mark.skipif(os.getuid() != 0, reason="making a file of another user needs root")
+def test_a_policy_of_another_user_is_a_policy_error(state_dir: Path) -> None:
+    """Owned by nobody (65534): refused with the chown."""
+    path = state_dir / "policy.json"
+    path.write_text(GRANT_EXEC)
+    path.chmod(0o644)
+    os.chown(path, 65534, -1)
+    with pytest.raises(PolicyError, match="owned by uid 65534") as caught:
+        load_policy(path)
+    assert caught.value.fix is not None and f"chown {os.getuid()} {path}" in caught.value.fix
+
+
+@pytest.mark.parametrize("mode", [0o755, 0o770, 0o777])
+def test_a_state_dir_others_can_use_is_a_policy_error(state_dir: Path, mode: int) -> None:
+    """Others could have replaced policy.json, or removed it to get the default policy."""
+    state_dir.chmod(mode)
+    with pytest.raises(PolicyError, match=f"run `chmod 700 {state_dir}`") as caught:
+        load_policy(state_dir / "policy.json")
+    assert caught.value.path == str(state_dir)

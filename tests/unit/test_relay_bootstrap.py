@@ -2,12 +2,14 @@
 
 from __future__ import annotations
 
+import os
+import stat
 from pathlib import Path
 
 import pytest
 
 from agentcall import limits
-from agentcall.errors import ApiError, ApiErrorCode
+from agentcall.errors import ApiError, ApiErrorCode, StoreError
 from agentcall.invites import parse_invite_url
 from agentcall.relay.bootstrap import bootstrap
 from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
@@ -71,6 +73,8 @@ def test_another_org_in_the_same_database(tmp_path: Path) -> None:
     ("org", "url"),
     [
         ("Acme Corp", URL),
+        ("acme-", URL),
+        ("ac--me", URL),
         ("acme", "http://relay.example.com"),
         ("acme", "relay.example.com"),
     ],
@@ -91,3 +95,32 @@ def test_result_repr_hides_the_invite(tmp_path: Path) -> None:
     secret = parse_invite_url(result.invite_url).secret
     assert secret not in repr(result)
     assert "acme" in repr(result)
+
+
+def test_the_database_and_its_wal_are_0600_whatever_the_umask(tmp_path: Path) -> None:
+    """SQLite gives -wal and -shm the database's mode, so a 0600 database keeps them private."""
+    path = tmp_path / "relay.db"
+    old = os.umask(0)
+    try:
+        bootstrap(path, "acme", URL, T0)
+        store = open_relay_store(path)
+        store.ensure_org("beta", T0)
+        sides = [p for p in tmp_path.iterdir() if p.name.startswith("relay.db-")]
+        modes = {p.name: stat.S_IMODE(os.stat(p).st_mode) for p in [path, *sides]}
+        store.close()
+    finally:
+        os.umask(old)
+    assert "relay.db-wal" in modes
+    assert set(modes.values()) == {0o600}
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o646])
+def test_a_database_others_can_write_is_refused(tmp_path: Path, mode: int) -> None:
+    """Bootstrap and the relay both refuse it, naming the file and the chmod."""
+    path = tmp_path / "relay.db"
+    bootstrap(path, "acme", URL, T0)
+    path.chmod(mode)
+    with pytest.raises(StoreError, match=f"run `chmod go-w {path}`"):
+        open_relay_store(path)
+    with pytest.raises(StoreError, match=f"run `chmod go-w {path}`"):
+        bootstrap(path, "acme", URL, T0)

@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
+from agentcall.listener.policy import PolicyError
 from agentcall.listener.tasks import (
     BUILTIN_ASK,
     MAX_TASKS,
@@ -387,3 +388,79 @@ def test_any_frontmatter_parses_or_raises_the_one_error(lines: list[str]) -> Non
         parse_frontmatter(lines, 2)
     except FrontmatterError as failure:
         assert 2 <= failure.line <= len(lines) + 1
+
+
+# --- the tasks must be the owner's own (issue 7 item 3) ------------------------------------------
+
+EXEC_TASK = skill('description: "Run anything"\ntools: [read, exec]')
+
+
+@pytest.mark.parametrize("mode", [0o666, 0o664, 0o646])
+def test_a_skill_others_can_write_is_a_policy_error(
+    tasks_dir: Path, roots: list[str], mode: int
+) -> None:
+    """Not a skipped task: every call is refused until the owner runs the chmod."""
+    path = put(tasks_dir, "shell", EXEC_TASK)
+    path.chmod(mode)
+    with pytest.raises(PolicyError) as caught:
+        load_tasks(tasks_dir, roots)
+    assert caught.value.path == str(path.resolve())
+    assert caught.value.fix == f"run `chmod go-w {path.resolve()}`"
+
+
+@pytest.mark.parametrize("which", ["tasks", "task"])
+def test_a_directory_others_can_write_is_a_policy_error(
+    tasks_dir: Path, roots: list[str], which: str
+) -> None:
+    """The tasks directory and each task directory count too: others could add or swap a task."""
+    put(tasks_dir, "shell", EXEC_TASK)
+    loose = tasks_dir if which == "tasks" else tasks_dir / "shell"
+    loose.chmod(0o777)
+    with pytest.raises(PolicyError, match=f"run `chmod go-w {loose.resolve()}`"):
+        load_tasks(tasks_dir, roots)
+
+
+def test_a_skill_linked_out_of_the_tasks_directory_is_a_policy_error(
+    tasks_dir: Path, roots: list[str], tmp_path: Path
+) -> None:
+    """A SKILL.md symlink leading elsewhere is refused, even to a file of ours."""
+    outside = tmp_path / "elsewhere.md"
+    outside.write_text(EXEC_TASK)
+    (tasks_dir / "shell").mkdir(parents=True)
+    (tasks_dir / "shell" / "SKILL.md").symlink_to(outside)
+    with pytest.raises(PolicyError, match=r"is a symbolic link to .* outside"):
+        load_tasks(tasks_dir, roots)
+
+
+def test_a_task_directory_linked_out_is_a_policy_error(
+    tasks_dir: Path, roots: list[str], tmp_path: Path
+) -> None:
+    """A task directory symlinked out of the tasks directory is refused too."""
+    elsewhere = tmp_path / "elsewhere"
+    put(elsewhere, "shell", EXEC_TASK)
+    tasks_dir.mkdir()
+    (tasks_dir / "shell").symlink_to(elsewhere / "shell")
+    with pytest.raises(PolicyError, match=r"is a symbolic link to .* outside"):
+        load_tasks(tasks_dir, roots)
+
+
+def test_links_inside_the_tasks_directory_are_followed(tasks_dir: Path, roots: list[str]) -> None:
+    """One SKILL.md shared by two tasks through a link inside the tasks directory."""
+    put(tasks_dir, "review", skill('description: "Review"'))
+    (tasks_dir / "review-again").mkdir()
+    (tasks_dir / "review-again" / "SKILL.md").symlink_to(tasks_dir / "review" / "SKILL.md")
+    loaded = load_tasks(tasks_dir, roots)
+    assert {"review", "review-again"} <= set(loaded.tasks) and loaded.problems == []
+
+
+def test_a_scaffolded_task_loads_under_a_group_writable_umask(
+    tmp_path: Path, roots: list[str]
+) -> None:
+    """With umask 002 the scaffold still makes 0755 directories, so the task is not refused."""
+    tasks = tmp_path / "AgentCall" / "tasks"
+    old = os.umask(0o002)
+    try:
+        scaffold_task(tasks, "notes")
+    finally:
+        os.umask(old)
+    assert "notes" in load_tasks(tasks, roots).tasks
