@@ -143,7 +143,7 @@ def test_hostile_task_text_is_made_terminal_safe(
     machine.task("odd", 'description: "a\x1b]0;x\x07b\u202ec"')
     machine.policy({"version": 2, "default_offer": ["odd"]})
     out = card(capsys)[1]
-    assert "    a ]0;x b c" in out.splitlines()
+    assert "    ab c" in out.splitlines()  # the whole OSC goes, payload included
     assert "\x1b" not in out and "\u202e" not in out
 
 
