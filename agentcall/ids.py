@@ -13,10 +13,17 @@ import uuid
 import attrs
 
 # Anchored with \Z, not $: Python's $ also matches before a trailing newline.
-ORG_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,19}\Z")
-HANDLE_RE = re.compile(r"^[a-z0-9][a-z0-9-]{1,30}\Z")
+# Lowercase ASCII words joined by single hyphens: no leading, trailing or doubled hyphen, so
+# `bob`, `bob-` and `bo--b` cannot be three different people (see docs/security.md).
+_HANDLE = r"(?=[a-z0-9-]{2,31}\Z)[a-z0-9]+(?:-[a-z0-9]+)*"
+# Organisations keep their old grammar (an existing relay's org must still parse);
+# `agentcall relay bootstrap` holds new ones to the handle rule (is_new_org_name).
+_ORG = r"[a-z0-9][a-z0-9-]{1,19}"
+ORG_RE = re.compile(rf"^{_ORG}\Z")
+NEW_ORG_RE = re.compile(r"^(?=[a-z0-9-]{2,20}\Z)[a-z0-9]+(?:-[a-z0-9]+)*\Z")
+HANDLE_RE = re.compile(rf"^{_HANDLE}\Z")
 TASK_RE = re.compile(r"^[a-z0-9][a-z0-9-]{0,63}\Z")
-ADDRESS_RE = re.compile(r"^@([a-z0-9][a-z0-9-]{1,19})/([a-z0-9][a-z0-9-]{1,30})\Z")
+ADDRESS_RE = re.compile(rf"^@({_ORG})/({_HANDLE})\Z")
 HEX32_RE = re.compile(r"^[0-9a-f]{32}\Z")
 HEX64_RE = re.compile(r"^[0-9a-f]{64}\Z")
 CORRELATION_ID_RE = re.compile(r"^(?!0{32}\Z)[0-9a-f]{32}\Z")
@@ -68,6 +75,12 @@ def is_handle(text: str) -> bool:
 
 def is_org(text: str) -> bool:
     return ORG_RE.match(text) is not None
+
+
+def is_new_org_name(text: str) -> bool:
+    """An organisation name a new relay may take: the handle rule (no hyphen at either end,
+    none doubled) within the organisation's 2-20 characters."""
+    return NEW_ORG_RE.match(text) is not None
 
 
 def is_task_id(text: str) -> bool:

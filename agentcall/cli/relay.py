@@ -37,10 +37,10 @@ def run(args: argparse.Namespace) -> int:
         from agentcall.client.endpoint import RelayUrl
         from agentcall.relay.bootstrap import bootstrap
 
-        if not ids.is_org(args.org):
+        if not ids.is_new_org_name(args.org):
             raise CommandError(
-                f"--org {args.org!r} is not a valid organisation name "
-                "(2-20 characters: lowercase letters, digits, hyphens; not starting with a hyphen)"
+                f"--org {args.org!r} is not a valid organisation name (2-20 characters: "
+                "lowercase letters, digits and single hyphens between them, not at either end)"
             )
         try:
             RelayUrl.parse(args.url)

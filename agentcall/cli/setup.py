@@ -63,8 +63,8 @@ def _handle(text: str) -> str:
 
     if not ids.is_handle(text):
         raise argparse.ArgumentTypeError(
-            f"{text!r} is not a valid handle (2-31 lowercase letters, digits and '-', "
-            "not starting with '-')"
+            f"{text!r} is not a valid handle (2-31 lowercase letters, digits and single "
+            "hyphens between them: not at the start or end, never two in a row)"
         )
     return text
 

@@ -419,7 +419,13 @@ def test_an_unchanged_running_unit_is_not_restarted(
 
 @pytest.mark.parametrize(
     "argv",
-    [["--handle", "Bad_Handle"], ["--agent", "gemini"], ["--no-such-flag"]],
+    [
+        ["--handle", "Bad_Handle"],
+        ["--handle", "bob-"],
+        ["--handle", "bo--b"],
+        ["--agent", "gemini"],
+        ["--no-such-flag"],
+    ],
 )
 def test_usage_errors_exit_two(argv: list[str], world: World) -> None:
     """Invalid handles and unknown agents are rejected by the parser."""

@@ -31,12 +31,14 @@ def test_address_round_trip(org: str, handle: str) -> None:
     [
         ("@ab/cd", "ab", "cd"),
         ("@" + "o" * 20 + "/" + "h" * 31, "o" * 20, "h" * 31),
-        ("@0-/9-", "0-", "9-"),
-        ("@a--b/c--d", "a--b", "c--d"),
+        ("@0-/9a", "0-", "9a"),
+        ("@a--b/c-d-e", "a--b", "c-d-e"),
+        ("@acme/" + "h-" * 15 + "h", "acme", "h-" * 15 + "h"),
     ],
 )
 def test_address_edges_accepted(text: str, org: str, handle: str) -> None:
-    """Shortest and longest names, digits first and hyphens after the first character are fine."""
+    """Shortest and longest names, digits first, and single hyphens between a handle's words
+    are fine; an organisation named under the older rule (``0-``, ``a--b``) still parses."""
     assert ids.parse_address(text) == Address(org, handle)
 
 
@@ -49,6 +51,10 @@ REJECTED_ADDRESSES = {
     "handle too long": "@acme/" + "h" * 32,
     "org leading hyphen": "@-acme/ken",
     "handle leading hyphen": "@acme/-ken",
+    "handle trailing hyphen": "@acme/bob-",
+    "handle doubled hyphen": "@acme/bo--b",
+    "handle only hyphens": "@acme/--",
+    "handle tripled hyphen": "@acme/a---b",
     "host-like": "ken@acme.com",
     "host-like org": "@acme.com/ken",
     "missing @": "acme/ken",
@@ -80,7 +86,15 @@ def test_rejected_addresses(text: str) -> None:
 
 @pytest.mark.parametrize(
     ("org", "handle"),
-    [("Acme", "ken"), ("acme", "k"), ("acme", "ken\n"), ("a", "ken"), ("acme.com", "ken")],
+    [
+        ("Acme", "ken"),
+        ("acme", "k"),
+        ("acme", "ken\n"),
+        ("a", "ken"),
+        ("acme.com", "ken"),
+        ("acme", "bob-"),
+        ("acme", "bo--b"),
+    ],
 )
 def test_address_object_validates_its_parts(org: str, handle: str) -> None:
     """Address and format_address refuse invalid parts, not only parse_address."""
@@ -99,6 +113,7 @@ def test_name_predicates() -> None:
     """is_handle, is_org and is_task_id apply their regexes, boundaries included."""
     assert ids.is_handle("ab") and ids.is_handle("h" * 31)
     assert not ids.is_handle("a") and not ids.is_handle("h" * 32)
+    assert not ids.is_handle("bob-") and not ids.is_handle("bo--b") and ids.is_handle("bo-b")
     assert ids.is_org("ab") and ids.is_org("o" * 20)
     assert not ids.is_org("a") and not ids.is_org("o" * 21)
     assert ids.is_task_id("a") and ids.is_task_id("t" * 64)
@@ -109,6 +124,7 @@ def test_name_predicates() -> None:
 # A valid example for every regex, to show each one anchors at both ends.
 VALID_SAMPLES: dict[str, str] = {
     "ORG_RE": "acme",
+    "NEW_ORG_RE": "acme-labs",
     "HANDLE_RE": "ken",
     "TASK_RE": "review",
     "ADDRESS_RE": "@acme/ken",
@@ -225,3 +241,23 @@ def test_correlation_id_never_all_zeros(monkeypatch: pytest.MonkeyPatch) -> None
     monkeypatch.setattr(secrets, "token_hex", token_hex)
     assert ids.mint_correlation_id() == "12" * 16
     assert calls == [16, 16, 16]
+
+
+@pytest.mark.parametrize(
+    ("name", "fresh"),
+    [
+        ("acme", True),
+        ("acme-labs", True),
+        ("o" * 20, True),
+        ("acme-", False),
+        ("ac--me", False),
+        ("-acme", False),
+        ("a", False),
+        ("o" * 21, False),
+    ],
+)
+def test_a_new_organisation_follows_the_handle_rule(name: str, fresh: bool) -> None:
+    """Bootstrap refuses hyphens at either end or doubled; older names still parse."""
+    assert ids.is_new_org_name(name) is fresh
+    if name.endswith("-") or "--" in name:
+        assert ids.is_org(name)

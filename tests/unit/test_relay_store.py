@@ -256,7 +256,8 @@ def test_revoke_is_scoped_to_the_org(store: SqliteRelayStore) -> None:
 
 
 @pytest.mark.parametrize(
-    "handle", ["Ken", "k", "-ken", "ken_smith", "x" * 32, "", *sorted(RESERVED_HANDLES)]
+    "handle",
+    ["Ken", "k", "-ken", "ken-", "ke--n", "ken_smith", "x" * 32, "", *sorted(RESERVED_HANDLES)],
 )
 def test_register_refuses_invalid_or_reserved_handles(store: SqliteRelayStore, handle: str) -> None:
     """Bad grammar and reserved names are 400 handle_invalid, and the invite is not spent."""

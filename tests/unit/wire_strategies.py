@@ -47,8 +47,17 @@ def _sorted_codes(codes: frozenset[CallErrorCode]) -> list[CallErrorCode]:
 
 # --- identifiers -----------------------------------------------------------------------------
 
+
+def _joined_words(max_len: int) -> st.SearchStrategy[str]:
+    """A handle: lowercase words joined by single hyphens, 2 to ``max_len`` characters."""
+    whole = st.text(LOWER_DIGITS, min_size=2, max_size=max_len)
+    word = st.text(LOWER_DIGITS, min_size=1, max_size=10)
+    joined = st.lists(word, min_size=2, max_size=3).map("-".join)
+    return whole | joined.filter(lambda name: len(name) <= max_len)
+
+
 orgs = _label(19, min_rest=1)
-handles = _label(30, min_rest=1)
+handles = _joined_words(31)
 task_ids = _label(63, min_rest=0)
 addresses = st.tuples(orgs, handles).map(lambda pair: f"@{pair[0]}/{pair[1]}")
 hex32s = _exact(HEX, 32)
