@@ -31,9 +31,10 @@ from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode
 from agentcall.keystore import LocalKeys
-from agentcall.listener import planning, stages
+from agentcall.listener import guardwire, planning, stages
 from agentcall.listener import prompt as prompt_module
 from agentcall.listener.admission import ASK_TASK, Admitted
+from agentcall.listener.agents.base import detail_with_tail
 from agentcall.listener.calllog import CallRecord, CallStatus
 from agentcall.listener.contexts import Binding, ContextRefusal, Conversations
 from agentcall.listener.guardwire import cross_check
@@ -59,6 +60,7 @@ BUSY_DETAIL: Final = "the agent is answering another call; try again in a few mi
 STOPPING_DETAIL: Final = "the owner's listener is stopping; try again later"
 STOPPED_DETAIL: Final = "the owner's listener stopped before the agent finished"
 SPAWN_FAILED_DETAIL: Final = "the answering agent could not be started"
+GUARD_PREFLIGHT_DETAIL: Final = "the owner's tool guard failed its check, so the agent did not run"
 # Terminal frames kept while the relay is away; the relay drops a call after its deadline.
 MAX_KEPT_FRAMES: Final = 64
 # Ids of recently finished calls, so a late cancel is told "already terminal".
@@ -289,6 +291,10 @@ class CallPipeline:
         if isinstance(plan, Failure):
             self._answer(call, opened, plan, CallStatus.AGENT_ERROR, error=plan.detail)
             return
+        # e'. Codex runs a tool whose hook crashed: its hook must refuse a must-deny call first.
+        if plan.preflight is not None and await self._guard_preflight(call, opened, plan.preflight):
+            _remove(plan.private_files)
+            return
         try:
             done, control = fx.spawn(plan.run, plan.parser)
         except OSError as exc:
@@ -325,6 +331,36 @@ class CallPipeline:
         self._answer(
             call, opened, outcome, verdict.status, error=verdict.error, flags=verdict.flags
         )
+
+    async def _guard_preflight(self, call: _Call, opened: stages.OpenedCall, run: AgentRun) -> bool:
+        """Run the guard hook once as the agent would; True if that answered the call (the
+        hook did not refuse, or the call was cancelled or stopped meanwhile)."""
+        result: RunResult | None = None
+        try:
+            done, control = self._fx.spawn(run, planning.DiscardOutput())
+        except OSError as exc:
+            problem: str | None = f"the tool guard could not be started ({exc.strerror})"
+        else:
+            call.run = control
+            result = await done
+            problem = guardwire.preflight_problem(result)
+        if call.cancel_requested:
+            self._cancelled(call, CancelPhase.RUNNING)
+            return True
+        if self._stopping and result is not None and result.cancelled:
+            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
+            self._answer(call, opened, failure, CallStatus.CANCELED, error=STOPPED_DETAIL)
+            return True
+        if problem is None:
+            return False
+        _log.warn("guard_preflight_failed", call_id=call.call_id, reason=problem)
+        failure = Failure(
+            code=CallErrorCode.AGENT_ERROR, detail=f"{GUARD_PREFLIGHT_DETAIL}: {problem}"
+        )
+        # The owner's log also gets the end of what the hook printed on stderr.
+        error = problem if result is None else detail_with_tail(problem, result.stderr)
+        self._answer(call, opened, failure, CallStatus.AGENT_ERROR, error=error)
+        return True
 
     def _refuse(self, call: _Call, opened: stages.OpenedCall, refusal: stages.Refusal) -> None:
         _log.info(

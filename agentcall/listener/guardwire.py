@@ -9,6 +9,9 @@ Pure builders for what the listener passes to the agent CLI:
   ``hooks.PreToolUse`` for ``codex exec -c``. Codex skips inline hooks silently unless
   ``--dangerously-bypass-hook-trust`` is passed too (the Codex adapter adds both).
 - :func:`guard_env`: the environment the guard reads its configuration from.
+- :func:`codex_hook_shell`, :func:`preflight_payload`, :func:`preflight_problem`: the check
+  run before Codex starts (Codex runs the tool when its hook crashes, so a hook that does not
+  refuse a must-deny call ends the call first).
 
 And two checks: :func:`owner_settings_disable_hooks` (settings of the owner's that switch every
 hook off) and :func:`cross_check` (tool calls the guard never logged: ``guard_unwired``).
@@ -23,8 +26,12 @@ import shlex
 import sys
 from collections.abc import Iterable, Mapping
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from agentcall.listener.connectors import SERVER_NAME_RE, tool_name_part
+
+if TYPE_CHECKING:
+    from agentcall.listener.runner import RunResult
 
 GUARD_MODULE = "agentcall.guard"
 GUARD_TIMEOUT_SECONDS = 30
@@ -36,6 +43,10 @@ MANAGED_SETTINGS_PATHS: tuple[str, ...] = (
     else ("/etc/claude-code/managed-settings.json",)
 )
 _HOOK_KILLERS = ("disableAllHooks", "allowManagedHooksOnly")
+# The guard starts in about 30 ms; a hook that needs 10 s for one call is not working.
+PREFLIGHT_TIMEOUT_S = 10.0
+PREFLIGHT_KILL_GRACE_S = 1.0
+PREFLIGHT_TOOL = "agentcall_preflight"
 
 
 class GuardWireError(ValueError):
@@ -99,14 +110,19 @@ def _toml_string(value: str) -> str:
     return '"' + "".join(escaped) + '"'
 
 
+def codex_hook_command(argv: list[str]) -> str:
+    """The hook's command line as Codex receives it (and as the preflight runs it)."""
+    _check_argv(argv)
+    return shlex.join(argv)
+
+
 def codex_hook_value(argv: list[str]) -> str:
     """The TOML value of ``hooks.PreToolUse`` (what ``AgentSpec.codex_hook_config`` holds).
 
     It only takes effect together with ``--dangerously-bypass-hook-trust``: without that
     flag Codex skips inline hooks silently.
     """
-    _check_argv(argv)
-    command = _toml_string(shlex.join(argv))
+    command = _toml_string(codex_hook_command(argv))
     return (
         f'[{{matcher="*", hooks=[{{type="command", command={command}, '
         f"timeout={GUARD_TIMEOUT_SECONDS}}}]}}]"
@@ -117,6 +133,85 @@ def codex_guard_config(argv: list[str]) -> list[str]:
     """``-c hooks.PreToolUse=[…]`` as argv words; ``--dangerously-bypass-hook-trust`` must
     accompany it on the same command line."""
     return ["-c", f"hooks.PreToolUse={codex_hook_value(argv)}"]
+
+
+# --- the Codex preflight ------------------------------------------------------------------
+#
+# Codex 0.171.0 runs the tool when its hook exits with any code but 0 or 2, cannot be started,
+# or times out. So before Codex is spawned, the listener runs the hook command once itself, the
+# way Codex would, on a call the guard must refuse; anything but a refusal Codex honours ends
+# the call before the agent starts.
+
+
+def codex_hook_shell(command: str, env: Mapping[str, str]) -> tuple[str, ...]:
+    """The argv Codex's hook runner uses for ``command`` on Unix: the user's shell as a login
+    shell (``$SHELL -lc``), ``/bin/sh`` when ``SHELL`` is unset. A login profile that prints
+    to stdout would spoil the hook's answer for Codex too, so the preflight goes the same way."""
+    return (env.get("SHELL") or "/bin/sh", "-lc", command)
+
+
+def preflight_payload(cwd: str) -> bytes:
+    """A Codex-shaped PreToolUse payload for a tool no task has: every working guard denies it
+    (``unclassified-tool``), whatever the call's capabilities and roots. Its tool name says
+    what it was, in tools.log and in ``agentcall history``."""
+    payload: dict[str, object] = {
+        "session_id": PREFLIGHT_TOOL,
+        "turn_id": PREFLIGHT_TOOL,
+        "transcript_path": None,
+        "cwd": cwd,
+        "hook_event_name": "PreToolUse",
+        "model": "",
+        "permission_mode": "bypassPermissions",
+        "tool_name": PREFLIGHT_TOOL,
+        "tool_input": {},
+        "tool_use_id": PREFLIGHT_TOOL,
+    }
+    return json.dumps(payload, separators=(",", ":")).encode()
+
+
+def _is_deny_json(stdout: bytes) -> bool:
+    try:
+        value = json.loads(stdout.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError, RecursionError):
+        return False
+    output = value.get("hookSpecificOutput") if isinstance(value, dict) else None
+    if not isinstance(output, dict):
+        return False
+    reason = output.get("permissionDecisionReason")
+    return (
+        output.get("hookEventName") == "PreToolUse"
+        and output.get("permissionDecision") == "deny"
+        and isinstance(reason, str)
+        and bool(reason.strip())
+    )
+
+
+def preflight_problem(result: RunResult) -> str | None:
+    """None when the hook refused the preflight call in a way Codex honours, else why not.
+
+    Codex honours two refusals: exit 0 with the deny JSON on stdout, and exit 2 with a reason
+    on stderr. The text names only exit codes, signals and times, so it may go to the caller.
+    """
+    if result.timed_out:
+        return f"the tool guard did not answer within {PREFLIGHT_TIMEOUT_S:g} s"
+    if result.cancelled:
+        return "the tool guard check was stopped"
+    if result.signal is not None:
+        return f"the tool guard was killed by signal {result.signal}"
+    code = result.exit_code
+    if code == 0:
+        if _is_deny_json(result.stdout):
+            return None
+        return "the tool guard did not refuse a tool call it must refuse"
+    if code == 2:
+        if result.stderr.strip():
+            return None
+        return "the tool guard exited with code 2 but gave no reason, which Codex ignores"
+    if code == 127:
+        return "the tool guard's program was not found (exit code 127)"
+    if code == 126:
+        return "the tool guard's program could not be executed (exit code 126)"
+    return f"the tool guard failed (exit code {code})"
 
 
 def _joined_paths(name: str, paths: Iterable[str]) -> str:

@@ -51,6 +51,18 @@ class RunPlan:
     workdir: str
     # Files written for this run only (e.g. the MCP config); removed once it ends.
     private_files: tuple[str, ...] = ()
+    # Run before the agent: the guard hook on a call it must refuse (Codex only, which runs
+    # the tool when its hook crashes); see guardwire.preflight_problem.
+    preflight: AgentRun | None = attrs.field(default=None, repr=False)
+
+
+class DiscardOutput:
+    """The output parser of a preflight run: its answer is judged from the whole result."""
+
+    done = False
+
+    def feed_line(self, line: bytes) -> None:
+        pass
 
 
 def resolve_program(
@@ -184,12 +196,25 @@ def plan_run(
         timeout_s=timeout_s,
         kill_grace_s=config.kill_grace_s,
     )
+    preflight = None
+    if kind == AgentKind.CODEX:
+        # The same command line, shell, cwd and environment the hook gets from Codex.
+        command = guardwire.codex_hook_command(guard_argv)
+        preflight = AgentRun(
+            argv=guardwire.codex_hook_shell(command, env),
+            cwd=invocation.cwd,
+            env=env,
+            stdin=guardwire.preflight_payload(invocation.cwd),
+            timeout_s=guardwire.PREFLIGHT_TIMEOUT_S,
+            kill_grace_s=guardwire.PREFLIGHT_KILL_GRACE_S,
+        )
     return RunPlan(
         run=run,
         adapter=adapter,
         parser=adapter.new_parser(),
         workdir=workdir,
         private_files=(spec.mcp_config_file,) if spec.mcp_config_file else (),
+        preflight=preflight,
     )
 
 

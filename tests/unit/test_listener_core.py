@@ -130,6 +130,7 @@ class Harness:
     admission_error: Exception | None = None
     existing: set[str] = attrs.field(factory=lambda: {"/srv/shared"})
     tools_log: str = "/nonexistent/agentcall/tools.log"
+    guard_argv: tuple[str, ...] = GUARD_ARGV
     contexts: MemoryContextStore = attrs.field(factory=MemoryContextStore)
     connected: bool = True
     installed: bool = True
@@ -153,7 +154,7 @@ class Harness:
             load_admission=self.load_admission,
             conversations=Conversations(self.contexts),
             guard=planning.GuardSetup(
-                argv=GUARD_ARGV,
+                argv=self.guard_argv,
                 tools_log=self.tools_log,
                 home="/home/ken",
                 extra_denied=("/home/ken/AgentCall/tasks",),
