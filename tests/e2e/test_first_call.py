@@ -100,7 +100,8 @@ def test_a_concurrent_call_gets_busy(world: World, tmp_path: Path) -> None:
         gate.wait_started()
         second = world.ann.cli("call", "@acme/ken", "second question")
     finally:
-        # Never leave the agent held: the listener would stay busy for the next test.
+        # Never leave an agent held: the listener would stay busy for the next test.
+        world.ken.set_scenario("happy")
         released = gate.release()
     assert released, "the first agent was no longer waiting to be released"
     assert second.returncode != 0
