@@ -236,6 +236,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         reactor = global_reactor
     from autobahn.twisted.resource import WebSocketResource
 
+    from agentcall.errors import StoreError
     from agentcall.relay.calls import CallBook, restored_limiter
     from agentcall.relay.door import Door, GatedFactory, RelaySite
     from agentcall.relay.protocol import RelayWebSocketFactory
@@ -245,7 +246,11 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
 
     relay_url = config["relay_url"]
     origin: str = relay_url.origin
-    store = open_relay_store(config["database"])
+    try:
+        store = open_relay_store(config["database"])
+    except StoreError as exc:
+        # twistd prints this and exits non-zero before anything is started.
+        raise SystemExit(f"agentcall-relay: {exc}") from None
     switchboard = Switchboard()
     # The windows start from the calls of the last hour, so a restart grants no fresh hour.
     limiter = restored_limiter(

@@ -124,3 +124,20 @@ def test_a_database_others_can_write_is_refused(tmp_path: Path, mode: int) -> No
         open_relay_store(path)
     with pytest.raises(StoreError, match=f"run `chmod go-w {path}`"):
         bootstrap(path, "acme", URL, T0)
+
+
+def test_the_relay_service_refuses_a_loose_database_with_one_line(tmp_path: Path) -> None:
+    """``twistd agentcall-relay`` exits with the fix, not a traceback from deep in makeService."""
+    from twisted.internet.testing import MemoryReactorClock
+
+    from agentcall.relay import tap
+
+    path = tmp_path / "relay.db"
+    bootstrap(path, "acme", URL, T0)
+    path.chmod(0o666)
+    options = tap.Options()
+    options.parseOptions(["--database", str(path), "--url", "http://127.0.0.1:8765"])
+    with pytest.raises(SystemExit) as exc:
+        tap.makeService(options, reactor=MemoryReactorClock())
+    assert str(exc.value).startswith("agentcall-relay: relay database")
+    assert f"chmod go-w {path}" in str(exc.value)
