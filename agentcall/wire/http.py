@@ -62,9 +62,7 @@ class StatusResponse:
     relay_origin: str = attrs.field(validator=f.relay_origin)
     # Older relays sent their software version here; a relay now sends null, because an
     # unauthenticated health check should not tell a scanner what to attack. Clients accept both.
-    version: str | None = attrs.field(
-        default=None, validator=attrs.validators.optional(f.text(40))
-    )
+    version: str | None = attrs.field(default=None, validator=attrs.validators.optional(f.text(40)))
 
 
 @attrs.frozen
