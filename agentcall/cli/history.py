@@ -123,6 +123,14 @@ def _call_json(call: LoggedCall) -> dict[str, Any]:
     return body
 
 
+def _flagged_tool(tool: dict[str, Any]) -> bool:
+    from agentcall.listener.guardwire import PREFLIGHT_TOOL
+
+    # The listener's own check that the guard refuses (before every Codex run) is denied by
+    # design; it stays in the full listing but is no warning sign.
+    return tool["decision"] in FLAGGED_DECISIONS and tool["tool"] != PREFLIGHT_TOOL
+
+
 def collect(home: Home, limit: int, flagged: bool) -> dict[str, Any]:
     """The report as one JSON-ready value."""
     from agentcall.listener.calllog import read_tail
@@ -132,7 +140,7 @@ def collect(home: Home, limit: int, flagged: bool) -> dict[str, Any]:
     tools = read_tools(home.tools_log_path)
     if flagged:
         calls = [call for call in calls if call.flags or call.status != "ok"]
-        tools = [tool for tool in tools if tool["decision"] in FLAGGED_DECISIONS]
+        tools = [tool for tool in tools if _flagged_tool(tool)]
     return {
         "flagged": flagged,
         "limit": limit,

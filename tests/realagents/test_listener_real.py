@@ -25,6 +25,7 @@ from typing import Any
 import attrs
 import pytest
 
+from agentcall.listener.guardwire import PREFLIGHT_TOOL
 from tests.e2e.installs import Install
 from tests.e2e.processes import RelayProcess, start_relay
 from tests.realagents.harness import (
@@ -380,7 +381,13 @@ def test_an_ask_call_to_codex_runs_under_the_guard(
     decisions = [
         (tool, decision) for _, tool, decision in guard_decisions(cody.install, answered.call_id)
     ]
-    assert decisions == [("Bash", "allow"), ("apply_patch", "deny"), ("Bash", "flag")]
+    # First the listener's preflight: the exact hook command must refuse a test call.
+    assert decisions == [
+        (PREFLIGHT_TOOL, "deny"),
+        ("Bash", "allow"),
+        ("apply_patch", "deny"),
+        ("Bash", "flag"),
+    ]
     assert answered.text.startswith("the notes are fine; the key is")
     assert "[redacted]" in answered.text
     assert cody.key_marker not in answered.done.stdout + answered.done.stderr

@@ -41,7 +41,9 @@ def call(home: Home, n: int, status: CallStatus = CallStatus.OK, **extra: Any) -
     assert CallLog(home.calls_log_path).append(record)
 
 
-def tool(home: Home, n: int, action: str, rule: str, target: str = "/w/file") -> None:
+def tool(
+    home: Home, n: int, action: str, rule: str, target: str = "/w/file", name: str = "Read"
+) -> None:
     """One tools.log line, written by the guard's own writer."""
     config = GuardConfig(
         roots=("/w",),
@@ -52,7 +54,7 @@ def tool(home: Home, n: int, action: str, rule: str, target: str = "/w/file") ->
         home="/home/x",
         extra_denied=(),
     )
-    hook = HookCall("Read", {"file_path": target}, "/w", f"toolu_{n}")
+    hook = HookCall(name, {"file_path": target}, "/w", f"toolu_{n}")
     append_log(config.log_path, log_entry(config, hook, Decision(action, rule), NOW + n))
 
 
@@ -208,3 +210,17 @@ def test_every_command_exits_quietly_into_a_closed_pipe(home: Home, argv: list[s
     """The fix sits at the entry point, so the fast path and argparse's own exit get it too."""
     done = run_into_closed_pipe(argv, home.user_home)
     assert (done.returncode, done.stderr) == (141, b"")
+
+
+def test_the_guard_preflight_is_listed_but_not_flagged(
+    home: Home, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Before each Codex run the listener has the guard refuse a test call: expected, not a sign."""
+    from agentcall.listener.guardwire import PREFLIGHT_TOOL
+
+    tool(home, 1, "deny", "unknown-tool", name=PREFLIGHT_TOOL)
+    tool(home, 1, "deny", "denied-home-path", "/home/x/.ssh/id_ed25519")
+    everything = json.loads(history(capsys, "--json")[1])
+    assert [t["tool"] for t in everything["tools"]] == [PREFLIGHT_TOOL, "Read"]
+    flagged = json.loads(history(capsys, "--flagged", "--json")[1])
+    assert [t["tool"] for t in flagged["tools"]] == ["Read"]

@@ -515,7 +515,7 @@ def test_audit_rows_page_by_id_and_cap_details(store: SqliteRelayStore) -> None:
 
 
 def test_audit_events_vocabulary() -> None:
-    """The fixed vocabulary is exactly the twelve named events."""
+    """The fixed vocabulary is exactly the thirteen named events."""
     assert {
         "invite.issue",
         "invite.redeem",
@@ -529,6 +529,7 @@ def test_audit_events_vocabulary() -> None:
         "call.fail",
         "call.cancel",
         "call.timeout",
+        "auth.failed",
     } == audit.EVENTS
 
 
