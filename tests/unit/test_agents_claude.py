@@ -680,9 +680,14 @@ async def test_fake_linger_answers_after_the_first_result(
 ) -> None:
     """Answer-then-linger: the answer comes from the first result, the run ends early."""
     got, result, _ = await run_fake(
-        fake_claude, tmp_path, {"name": "linger", "seconds": 30}, finish_grace_s=0.2
+        fake_claude,
+        tmp_path,
+        {"name": "linger", "seconds": 600},
+        finish_grace_s=0.2,
+        timeout_s=300,
     )
-    assert result.early_finish and result.duration_s < 5
+    # Ended by the finish grace, not by the kill timer (300 s) or the agent itself (600 s).
+    assert result.early_finish and result.duration_s < 120
     assert isinstance(got, AgentAnswer)
     assert not got.text.startswith("SECOND")
 
