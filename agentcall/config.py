@@ -20,9 +20,9 @@ from typing import Any
 import attrs
 
 from agentcall import ids, limits
-from agentcall.client.endpoint import InvalidRelayUrl, RelayUrl
 from agentcall.errors import MalformedFrame
 from agentcall.home import Home, LocalStateError
+from agentcall.relayurl import InvalidRelayUrl, RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.http import AgentKind, MemberRole
 

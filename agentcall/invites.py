@@ -16,7 +16,7 @@ import urllib.parse
 import attrs
 
 from agentcall import ids
-from agentcall.client.endpoint import InvalidRelayUrl, RelayUrl, is_loopback_host
+from agentcall.relayurl import InvalidRelayUrl, RelayUrl, is_loopback_host
 
 _PATH_RE = re.compile(r"^(?P<prefix>(?:/[^/]+)*)/invite/(?P<org>[^/]*)$")
 
@@ -62,7 +62,7 @@ class InviteLink:
 def make_invite_url(relay_url: str, org: str, secret: str) -> str:
     """The link handed to the invited person: ``<relay_url>/invite/<org>#<secret>``.
 
-    ``relay_url`` is normalised as :class:`~agentcall.client.endpoint.RelayUrl` does (no
+    ``relay_url`` is normalised as :class:`~agentcall.relayurl.RelayUrl` does (no
     trailing slash, lowercase host, default port left out); a URL it refuses raises its error.
     """
     base = str(RelayUrl.parse(relay_url))

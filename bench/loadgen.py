@@ -18,9 +18,9 @@ from seeding import Identity
 from twisted.internet import defer
 
 from agentcall import ids
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.ws import ClientSocket, SocketClosed, open_socket
 from agentcall.crypto import envelope
+from agentcall.relayurl import RelayUrl
 from agentcall.wire import frames, http, payloads
 
 now = time.monotonic

@@ -36,7 +36,7 @@ from seeding import Identity, seed_identities  # noqa: E402
 from twisted.internet import defer  # noqa: E402
 
 from agentcall.client.api import RelayApi  # noqa: E402
-from agentcall.client.endpoint import RelayUrl  # noqa: E402
+from agentcall.relayurl import RelayUrl  # noqa: E402
 from agentcall.wire import codec, frames  # noqa: E402
 
 ORG = "bench"

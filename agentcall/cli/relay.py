@@ -34,8 +34,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.relay_command == "bootstrap":
         from agentcall import ids
-        from agentcall.client.endpoint import RelayUrl
         from agentcall.relay.bootstrap import bootstrap
+        from agentcall.relayurl import RelayUrl
 
         if not ids.is_new_org_name(args.org):
             raise CommandError(

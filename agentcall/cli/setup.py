@@ -257,10 +257,10 @@ def _resume(args: argparse.Namespace, home: Home, deps: SetupDeps) -> int:
 def _enrol(args: argparse.Namespace, home: Home, deps: SetupDeps, invite_text: str | None) -> int:
     from agentcall import ids
     from agentcall.cli.main import CommandError
-    from agentcall.client.endpoint import RelayUrl
     from agentcall.config import load_config
     from agentcall.home import LocalStateError
     from agentcall.invites import InviteLinkError, parse_invite_url
+    from agentcall.relayurl import RelayUrl
 
     if invite_text is None:
         raise CommandError(
@@ -331,9 +331,9 @@ async def _register(
     from agentcall import ids
     from agentcall.cli.main import CommandError
     from agentcall.client.api import RelayUnreachable
-    from agentcall.client.endpoint import RelayUrl
     from agentcall.config import Config, save_config
     from agentcall.errors import AgentCallError, ApiError
+    from agentcall.relayurl import RelayUrl
     from agentcall.wire.http import RegisterRequest
 
     relay = RelayUrl.parse(invite.relay_url)

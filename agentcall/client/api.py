@@ -32,9 +32,9 @@ from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
 from zope.interface import implementer
 
 from agentcall import __version__, ids, limits
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.tls import RelayTlsPolicy
 from agentcall.errors import AgentCallError, ApiError, ApiErrorCode, MalformedFrame
+from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.http import (
     ApiErrorBody,

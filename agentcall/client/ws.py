@@ -26,10 +26,10 @@ from twisted.python.failure import Failure
 
 from agentcall import ids, limits
 from agentcall.client.api import USER_AGENT, Credentials, RelayUnreachable, describe_failure
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.tls import chosen_ca_file, client_tls_options, roots_from
 from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger
+from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.frames import (
     TO_CALLER,

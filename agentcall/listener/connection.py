@@ -33,7 +33,6 @@ from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import USER_AGENT, Credentials
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.ws import (
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
@@ -43,6 +42,7 @@ from agentcall.client.ws import (
 )
 from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger
+from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.frames import TO_LISTENER, Frame, Ready, Role
 

@@ -12,12 +12,12 @@ import os
 import attrs
 
 from agentcall import ids, limits
-from agentcall.client.endpoint import RelayUrl
 from agentcall.db import open_database
 from agentcall.errors import StoreError
 from agentcall.filetrust import PrivateFileError, prepare_database_file
 from agentcall.invites import make_invite_url
 from agentcall.relay.store import RELAY_SCHEMA, SqliteRelayStore
+from agentcall.relayurl import RelayUrl
 from agentcall.wire.http import MemberRole
 
 BOOTSTRAP_DESCRIPTION = "first admin (bootstrap)"

@@ -120,7 +120,7 @@ class Options(usage.Options):
     ]
 
     def postOptions(self) -> None:
-        from agentcall.client.endpoint import RelayUrl
+        from agentcall.relayurl import RelayUrl
 
         if not self["database"]:
             raise usage.UsageError("--database FILE is required")

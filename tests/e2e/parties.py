@@ -15,11 +15,11 @@ import attrs
 from twisted.internet import defer, reactor
 
 from agentcall.client.api import Credentials, RelayApi
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.ws import ClientSocket, SocketClosed, open_socket, place_call
 from agentcall.crypto import envelope, records
 from agentcall.crypto.keys import EncryptionKey, IdentityKey
 from agentcall.invites import parse_invite_url
+from agentcall.relayurl import RelayUrl
 from agentcall.wire import frames, http, payloads
 
 

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import attrs
 
-from agentcall.client.endpoint import RelayUrl
+from agentcall.relayurl import RelayUrl
 from agentcall.testing.tlsca import CA, make_ca
 
 REPO = Path(__file__).resolve().parents[2]

@@ -14,13 +14,13 @@ from twisted.internet import defer
 from agentcall import limits
 from agentcall.caller import CallRefused, CallResult, KeysConflict, ensure_published, place
 from agentcall.client.api import Credentials, RelayUnreachable
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.ws import CallAborted
 from agentcall.config import Config
 from agentcall.crypto import envelope
 from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode
 from agentcall.home import Home
 from agentcall.keystore import LocalKeys, load_keys
+from agentcall.relayurl import RelayUrl
 from agentcall.wire.frames import (
     CallError,
     CallOutcome,

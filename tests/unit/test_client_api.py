@@ -37,9 +37,9 @@ from agentcall.client.api import (
     RelayUnreachable,
     describe_failure,
 )
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.tls import CaFileError, RelayTlsPolicy
 from agentcall.errors import ApiError, ApiErrorCode
+from agentcall.relayurl import RelayUrl
 from agentcall.testing.tlsca import CA, ServerCert, make_ca
 from agentcall.wire import codec
 from agentcall.wire.http import (

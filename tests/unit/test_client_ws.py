@@ -25,7 +25,6 @@ from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import Credentials, RelayUnreachable
-from agentcall.client.endpoint import RelayUrl
 from agentcall.client.ws import (
     CLOSE_PROTOCOL_ERROR,
     CallAborted,
@@ -36,6 +35,7 @@ from agentcall.client.ws import (
     place_call,
 )
 from agentcall.errors import CallErrorCode
+from agentcall.relayurl import RelayUrl
 from agentcall.testing.tlsca import make_ca
 from agentcall.wire import codec
 from agentcall.wire.frames import (

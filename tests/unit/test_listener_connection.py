@@ -26,7 +26,6 @@ from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import Credentials
-from agentcall.client.endpoint import RelayUrl
 from agentcall.listener.connection import (
     CLOSE_REPLACED,
     RelayConnection,
@@ -34,6 +33,7 @@ from agentcall.listener.connection import (
     RelaySettings,
     reconnect_delay,
 )
+from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.frames import (
     CallAccepted,

@@ -6,7 +6,7 @@ import attrs
 import pytest
 
 from agentcall import ids
-from agentcall.client.endpoint import InvalidRelayUrl, RelayUrl, is_loopback_host
+from agentcall.relayurl import InvalidRelayUrl, RelayUrl, is_loopback_host
 
 
 def test_https_with_port_and_prefix() -> None:
