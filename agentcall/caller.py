@@ -41,7 +41,7 @@ from agentcall.keystore import LocalKeys, rotate_if_needed
 from agentcall.statedb import StateDb
 from agentcall.wire.frames import CallError, CallOutcome, CallRequest, CallStatus
 from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
-from agentcall.wire.payloads import Failure, Reply, RequestPayload
+from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 
 
 class KeyDirectory(Protocol):
@@ -396,7 +396,7 @@ def _opened(
             detail=f"the answer could not be verified: {exc}",
         )
     outcome = payload.outcome
-    if isinstance(outcome, Failure):
+    if isinstance(outcome, CallFailure):
         return CallResult(
             address,
             terminal.call_id,

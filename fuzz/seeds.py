@@ -193,7 +193,7 @@ def _response_payload(outcome: payloads.Outcome) -> payloads.ResponsePayload:
 def sealed_payloads() -> dict[type[Any], list[Any]]:
     """The plaintexts inside sealed envelopes, by class."""
     reply = payloads.Reply(text="Looks good.", context_id="ctx_" + "b" * 22, task="review")
-    failure = payloads.Failure(
+    failure = payloads.CallFailure(
         code=CallErrorCode.TASK_NOT_OFFERED, detail="not offered", offered=("ask", "review")
     )
     responses = [_response_payload(reply), _response_payload(failure)]

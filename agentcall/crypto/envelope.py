@@ -24,7 +24,7 @@ from agentcall.wire import canonical, codec
 from agentcall.wire.frames import Direction, SealedEnvelope
 from agentcall.wire.http import SUITE_X25519, EncryptionKeyRecord, IdentityRecord
 from agentcall.wire.payloads import (
-    Failure,
+    CallFailure,
     Reply,
     RequestPayload,
     ResponsePayload,
@@ -156,7 +156,7 @@ def seal_response(
     *,
     responder: IdentityKey,
     request: RequestPayload,
-    outcome: Reply | Failure,
+    outcome: Reply | CallFailure,
     caller_encryption: EncryptionKeyRecord,
     now: float,
 ) -> SealedEnvelope:

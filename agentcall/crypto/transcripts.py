@@ -12,7 +12,7 @@ from agentcall.wire import canonical
 from agentcall.wire.canonical import Item
 from agentcall.wire.frames import Direction
 from agentcall.wire.http import EncryptionKeyRecord, IdentityRecord, SignedEncryptionKeyRecord
-from agentcall.wire.payloads import Failure, Reply, RequestPayload, ResponsePayload
+from agentcall.wire.payloads import CallFailure, Reply, RequestPayload, ResponsePayload
 
 IDENTITY_DOMAIN = "agentcall/identity/v1"
 ENCRYPTION_KEY_DOMAIN = "agentcall/encryption-key/v1"
@@ -105,10 +105,10 @@ def response_transcript(payload: ResponsePayload) -> list[Item]:
     outcome = payload.outcome
     if isinstance(outcome, Reply):
         items += [Reply.kind, outcome.text, outcome.context_id, outcome.task]
-    elif isinstance(outcome, Failure):
+    elif isinstance(outcome, CallFailure):
         # The count makes the variable-length tail unambiguous.
         items += [
-            Failure.kind,
+            CallFailure.kind,
             outcome.code.value,
             outcome.detail,
             len(outcome.offered),

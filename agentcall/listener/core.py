@@ -52,7 +52,7 @@ from agentcall.wire.frames import (
     IncomingCall,
     NotCancelledReason,
 )
-from agentcall.wire.payloads import Failure, Reply
+from agentcall.wire.payloads import CallFailure, Reply
 
 _log = Logger(namespace="agentcall.listener.core")
 
@@ -248,7 +248,7 @@ class CallPipeline:
         call.task = decision.task_id
         # c'. the conversation, if one is named: it can only narrow an admitted call.
         workdir = stages.choose_workdir(self.config, decision.task, fx.is_dir)
-        if isinstance(workdir, Failure):
+        if isinstance(workdir, CallFailure):
             self._answer(call, opened, workdir, CallStatus.AGENT_ERROR, error=workdir.detail)
             return
         binding = fx.conversations.admit(
@@ -268,7 +268,7 @@ class CallPipeline:
         if self._running is not None or self._stopping:
             _log.info("call_busy", call_id=call.call_id, running=self.running_call_id)
             detail = STOPPING_DETAIL if self._stopping else BUSY_DETAIL
-            busy = Failure(code=CallErrorCode.BUSY, detail=detail)
+            busy = CallFailure(code=CallErrorCode.BUSY, detail=detail)
             self._answer(call, opened, busy, CallStatus.BUSY)
             return
         self._running = call
@@ -288,7 +288,7 @@ class CallPipeline:
             is_dir=fx.is_dir,
             build_prompt=fx.build_prompt,
         )
-        if isinstance(plan, Failure):
+        if isinstance(plan, CallFailure):
             self._answer(call, opened, plan, CallStatus.AGENT_ERROR, error=plan.detail)
             return
         # e'. Codex runs a tool whose hook crashed: its hook must refuse a must-deny call first.
@@ -299,7 +299,7 @@ class CallPipeline:
             done, control = fx.spawn(plan.run, plan.parser)
         except OSError as exc:
             _remove(plan.private_files)
-            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=SPAWN_FAILED_DETAIL)
+            failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=SPAWN_FAILED_DETAIL)
             self._answer(call, opened, failure, CallStatus.AGENT_ERROR, error=exc.strerror)
             return
         call.run = control
@@ -314,7 +314,7 @@ class CallPipeline:
             self._cancelled(call, CancelPhase.RUNNING)
             return
         if self._stopping and result.cancelled:
-            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
+            failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
             verdict = stages.Verdict(failure, CallStatus.CANCELED, STOPPED_DETAIL)
         else:
             verdict = stages.judge_run(
@@ -348,13 +348,13 @@ class CallPipeline:
             self._cancelled(call, CancelPhase.RUNNING)
             return True
         if self._stopping and result is not None and result.cancelled:
-            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
+            failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
             self._answer(call, opened, failure, CallStatus.CANCELED, error=STOPPED_DETAIL)
             return True
         if problem is None:
             return False
         _log.warn("guard_preflight_failed", call_id=call.call_id, reason=problem)
-        failure = Failure(
+        failure = CallFailure(
             code=CallErrorCode.AGENT_ERROR, detail=f"{GUARD_PREFLIGHT_DETAIL}: {problem}"
         )
         # The owner's log also gets the end of what the hook printed on stderr.
@@ -385,7 +385,7 @@ class CallPipeline:
         workdir: str,
         binding: Binding | None,
         verdict: stages.Verdict,
-    ) -> Reply | Failure:
+    ) -> Reply | CallFailure:
         """Mint or roll the conversation after an answer; forget one the agent lost."""
         talks = self._fx.conversations
         if verdict.resume_failed and binding is not None:
@@ -412,7 +412,7 @@ class CallPipeline:
         self,
         call: _Call,
         opened: stages.OpenedCall,
-        outcome: Reply | Failure,
+        outcome: Reply | CallFailure,
         status: CallStatus,
         *,
         error: str | None = None,

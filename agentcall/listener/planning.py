@@ -28,7 +28,7 @@ from agentcall.listener.contexts import Binding, session_plan
 from agentcall.listener.prompt import PromptParts
 from agentcall.listener.runner import AgentRun
 from agentcall.wire.http import AgentKind
-from agentcall.wire.payloads import Failure
+from agentcall.wire.payloads import CallFailure
 
 NOT_INSTALLED_DETAIL: Final = "the answering agent is not installed"
 
@@ -111,11 +111,11 @@ def plan_run(
     which: Which,
     is_dir: Callable[[str], bool],
     build_prompt: PromptBuilder,
-) -> RunPlan | Failure:
+) -> RunPlan | CallFailure:
     """Build the prompt and the process to run, or the failure that says why not."""
     found = resolve_program(config, environ, which)
     if found is None:
-        return Failure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
+        return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
     program, extra_args = found
     task = admitted.task
     servers: dict[str, connectors.ServerConfig] = {}
@@ -123,12 +123,12 @@ def plan_run(
         # Only Claude takes the owner's MCP servers; another agent would answer without them.
         if config.agent_kind != AgentKind.CLAUDE:
             detail = "this task's connectors are only supported with Claude Code"
-            return Failure(code=CallErrorCode.AGENT_ERROR, detail=detail)
+            return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=detail)
         try:
             servers = connectors.task_servers(task.id, task.connectors, guard.home, environ)
         except connectors.ConnectorError as exc:
             # Fail closed: nothing is spawned. The message names files and names, no config.
-            return Failure(code=CallErrorCode.AGENT_ERROR, detail=sanitize_detail(str(exc)))
+            return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=sanitize_detail(str(exc)))
     roots = tuple(os.path.realpath(r) for r in config.read_roots if is_dir(r))
     parts = PromptParts(
         owner_address=config.address,

@@ -54,7 +54,7 @@ from agentcall.listener.tasks import Task, TaskSet
 from agentcall.safetext import safe_text
 from agentcall.wire.frames import CallOutcome, IncomingCall, Terminal
 from agentcall.wire.http import EncryptionKeyRecord, KeysResponse
-from agentcall.wire.payloads import Failure, Reply, RequestPayload
+from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 
 POLICY_ERROR_DETAIL: Final = "a local policy error prevented this call"
 CONTEXT_UNKNOWN_DETAIL: Final = (
@@ -179,7 +179,7 @@ async def open_envelope(
 class Refusal:
     """A call turned away before anything was spawned, with the sealed failure to send."""
 
-    failure: Failure
+    failure: CallFailure
     status: CallStatus
     flags: tuple[str, ...] = ()
 
@@ -214,7 +214,7 @@ def admit_call(
         inputs = load_inputs()
     except (PolicyError, CeilingError):
         return Refusal(
-            Failure(code=CallErrorCode.AGENT_ERROR, detail=POLICY_ERROR_DETAIL),
+            CallFailure(code=CallErrorCode.AGENT_ERROR, detail=POLICY_ERROR_DETAIL),
             CallStatus.POLICY_ERROR,
         )
     decision = resolve(
@@ -222,27 +222,27 @@ def admit_call(
     )
     if isinstance(decision, Refused):
         status, flags = _REFUSAL_STATUS.get(decision.code, (CallStatus.BLOCKED, ()))
-        failure = Failure(code=decision.code, detail=decision.detail, offered=decision.offered)
+        failure = CallFailure(code=decision.code, detail=decision.detail, offered=decision.offered)
         return Refusal(failure, status, flags)
     return decision
 
 
 def context_refusal() -> Refusal:
     return Refusal(
-        Failure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL),
+        CallFailure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL),
         CallStatus.CONTEXT_UNKNOWN,
     )
 
 
-def choose_workdir(config: Config, task: Task, is_dir: Callable[[str], bool]) -> str | Failure:
+def choose_workdir(config: Config, task: Task, is_dir: Callable[[str], bool]) -> str | CallFailure:
     """The task's own directory, else the first of the owner's read roots that exists."""
     if task.workdir is not None:
         if not is_dir(str(task.workdir)):
-            return Failure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
+            return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
         return os.path.realpath(task.workdir)
     shared = [root for root in config.read_roots if is_dir(root)]
     if not shared:
-        return Failure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
+        return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NO_WORKDIR_DETAIL)
     return os.path.realpath(shared[0])
 
 
@@ -256,7 +256,7 @@ def choose_workdir(config: Config, task: Task, is_dir: Callable[[str], bool]) ->
 class Verdict:
     """What a finished run means for the caller and for calls.log."""
 
-    outcome: Reply | Failure = attrs.field(repr=False)
+    outcome: Reply | CallFailure = attrs.field(repr=False)
     status: CallStatus
     # For the owner's log only (already redacted); None when the outcome says it all.
     error: str | None = None
@@ -300,33 +300,33 @@ def judge_run(
     if isinstance(outcome, AgentAnswer) and unguarded is not None:
         missing = unguarded(outcome.tool_use_ids)
         if missing:
-            failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=GUARD_UNWIRED_DETAIL)
+            failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=GUARD_UNWIRED_DETAIL)
             error = f"{len(missing)} tool call(s) not seen by the guard"
             return Verdict(failure, CallStatus.AGENT_ERROR, error, flags=("guard_unwired",))
     if isinstance(outcome, AgentAnswer):
         reply = Reply(text=reply_text(outcome.text, secrets), task=task_id)
         return Verdict(reply, CallStatus.OK, session=outcome.session_id)
     if outcome.kind is FailureKind.RESUME_FAILED:
-        failure = Failure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL)
+        failure = CallFailure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL)
         detail = short_detail(outcome.detail, secrets)
         return Verdict(failure, CallStatus.CONTEXT_UNKNOWN, detail, resume_failed=True)
     if outcome.kind is FailureKind.TIMEOUT:
         detail = f"the agent did not answer within {timeout_s:g} s"
-        return Verdict(Failure(code=CallErrorCode.TIMEOUT, detail=detail), CallStatus.TIMEOUT)
+        return Verdict(CallFailure(code=CallErrorCode.TIMEOUT, detail=detail), CallStatus.TIMEOUT)
     if outcome.kind is FailureKind.UNAUTHENTICATED:
-        failure = Failure(code=CallErrorCode.AGENT_ERROR, detail=NOT_LOGGED_IN_DETAIL)
+        failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NOT_LOGGED_IN_DETAIL)
         return Verdict(failure, CallStatus.AGENT_ERROR, short_detail(outcome.detail, secrets))
     detail = short_detail(outcome.detail, secrets) or "the agent failed without saying why"
     cancelled = outcome.kind is FailureKind.CANCELLED
     status = CallStatus.CANCELED if cancelled else CallStatus.AGENT_ERROR
-    return Verdict(Failure(code=CallErrorCode.AGENT_ERROR, detail=detail), status, detail)
+    return Verdict(CallFailure(code=CallErrorCode.AGENT_ERROR, detail=detail), status, detail)
 
 
 # --- 6. sealing ------------------------------------------------------------------------------
 
 
 def seal_outcome(
-    keys: LocalKeys, opened: OpenedCall, outcome: Reply | Failure, now: float
+    keys: LocalKeys, opened: OpenedCall, outcome: Reply | CallFailure, now: float
 ) -> CallOutcome:
     """The signed, sealed answer to ``opened``, to the caller's pinned encryption key."""
     envelope = seal_response(

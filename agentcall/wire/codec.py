@@ -131,7 +131,7 @@ def _unstructure_outcome(value: payloads.Outcome) -> dict[str, Any]:
 
 _OUTCOME_KINDS: dict[str, type[payloads.Outcome]] = {
     payloads.Reply.kind: payloads.Reply,
-    payloads.Failure.kind: payloads.Failure,
+    payloads.CallFailure.kind: payloads.CallFailure,
 }
 _outcome_structurers = {
     kind: make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
@@ -150,7 +150,7 @@ def _structure_outcome(value: Any, _type: Any) -> payloads.Outcome:
     return result
 
 
-for _outcome_cls in (payloads.Reply, payloads.Failure):
+for _outcome_cls in (payloads.Reply, payloads.CallFailure):
     converter.register_unstructure_hook(_outcome_cls, _unstructure_outcome)
 converter.register_structure_hook(payloads.Outcome, _structure_outcome)
 # Order matters: the generated functions capture the hooks of nested classes when they are

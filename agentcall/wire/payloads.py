@@ -60,7 +60,9 @@ class Reply:
 
 
 @attrs.frozen
-class Failure:
+class CallFailure:
+    """A call that ended without an answer, as the caller is told (kind ``failure`` on the wire)."""
+
     kind: ClassVar[str] = "failure"
     code: CallErrorCode = attrs.field(converter=CallErrorCode, validator=_peer_code)
     detail: str | None = attrs.field(
@@ -71,7 +73,7 @@ class Failure:
     )
 
 
-Outcome = Reply | Failure
+Outcome = Reply | CallFailure
 
 
 @attrs.frozen

@@ -34,7 +34,7 @@ class Party:
     encryption_record: http.SignedEncryptionKeyRecord | None = None
     received: list[frames.Frame] = attrs.field(factory=list)
     closes: list[SocketClosed] = attrs.field(factory=list)
-    answer: Callable[[payloads.RequestPayload], payloads.Reply | payloads.Failure] | None = None
+    answer: Callable[[payloads.RequestPayload], payloads.Reply | payloads.CallFailure] | None = None
     socket: ClientSocket | None = None
     close_waiters: list[defer.Deferred[SocketClosed]] = attrs.field(factory=list)
 

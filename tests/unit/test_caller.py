@@ -30,7 +30,7 @@ from agentcall.wire.frames import (
     SealedEnvelope,
 )
 from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
-from agentcall.wire.payloads import Failure, Reply, RequestPayload
+from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 from tests.unit.cli_helpers import NOW, ORIGIN, install, run_with_clock
 from tests.unit.crypto_helpers import DAY, Party, make_party
 
@@ -109,11 +109,11 @@ class Callee:
             return defer.fail(result)
         if isinstance(result, (CallError, CallOutcome)):
             return defer.succeed(result)
-        if not isinstance(result, (Reply, Failure)):
+        if not isinstance(result, (Reply, CallFailure)):
             raise TypeError(result)
         return defer.succeed(self.outcome(request, result))
 
-    def outcome(self, request: RequestPayload, result: Reply | Failure) -> CallOutcome:
+    def outcome(self, request: RequestPayload, result: Reply | CallFailure) -> CallOutcome:
         sealed = envelope.seal_response(
             responder=self.party.identity_key,
             request=request,
@@ -185,7 +185,7 @@ def test_a_reply_comes_back_opened_and_verified(ann: Any, bob: Party) -> None:
 
 def test_a_sealed_failure_carries_code_detail_and_offered_tasks(ann: Any, bob: Party) -> None:
     """A peer's failure is reported with what it says, not as a transport error."""
-    failure = Failure(code="task_not_offered", detail="ask for review", offered=("review",))
+    failure = CallFailure(code="task_not_offered", detail="ask for review", offered=("review",))
     callee = Callee(bob, ann[2], lambda _req: failure)
     result, _seen = call(ann, FakeDirectory({"bob": served(bob)}), callee)
     assert not result.ok

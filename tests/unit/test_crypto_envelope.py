@@ -22,7 +22,7 @@ from agentcall.errors import (
 )
 from agentcall.wire import codec
 from agentcall.wire.frames import Direction, SealedEnvelope
-from agentcall.wire.payloads import Failure, Reply, RequestPayload, ResponsePayload
+from agentcall.wire.payloads import CallFailure, Reply, RequestPayload, ResponsePayload
 from tests.unit.crypto_helpers import (
     NOW,
     ORIGIN,
@@ -84,7 +84,7 @@ def open_req(w: World, env: SealedEnvelope, **kw: Any) -> RequestPayload:
 
 
 def answer(
-    w: World, request: RequestPayload, outcome: Reply | Failure, **kw: Any
+    w: World, request: RequestPayload, outcome: Reply | CallFailure, **kw: Any
 ) -> SealedEnvelope:
     args: dict[str, Any] = {
         "responder": w.callee.identity_key,
@@ -156,11 +156,11 @@ def test_request_ids_are_fresh_unless_given(world: World) -> None:
     [
         Reply(text="it's the cache", context_id="ctx_" + "B" * 22, task="review"),
         Reply(text=""),
-        Failure(code=CallErrorCode.TASK_NOT_OFFERED, detail="no", offered=("a", "b-2")),
-        Failure(code=CallErrorCode.BUSY),
+        CallFailure(code=CallErrorCode.TASK_NOT_OFFERED, detail="no", offered=("a", "b-2")),
+        CallFailure(code=CallErrorCode.BUSY),
     ],
 )
-def test_response_round_trip(world: World, outcome: Reply | Failure) -> None:
+def test_response_round_trip(world: World, outcome: Reply | CallFailure) -> None:
     """The caller opens exactly the outcome the callee sealed, bound to its request."""
     _, request = seal(world)
     got = open_resp(world, answer(world, request, outcome), request)
@@ -561,12 +561,12 @@ def test_response_signed_by_another_key_is_refused(world: World) -> None:
 def test_changed_outcome_breaks_the_response_signature(world: World) -> None:
     """The outcome is covered by the signature, down to each offered task."""
     _, request = seal(world)
-    outcome = Failure(code=CallErrorCode.TASK_NOT_OFFERED, offered=("a", "b"))
+    outcome = CallFailure(code=CallErrorCode.TASK_NOT_OFFERED, offered=("a", "b"))
     env = answer(world, request, outcome)
     genuine = sign_response(open_resp(world, env, request), world.callee.identity_key)
     for other in (
-        Failure(code=CallErrorCode.TASK_NOT_OFFERED, offered=("a",)),
-        Failure(code=CallErrorCode.BLOCKED, offered=("a", "b")),
+        CallFailure(code=CallErrorCode.TASK_NOT_OFFERED, offered=("a",)),
+        CallFailure(code=CallErrorCode.BLOCKED, offered=("a", "b")),
         Reply(text="a"),
     ):
         changed = attrs.evolve(genuine, payload=attrs.evolve(genuine.payload, outcome=other))
@@ -634,7 +634,7 @@ def test_response_transcript_layout(world: World) -> None:
     assert items[0] == "agentcall/response/v1"
     assert items[12:] == [transcripts.request_transcript_hash(request), "reply", "t", None, None]
     failure = attrs.evolve(
-        reply, outcome=Failure(code=CallErrorCode.TASK_UNKNOWN, offered=("x", "y"))
+        reply, outcome=CallFailure(code=CallErrorCode.TASK_UNKNOWN, offered=("x", "y"))
     )
     tail = transcripts.response_transcript(failure)[13:]
     assert tail == ["failure", "task_unknown", None, 2, "x", "y"]

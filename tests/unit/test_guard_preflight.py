@@ -28,7 +28,7 @@ from agentcall.listener.calllog import CallStatus
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
 from agentcall.scope import Scope
 from agentcall.wire.frames import CallCancelled, CancelCall, CancelPhase
-from agentcall.wire.payloads import Failure, Reply
+from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.test_listener_core import Harness
 from tests.unit.test_listener_stages import (
     CALL_ID,
@@ -152,9 +152,9 @@ def codex_harness(**kw: Any) -> Harness:
     return Harness(config=make_config(agent_kind="codex", agent_command=None), **kw)
 
 
-def failure_of(h: Harness) -> Failure:
+def failure_of(h: Harness) -> CallFailure:
     outcome = h.outcome()
-    assert isinstance(outcome, Failure), outcome
+    assert isinstance(outcome, CallFailure), outcome
     return outcome
 
 

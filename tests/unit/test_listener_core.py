@@ -51,7 +51,7 @@ from agentcall.wire.frames import (
     Role,
     Terminal,
 )
-from agentcall.wire.payloads import Failure, Reply
+from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.crypto_helpers import NOW, ORIGIN
 from tests.unit.test_listener_stages import (
     ANN,
@@ -210,7 +210,7 @@ class Harness:
     def types(self) -> list[type[Frame]]:
         return [type(frame) for frame in self.sent]
 
-    def outcome(self, index: int = -1) -> Reply | Failure:
+    def outcome(self, index: int = -1) -> Reply | CallFailure:
         """Open a sealed outcome as the caller does (it binds the request it answers)."""
         frame = self.sent[index]
         assert isinstance(frame, CallOutcome)
@@ -277,7 +277,7 @@ def test_a_blocked_callers_message_never_reaches_a_prompt_or_a_process() -> None
     assert h.runs == []
     assert h.types() == [CallOutcome]
     outcome = h.outcome()
-    assert isinstance(outcome, Failure) and outcome.code is CallErrorCode.BLOCKED
+    assert isinstance(outcome, CallFailure) and outcome.code is CallErrorCode.BLOCKED
     [record] = h.records
     assert record.status is CallStatus.BLOCKED
     assert "blocked_caller_attempt" in record.flags
@@ -288,7 +288,7 @@ def test_an_unknown_task_is_refused_before_any_prompt() -> None:
     h.place(task="deploy")
     assert (h.prompts, h.runs) == ([], [])
     outcome = h.outcome()
-    assert isinstance(outcome, Failure) and outcome.code is CallErrorCode.TASK_UNKNOWN
+    assert isinstance(outcome, CallFailure) and outcome.code is CallErrorCode.TASK_UNKNOWN
     assert h.records[0].status is CallStatus.TASK_UNKNOWN
 
 
@@ -340,7 +340,7 @@ def test_a_malformed_policy_answers_policy_error_and_spawns_nothing(error: Excep
     assert (h.prompts, h.runs) == ([], [])
     assert h.types() == [CallOutcome]
     outcome = h.outcome()
-    assert outcome == Failure(
+    assert outcome == CallFailure(
         code=CallErrorCode.AGENT_ERROR, detail="a local policy error prevented this call"
     )
     assert h.records[0].status is CallStatus.POLICY_ERROR
@@ -350,7 +350,7 @@ def test_an_unknown_conversation_id_is_answered_context_unknown() -> None:
     h = Harness()
     h.place(context_id="ctx_" + "b" * 22)
     outcome = h.outcome()
-    assert isinstance(outcome, Failure) and outcome.code is CallErrorCode.CONTEXT_UNKNOWN
+    assert isinstance(outcome, CallFailure) and outcome.code is CallErrorCode.CONTEXT_UNKNOWN
     assert (h.prompts, h.runs) == ([], [])
     assert h.records[-1].status is CallStatus.CONTEXT_UNKNOWN
 
@@ -360,7 +360,7 @@ def test_a_blocked_caller_is_blocked_even_with_a_conversation_id() -> None:
     h = Harness(policy=Policy(callers=[CallerRule("ann", Access.BLOCKED)]))
     h.place(context_id="ctx_" + "b" * 22)
     outcome = h.outcome()
-    assert isinstance(outcome, Failure) and outcome.code is CallErrorCode.BLOCKED
+    assert isinstance(outcome, CallFailure) and outcome.code is CallErrorCode.BLOCKED
     assert h.records[-1].status is CallStatus.BLOCKED
     assert (h.prompts, h.runs) == ([], [])
 
@@ -375,7 +375,7 @@ def test_a_second_call_while_one_runs_is_busy() -> None:
     h.place(call_id=OTHER_CALL_ID)
     assert len(h.runs) == 1
     busy = h.outcome()
-    assert isinstance(busy, Failure) and busy.code is CallErrorCode.BUSY
+    assert isinstance(busy, CallFailure) and busy.code is CallErrorCode.BUSY
     assert h.records[-1].status is CallStatus.BUSY
     h.runs[0].finish(run_result(stdout=b"first"))
     h.place(call_id=THIRD_CALL_ID)
@@ -430,7 +430,7 @@ def test_the_kill_timer_is_a_timeout_failure() -> None:
     h.place()
     h.runs[0].finish(run_result(exit_code=None, signal=15, timed_out=True))
     outcome = h.outcome()
-    assert outcome == Failure(
+    assert outcome == CallFailure(
         code=CallErrorCode.TIMEOUT, detail="the agent did not answer within 120 s"
     )
     assert h.sent[-1].terminal is Terminal.FAILED  # type: ignore[union-attr]
@@ -462,7 +462,7 @@ def test_a_missing_agent_is_an_agent_error_after_started() -> None:
     h.place()
     assert h.runs == []
     assert h.types() == [CallAccepted, CallStarted, CallOutcome]
-    assert h.outcome() == Failure(
+    assert h.outcome() == CallFailure(
         code=CallErrorCode.AGENT_ERROR, detail="the answering agent is not installed"
     )
 
@@ -471,7 +471,7 @@ def test_an_agent_that_cannot_be_spawned_is_an_agent_error() -> None:
     h = Harness(spawn_error=OSError(2, "No such file or directory"))
     h.place()
     outcome = h.outcome()
-    assert isinstance(outcome, Failure) and outcome.code is CallErrorCode.AGENT_ERROR
+    assert isinstance(outcome, CallFailure) and outcome.code is CallErrorCode.AGENT_ERROR
     assert h.pipeline.running_call_id is None
 
 
@@ -550,12 +550,12 @@ def test_shutdown_stops_the_running_agent_and_answers_before_firing() -> None:
     assert not fired(stopped)
     h.place(call_id=OTHER_CALL_ID)  # new work is refused while stopping
     refused = h.outcome()
-    assert isinstance(refused, Failure) and refused.code is CallErrorCode.BUSY
+    assert isinstance(refused, CallFailure) and refused.code is CallErrorCode.BUSY
     h.runs[0].finish(run_result(exit_code=None, signal=15, cancelled=True))
     assert fired(stopped)
     outcome = h.outcome()
     assert h.sent[-1].call_id == CALL_ID  # type: ignore[union-attr]
-    assert outcome == Failure(code=CallErrorCode.AGENT_ERROR, detail=core.STOPPED_DETAIL)
+    assert outcome == CallFailure(code=CallErrorCode.AGENT_ERROR, detail=core.STOPPED_DETAIL)
 
 
 def test_shutdown_gives_up_waiting_after_the_grace() -> None:

@@ -30,7 +30,7 @@ from agentcall.listener.policy import CallerRule, Policy
 from agentcall.listener.service import ListenerStartError, make_listener_service
 from agentcall.listener.tasks import load_tasks
 from agentcall.wire.frames import CallAccepted, CallOutcome, CallStarted
-from agentcall.wire.payloads import Failure, Reply
+from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.crypto_helpers import NOW
 from tests.unit.test_listener_core import GUARD_ARGV, Harness, fired, install
 from tests.unit.test_listener_stages import (
@@ -63,9 +63,9 @@ def answer(h: Harness, index: int = -1) -> Reply:
     return outcome
 
 
-def refusal(h: Harness) -> Failure:
+def refusal(h: Harness) -> CallFailure:
     outcome = h.outcome()
-    assert isinstance(outcome, Failure), outcome
+    assert isinstance(outcome, CallFailure), outcome
     return outcome
 
 
@@ -242,7 +242,7 @@ def test_a_session_the_agent_cannot_resume_is_context_unknown_and_forgotten() ->
     stderr = b"Error: No conversation found with session ID: sess-earlier-1\n"
     run.finish(run_result(exit_code=1, stderr=stderr))
     outcome = refusal(h)
-    assert outcome == Failure(
+    assert outcome == CallFailure(
         code=CallErrorCode.CONTEXT_UNKNOWN, detail=stages.CONTEXT_UNKNOWN_DETAIL
     )
     assert h.records[-1].status is CallStatus.CONTEXT_UNKNOWN
@@ -298,7 +298,9 @@ def test_a_tool_call_missing_from_the_guard_log_withholds_the_answer(tmp_path: P
     h.place()
     stdout = claude_stdout("UNCHECKED-SECRET", tools=("toolu_1", "toolu_2"))
     h.runs[0].finish(run_result(stdout=stdout))
-    assert refusal(h) == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.GUARD_UNWIRED_DETAIL)
+    assert refusal(h) == CallFailure(
+        code=CallErrorCode.AGENT_ERROR, detail=stages.GUARD_UNWIRED_DETAIL
+    )
     [record] = h.records
     assert (record.status, record.flags) == (CallStatus.AGENT_ERROR, ("guard_unwired",))
     assert "UNCHECKED-SECRET" not in repr(record)

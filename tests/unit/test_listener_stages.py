@@ -49,7 +49,7 @@ from agentcall.listener.tasks import BUILTIN_ASK, Task, TaskSet
 from agentcall.statedb import StateDb
 from agentcall.wire.frames import IncomingCall, SealedEnvelope, Terminal
 from agentcall.wire.http import KeysResponse
-from agentcall.wire.payloads import Failure, Reply, RequestPayload
+from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 from tests.unit.crypto_helpers import NOW, ORIGIN, Party, make_party, rotate
 
 T = TypeVar("T")
@@ -540,7 +540,7 @@ def test_the_workdir_is_the_first_shared_directory_that_exists() -> None:
     picked = stages.choose_workdir(config, BUILTIN_ASK, lambda path: path == "/srv/other")
     assert picked == os.path.realpath("/srv/other")
     nothing = stages.choose_workdir(config, BUILTIN_ASK, lambda path: False)
-    assert nothing == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
+    assert nothing == CallFailure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
 
 
 def test_a_tasks_own_workdir_wins_and_is_never_replaced_by_a_read_root() -> None:
@@ -550,7 +550,7 @@ def test_a_tasks_own_workdir_wins_and_is_never_replaced_by_a_read_root() -> None
         "/srv/other/repo"
     )
     gone = stages.choose_workdir(config, task, lambda path: path != "/srv/other/repo")
-    assert gone == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
+    assert gone == CallFailure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
 
 
 # --- 4. planning the run ------------------------------------------------------------------------
@@ -630,9 +630,9 @@ class Planner:
         admitted: Admitted = ASK,
         binding: Binding | None = None,
         shell_allowed: bool = True,
-    ) -> planning.RunPlan | Failure:
+    ) -> planning.RunPlan | CallFailure:
         workdir = stages.choose_workdir(config, admitted.task, self.is_dir)
-        if isinstance(workdir, Failure):
+        if isinstance(workdir, CallFailure):
             return workdir
         return planning.plan_run(
             config,
@@ -735,13 +735,13 @@ def test_a_command_agent_keeps_its_configured_arguments() -> None:
 
 def test_a_missing_workdir_fails_the_plan() -> None:
     nothing = Planner(existing=set()).plan(make_config(), opened_call())
-    assert nothing == Failure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
+    assert nothing == CallFailure(code=CallErrorCode.AGENT_ERROR, detail=stages.NO_WORKDIR_DETAIL)
 
 
 def test_a_missing_agent_binary_is_an_agent_error() -> None:
     """Neither on PATH nor at its configured path: "the answering agent is not installed"."""
     codex = Planner(installed={}).plan(CODEX, opened_call())
-    assert codex == Failure(
+    assert codex == CallFailure(
         code=CallErrorCode.AGENT_ERROR, detail="the answering agent is not installed"
     )
 
@@ -750,7 +750,7 @@ def test_a_missing_agent_binary_is_an_agent_error() -> None:
             return None
 
     gone = Gone().plan(make_config(), opened_call())
-    assert isinstance(gone, Failure) and gone.detail == "the answering agent is not installed"
+    assert isinstance(gone, CallFailure) and gone.detail == "the answering agent is not installed"
 
 
 # --- the tool guard on the command line and in the environment ---------------------------------
@@ -877,7 +877,7 @@ def test_a_task_without_connectors_reads_nothing_and_grants_no_mcp(tmp_path: Pat
 def test_a_connector_the_owner_lacks_refuses_the_call(tmp_path: Path) -> None:
     planner = owner_home(tmp_path, {"mcpServers": {"slack": {"command": "/usr/bin/slack"}}})
     got = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(WITH_GITHUB))
-    assert got == Failure(
+    assert got == CallFailure(
         code=CallErrorCode.AGENT_ERROR,
         detail="task ci names connector github, which is not configured",
     )
@@ -889,7 +889,7 @@ def test_a_malformed_owner_config_fails_closed(tmp_path: Path, content: str) -> 
     """agent_error naming the file (home as ~), never its content; nothing is planned."""
     planner = owner_home(tmp_path, content)
     got = planner.plan(CLAUDE, opened_call(task="ci"), Admitted(WITH_GITHUB))
-    assert isinstance(got, Failure)
+    assert isinstance(got, CallFailure)
     assert got.code == CallErrorCode.AGENT_ERROR and got.detail is not None
     assert got.detail.startswith("~/.claude.json")
     assert MCP_TOKEN not in got.detail and str(tmp_path) not in got.detail
@@ -901,7 +901,7 @@ def test_connectors_are_claude_only(tmp_path: Path, config: Config) -> None:
     """Another agent cannot be given the servers: refused before anything is read or built."""
     planner = owner_home(tmp_path, "{broken")
     got = planner.plan(config, opened_call(task="ci"), Admitted(WITH_GITHUB))
-    assert got == Failure(
+    assert got == CallFailure(
         code=CallErrorCode.AGENT_ERROR,
         detail="this task's connectors are only supported with Claude Code",
     )
@@ -1077,7 +1077,7 @@ def test_failures_map_to_codes_and_statuses(
     case: str, result: RunResult, adapter: Any, code: CallErrorCode, status: CallStatus
 ) -> None:
     verdict = judge(result, adapter)
-    assert isinstance(verdict.outcome, Failure)
+    assert isinstance(verdict.outcome, CallFailure)
     assert (verdict.outcome.code, verdict.status) == (code, status)
 
 
@@ -1085,13 +1085,14 @@ def test_failure_details_are_fixed_or_short_clean_and_redacted() -> None:
     """Timeout and login have fixed words; other details are one redacted line."""
     timeout = judge(run_result(exit_code=None, signal=15, timed_out=True)).outcome
     assert (
-        isinstance(timeout, Failure) and timeout.detail == "the agent did not answer within 120 s"
+        isinstance(timeout, CallFailure)
+        and timeout.detail == "the agent did not answer within 120 s"
     )
     login = judge(FAILURES[1][1], claude.ADAPTER).outcome
-    assert isinstance(login, Failure) and login.detail == "the answering agent is not logged in"
+    assert isinstance(login, CallFailure) and login.detail == "the answering agent is not logged in"
     stderr = f"fatal: token {TOKEN} rejected\n\x1b[31mred\x1b[0m\n".encode()
     crash = judge(run_result(exit_code=1, stderr=stderr)).outcome
-    assert isinstance(crash, Failure) and crash.detail is not None
+    assert isinstance(crash, CallFailure) and crash.detail is not None
     assert TOKEN not in crash.detail and REDACTED in crash.detail
     assert "\x1b" not in crash.detail and "\n" not in crash.detail
     assert len(crash.detail) <= limits.MAX_DETAIL_CHARS
@@ -1149,7 +1150,7 @@ def test_an_answer_names_its_task_and_keeps_the_session_for_the_pipeline_only() 
 def test_a_tool_call_the_guard_never_saw_withholds_the_answer() -> None:
     stdout = claude_stdout("the secret is 42", tools=("toolu_1", "toolu_2"))
     verdict = judge_claude(run_result(stdout=stdout), lambda used: list(used[1:]))
-    assert verdict.outcome == Failure(
+    assert verdict.outcome == CallFailure(
         code=CallErrorCode.AGENT_ERROR, detail=stages.GUARD_UNWIRED_DETAIL
     )
     assert (verdict.status, verdict.flags) == (CallStatus.AGENT_ERROR, ("guard_unwired",))
@@ -1160,7 +1161,7 @@ def test_a_tool_call_the_guard_never_saw_withholds_the_answer() -> None:
 def test_a_session_the_agent_cannot_resume_is_context_unknown() -> None:
     stderr = b"Error: No conversation found with session ID: sess-earlier-1\n"
     verdict = judge_claude(run_result(exit_code=1, stderr=stderr), None)
-    assert verdict.outcome == Failure(
+    assert verdict.outcome == CallFailure(
         code=CallErrorCode.CONTEXT_UNKNOWN, detail=stages.CONTEXT_UNKNOWN_DETAIL
     )
     assert (verdict.status, verdict.resume_failed) == (CallStatus.CONTEXT_UNKNOWN, True)
@@ -1173,11 +1174,11 @@ def test_a_session_the_agent_cannot_resume_is_context_unknown() -> None:
     ("outcome", "terminal"),
     [
         (Reply(text="answer", task="ask"), Terminal.COMPLETED),
-        (Failure(code=CallErrorCode.BUSY, detail="busy"), Terminal.FAILED),
+        (CallFailure(code=CallErrorCode.BUSY, detail="busy"), Terminal.FAILED),
     ],
 )
 def test_the_outcome_is_sealed_to_the_caller_and_signed_by_us(
-    outcome: Reply | Failure, terminal: Terminal
+    outcome: Reply | CallFailure, terminal: Terminal
 ) -> None:
     """Only the caller can open it, it verifies against our identity, and binds the request."""
     opened = opened_call()

@@ -50,7 +50,7 @@ def test_every_frame_and_payload_class_has_a_strategy() -> None:
     """A frame or payload class added without a strategy would escape the round trip tests."""
     assert set(ws.FRAME_STRATEGIES) == set(frames.FRAME_TYPES.values())
     assert set(ws.FRAME_STRATEGIES) | {frames.SealedEnvelope} == _attrs_classes(frames)
-    assert set(ws.PAYLOAD_STRATEGIES) | {payloads.Reply, payloads.Failure} == _attrs_classes(
+    assert set(ws.PAYLOAD_STRATEGIES) | {payloads.Reply, payloads.CallFailure} == _attrs_classes(
         payloads
     )
 
@@ -136,7 +136,7 @@ def test_signed_response_nests_the_same_payload_encoding(signed: payloads.Signed
 @settings(max_examples=40, deadline=None)
 @given(response=ws.any_response_payload)
 def test_outcome_is_tagged_by_kind(response: payloads.ResponsePayload) -> None:
-    """The outcome object names its kind, which selects Reply or Failure on decode."""
+    """The outcome object names its kind, which selects Reply or CallFailure on decode."""
     outcome = json.loads(codec.encode(response))["outcome"]
     assert outcome["kind"] == type(response.outcome).kind
 

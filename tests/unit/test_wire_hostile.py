@@ -506,7 +506,7 @@ def test_sealed_failure_takes_only_peer_codes(code: CallErrorCode) -> None:
     text = json.dumps(response)
     if code in PEER_FAILURE_CODES:
         decoded = codec.decode(text, payloads.ResponsePayload)
-        assert isinstance(decoded.outcome, payloads.Failure)
+        assert isinstance(decoded.outcome, payloads.CallFailure)
         assert decoded.outcome.code is code
     else:
         with pytest.raises(MalformedFrame):

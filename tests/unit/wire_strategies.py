@@ -168,7 +168,7 @@ replies = st.builds(
 )
 
 failures = st.builds(
-    payloads.Failure,
+    payloads.CallFailure,
     code=st.sampled_from(_sorted_codes(PEER_FAILURE_CODES)),
     detail=_optional(texts(limits.MAX_DETAIL_CHARS)),
     offered=st.lists(task_ids, max_size=4).map(tuple),
