@@ -55,12 +55,19 @@ def _die_with_parent() -> None:
 
 class Relay:
     def __init__(
-        self, args: Sequence[str], workdir: Path, extra_env: dict[str, str] | None = None
+        self,
+        args: Sequence[str],
+        workdir: Path,
+        extra_env: dict[str, str] | None = None,
+        checkout: Path = REPO,
     ) -> None:
         env = dict(os.environ)
         env.update(extra_env or {})
-        # The checkout on sys.path is how twistd finds twisted/plugins/agentcall_plugins.py.
-        env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH", "")) if p)
+        # The checkout on sys.path is how twistd finds twisted/plugins/agentcall_plugins.py, and
+        # which agentcall it imports (another checkout measures another version of the relay).
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(checkout), env.get("PYTHONPATH", "")) if p
+        )
         self.args = tuple(args)
         self.log_path = workdir / "relay.log"
         # The relay writes its log straight to a file: no thread in the bench competes with the
@@ -148,13 +155,13 @@ def self_cpu_s() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
-def checkout_facts() -> dict[str, Any]:
+def checkout_facts(checkout: Path = REPO) -> dict[str, Any]:
     """The commit measured and which tracked files differ from it (read-only git queries)."""
 
     def git(*args: str) -> str:
         try:
             done = subprocess.run(
-                ["git", "-C", str(REPO), *args],
+                ["git", "-C", str(checkout), *args],
                 capture_output=True,
                 text=True,
                 timeout=10,
