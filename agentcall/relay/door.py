@@ -24,7 +24,7 @@ from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.interfaces import IAuditSink
 from agentcall.logevents import Logger
 from agentcall.relay import audit
-from agentcall.relay.gate import ConnectionGate, GateLimits, Refusal, RefusalTally, Ticket
+from agentcall.relay.gate import ConnectionGate, GateLimits, Ticket, TurnedAway, TurnedAwayTally
 from agentcall.relay.throttle import FailureTally, TokenBuckets, retry_after_header
 from agentcall.wire import codec
 from agentcall.wire import http as wire_http
@@ -58,7 +58,7 @@ class Door:
         self.config = config
         self.clock = clock
         self.gate = ConnectionGate(config.caps)
-        self.refusals = RefusalTally()
+        self.turned_away = TurnedAwayTally()
         self._register = TokenBuckets(config.register_per_minute)
         self._auth = TokenBuckets(config.auth_failures_per_minute)
         self._failures = FailureTally()
@@ -70,14 +70,14 @@ class Door:
         """Every ``POST /v1/register`` takes a token; :class:`Throttled` when none is left."""
         wait = self._register.take(source, self.clock.seconds())
         if wait is not None:
-            self.refusals.note(Refusal.REGISTER_THROTTLED)
+            self.turned_away.note(TurnedAway.REGISTER_THROTTLED)
             raise Throttled(wait, "too many registration attempts from this address")
 
     def check_auth_allowed(self, source: str) -> None:
         """Raises :class:`Throttled` while ``source`` has used up its failed authentications."""
         wait = self._auth.retry_after(source, self.clock.seconds())
         if wait is not None:
-            self.refusals.note(Refusal.AUTH_THROTTLED)
+            self.turned_away.note(TurnedAway.AUTH_THROTTLED)
             raise Throttled(wait, "too many failed authentications from this address")
 
     def auth_failed(self, source: str) -> None:
@@ -94,7 +94,7 @@ class Door:
         """
         try:
             now = self.clock.seconds()
-            counts = self.refusals.drain()
+            counts = self.turned_away.drain()
             if counts:
                 _log.warn(
                     "front_door_refusals",
@@ -178,7 +178,7 @@ class GatedChannel(http.HTTPChannel):
 
     def _overdue(self) -> None:
         self._head_deadline = None
-        self.site.door.refusals.note(Refusal.HEAD_TIMEOUT)
+        self.site.door.turned_away.note(TurnedAway.HEAD_TIMEOUT)
         # Abort, not a polite close: a client that is not reading must not keep the socket.
         transport: Any = self.transport
         if transport is not None:
@@ -240,8 +240,8 @@ class GatedFactory(WrappingFactory[GatedConnection]):
 
     def buildProtocol(self, addr: IAddress) -> Any:  # type: ignore[override]
         decision = self.door.gate.admit(source_of(addr))
-        if isinstance(decision, Refusal):
-            self.door.refusals.note(decision)
+        if isinstance(decision, TurnedAway):
+            self.door.turned_away.note(decision)
             return _Refused()
         ticket = decision
         channel = self.wrappedFactory.buildProtocol(addr)

@@ -2,8 +2,8 @@
 
 Pure bookkeeping with no sockets and no clock. The Twisted glue (:mod:`agentcall.relay.door`)
 asks :class:`ConnectionGate` at accept time and tells it when a request head is complete and
-when a connection is gone; :class:`RefusalTally` counts refusals so a flood is logged as one
-event with counts instead of one line per connection.
+when a connection is gone; :class:`TurnedAwayTally` counts what was turned away, so a flood is
+logged as one event with counts instead of one line per connection.
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ from collections import Counter
 import attrs
 
 
-class Refusal(enum.StrEnum):
+class TurnedAway(enum.StrEnum):
     """Why a connection, socket or request was turned away (the field names of the log event)."""
 
     PER_SOURCE = "per_source"
@@ -65,15 +65,15 @@ class ConnectionGate:
 
     # --- connections ------------------------------------------------------------------------
 
-    def admit(self, source: str) -> Ticket | Refusal:
+    def admit(self, source: str) -> Ticket | TurnedAway:
         """A ticket for a new connection from ``source``, or why it must be closed at once."""
         # Total first: it protects the file descriptors everyone else needs.
         if self._total >= self.caps.total:
-            return Refusal.TOTAL
+            return TurnedAway.TOTAL
         if self._by_source[source] >= self.caps.per_source:
-            return Refusal.PER_SOURCE
+            return TurnedAway.PER_SOURCE
         if self._in_head >= self.caps.handshakes:
-            return Refusal.HANDSHAKES
+            return TurnedAway.HANDSHAKES
         self._by_source[source] += 1
         self._total += 1
         self._in_head += 1
@@ -133,13 +133,14 @@ class ConnectionGate:
         return len(self._by_source)
 
 
-class RefusalTally:
-    """Refusals counted by reason between two log flushes."""
+class TurnedAwayTally:
+    """Connections, sockets and requests turned away, counted by reason between two log
+    flushes."""
 
     def __init__(self) -> None:
-        self._counts: Counter[Refusal] = Counter()
+        self._counts: Counter[TurnedAway] = Counter()
 
-    def note(self, reason: Refusal) -> None:
+    def note(self, reason: TurnedAway) -> None:
         self._counts[reason] += 1
 
     def drain(self) -> dict[str, int]:

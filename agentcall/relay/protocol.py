@@ -22,9 +22,10 @@ from agentcall import limits
 from agentcall.errors import CallErrorCode, MalformedFrame
 from agentcall.interfaces import IChannel
 from agentcall.logevents import Logger
+from agentcall.relay.auth import authenticate_headers
 from agentcall.relay.calls import CallBook
 from agentcall.relay.door import Door, source_of
-from agentcall.relay.gate import Refusal
+from agentcall.relay.gate import TurnedAway
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard
 from agentcall.wire import codec, frames
@@ -103,7 +104,7 @@ class RelayWebSocket(WebSocketServerProtocol):
             if self.factory.door.gate.admit_caller(identity):
                 self._counted_caller = identity
             else:
-                self.factory.door.refusals.note(Refusal.CALLERS_PER_IDENTITY)
+                self.factory.door.turned_away.note(TurnedAway.CALLERS_PER_IDENTITY)
                 self._refusal = (
                     CLOSE_TOO_MANY,
                     CallErrorCode.RATE_LIMITED,
@@ -143,7 +144,7 @@ class RelayWebSocket(WebSocketServerProtocol):
         """A caller socket that answers pings but never asks for a call holds a socket for
         nothing; it is closed like any other protocol error."""
         self._call_request_deadline = None
-        self.factory.door.refusals.note(Refusal.CALL_REQUEST_TIMEOUT)
+        self.factory.door.turned_away.note(TurnedAway.CALL_REQUEST_TIMEOUT)
         if self.channel is not None and self.opened:
             self._fail_caller(self.channel, CallErrorCode.PROTOCOL_ERROR)
 
@@ -287,15 +288,3 @@ class RelayWebSocketFactory(WebSocketServerFactory):
 
     def authenticate(self, headers: dict[str, str]) -> Member | None:
         return authenticate_headers(self.store, headers)
-
-
-def authenticate_headers(store: IRelayStore, headers: dict[str, str]) -> Member | None:
-    """Bearer token plus org and handle headers → the enrolled member, or None."""
-    auth = headers.get("authorization", "")
-    org = headers.get("x-agentcall-org", "")
-    handle = headers.get("x-agentcall-handle", "")
-    scheme, _, token = auth.partition(" ")
-    if scheme.lower() != "bearer" or not token or not org or not handle:
-        return None
-    member: Member | None = store.authenticate(org, handle, token.strip())
-    return member

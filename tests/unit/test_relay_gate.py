@@ -7,9 +7,9 @@ import pytest
 from agentcall.relay.gate import (
     ConnectionGate,
     GateLimits,
-    Refusal,
-    RefusalTally,
     Ticket,
+    TurnedAway,
+    TurnedAwayTally,
     total_cap,
 )
 from agentcall.relay.throttle import (
@@ -31,7 +31,7 @@ def test_per_source_cap_refuses_only_that_source() -> None:
     g = gate()
     assert isinstance(g.admit("a"), Ticket)
     assert isinstance(g.admit("a"), Ticket)
-    assert g.admit("a") is Refusal.PER_SOURCE
+    assert g.admit("a") is TurnedAway.PER_SOURCE
     assert isinstance(g.admit("b"), Ticket)
     assert g.open_from("a") == 2 and g.open_total == 3
 
@@ -59,14 +59,14 @@ def test_total_cap_comes_first() -> None:
     g = gate(per_source=10, total=2, handshakes=10)
     g.admit("a")
     g.admit("b")
-    assert g.admit("c") is Refusal.TOTAL
+    assert g.admit("c") is TurnedAway.TOTAL
 
 
 def test_handshake_cap_counts_only_connections_still_in_their_head() -> None:
     g = gate(per_source=10, total=10, handshakes=2)
     one, two = g.admit("a"), g.admit("b")
     assert isinstance(one, Ticket) and isinstance(two, Ticket)
-    assert g.admit("c") is Refusal.HANDSHAKES
+    assert g.admit("c") is TurnedAway.HANDSHAKES
     g.head_done(one)
     g.head_done(one)
     assert g.in_head == 1
@@ -104,12 +104,12 @@ def test_caps_must_be_positive(field: str) -> None:
         GateLimits(**values)
 
 
-def test_refusal_tally_drains_counts_by_reason() -> None:
-    tally = RefusalTally()
+def test_turned_away_tally_drains_counts_by_reason() -> None:
+    tally = TurnedAwayTally()
     assert tally.drain() == {}
     for _ in range(3):
-        tally.note(Refusal.PER_SOURCE)
-    tally.note(Refusal.HEAD_TIMEOUT)
+        tally.note(TurnedAway.PER_SOURCE)
+    tally.note(TurnedAway.HEAD_TIMEOUT)
     assert tally.drain() == {"head_timeout": 1, "per_source": 3}
     assert tally.drain() == {}
 

@@ -204,7 +204,7 @@ def test_a_trickled_head_is_cut_at_its_deadline(front: Front) -> None:
     assert not transport.disconnecting
     front.reactor.advance(0.5)  # 10 s since the connection opened
     assert transport.disconnected
-    assert front.door.refusals.drain() == {"head_timeout": 1}
+    assert front.door.turned_away.drain() == {"head_timeout": 1}
 
 
 def test_a_complete_request_is_not_cut_and_an_idle_kept_alive_one_is(front: Front) -> None:
@@ -237,7 +237,7 @@ def test_connections_over_the_per_source_cap_are_closed_at_once(front: Front) ->
     held[0][0].connectionLost(Failure(ConnectionDone()))
     _, again = front.connect("10.0.0.1")
     assert not again.disconnecting
-    assert front.door.refusals.drain() == {"per_source": 1}
+    assert front.door.turned_away.drain() == {"per_source": 1}
 
 
 def test_the_handshake_cap_frees_places_when_heads_complete(tmp_path: Path) -> None:
@@ -248,7 +248,7 @@ def test_the_handshake_cap_frees_places_when_heads_complete(tmp_path: Path) -> N
     assert front.connect("10.0.0.3")[1].disconnected
     first.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
     assert not front.connect("10.0.0.3")[1].disconnecting
-    assert front.door.refusals.drain() == {"handshakes": 1}
+    assert front.door.turned_away.drain() == {"handshakes": 1}
 
 
 # --- throttles and auth.failed ----------------------------------------------------------------
@@ -281,7 +281,7 @@ def test_failed_authentication_is_throttled_and_audited_per_minute(front: Front)
     status, headers, body = front.request(upgrade("/v1/ws?role=listen", *auth(front)))
     assert status == 429 and json.loads(body)["error"] == "rate_limited"
     assert front.request(get("/v1/me", *auth(front)), host="10.0.0.2")[0] == 200
-    assert front.door.refusals.drain() == {"auth_throttled": 2}
+    assert front.door.turned_away.drain() == {"auth_throttled": 2}
     front.reactor.advance(60.0)
     front.door.flush()
     rows = front.store.audit_rows(audit.RELAY_WIDE)
@@ -335,7 +335,7 @@ def test_a_caller_that_never_sends_its_request_is_closed(front: Front) -> None:
     sent = server_frames(transport)
     assert json.loads(sent[1][1])["code"] == "protocol_error"
     assert sent[2][0] == 0x8  # close
-    assert front.door.refusals.drain() == {"call_request_timeout": 1}
+    assert front.door.turned_away.drain() == {"call_request_timeout": 1}
 
 
 def test_caller_sockets_per_identity_are_capped(front: Front) -> None:
