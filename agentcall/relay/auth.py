@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import hmac
 
+from agentcall.relay.store_interface import IRelayStore, Member
+
 
 def hash_secret(secret: str) -> str:
     """The lowercase hex SHA-256 of a secret's UTF-8 bytes (what the database stores)."""
@@ -18,3 +20,18 @@ def secret_matches(secret: str, stored_hex: str) -> bool:
     """True when ``secret`` hashes to ``stored_hex``; the time taken does not depend on where
     the two digests differ."""
     return hmac.compare_digest(hash_secret(secret).encode("ascii"), stored_hex.encode("ascii"))
+
+
+def authenticate_headers(store: IRelayStore, headers: dict[str, str]) -> Member | None:
+    """Bearer token plus org and handle headers → the enrolled member, or None.
+
+    Shared by the WebSocket upgrade and the HTTP API, so both read credentials the same way.
+    """
+    auth = headers.get("authorization", "")
+    org = headers.get("x-agentcall-org", "")
+    handle = headers.get("x-agentcall-handle", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token or not org or not handle:
+        return None
+    member: Member | None = store.authenticate(org, handle, token.strip())
+    return member

@@ -20,6 +20,7 @@ from agentcall.crypto import records
 from agentcall.errors import ApiError, ApiErrorCode, CryptoError, MalformedFrame
 from agentcall.invites import make_invite_url
 from agentcall.logevents import Logger
+from agentcall.relay.auth import authenticate_headers
 from agentcall.relay.door import Door, Throttled, source_of
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard
@@ -148,8 +149,6 @@ class RelayApi(resource.Resource):
             name: (request.getHeader(name) or "")
             for name in ("authorization", "x-agentcall-org", "x-agentcall-handle")
         }
-        from agentcall.relay.protocol import authenticate_headers
-
         member = authenticate_headers(self._store, headers)
         if member is None:
             self._door.auth_failed(source)
