@@ -27,7 +27,7 @@ import fnmatch
 import os
 import re
 
-from agentcall.scope import Scope, ScopeError, Verdict, is_denied_name
+from agentcall.guard.scope import Scope, ScopeError, Verdict, is_denied_name
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

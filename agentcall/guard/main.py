@@ -21,8 +21,8 @@ Answers, as both Claude Code and Codex read them:
   a reason on stderr and exit 2, which both CLIs treat as a refusal.
 
 Every attempt is appended to tools.log first, so a call the log does not know never ran. The
-start-up path imports only the standard library, :mod:`agentcall.scope` and this package (no
-Twisted, no crypto): it runs for every tool call.
+start-up path imports only the standard library and this package (no Twisted, no crypto): it
+runs for every tool call.
 """
 
 from __future__ import annotations
@@ -46,7 +46,7 @@ from agentcall.guard.decide import (
     mcp_server_of,
     parse_payload,
 )
-from agentcall.scope import Scope
+from agentcall.guard.scope import Scope
 
 TYPE_CHECKING = False
 if TYPE_CHECKING:

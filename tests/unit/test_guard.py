@@ -40,8 +40,8 @@ from agentcall.guard.main import (
     config_from_environ,
     main,
 )
+from agentcall.guard.scope import Scope
 from agentcall.listener.guardwire import guard_argv, guard_env
-from agentcall.scope import Scope
 from tests.unit.agent_helpers import SAMPLES, needs_samples
 
 ALL_CAPS = frozenset({"read", "write", "exec", "fetch"})

@@ -23,10 +23,10 @@ from twisted.internet import reactor as _reactor
 from agentcall.errors import CallErrorCode
 from agentcall.guard.decide import DENY, Policy, decide, parse_payload
 from agentcall.guard.main import DENY_OUTPUT, FAILURE_MESSAGE
+from agentcall.guard.scope import Scope
 from agentcall.listener import core, guardwire
 from agentcall.listener.calllog import CallStatus
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
-from agentcall.scope import Scope
 from agentcall.wire.frames import CallCancelled, CancelCall, CancelPhase
 from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.test_listener_core import Harness

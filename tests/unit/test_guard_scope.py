@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcall.scope import (
+from agentcall.guard.scope import (
     DENIED_UNDER_HOME,
     Scope,
     ScopeError,
