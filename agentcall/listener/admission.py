@@ -19,7 +19,7 @@ The layers compose one way, each only narrowing:
 4. the task runs with its tools capped by ``max_tools``.
 
 Everything here is pure and total: every input gives an :class:`Admitted` or a
-:class:`Refused`, and every doubt (an unreadable handle, a malformed task id) is a refusal.
+:class:`AdmissionDenied`, and every doubt (an unreadable handle, a malformed task id) is a refusal.
 """
 
 from __future__ import annotations
@@ -70,7 +70,9 @@ class Admitted:
 
 
 @attrs.frozen
-class Refused:
+class AdmissionDenied:
+    """Admission's verdict against a call: the peer error code and the detail the caller sees."""
+
     code: CallErrorCode
     detail: str
     # The tasks this caller could ask for instead; empty when the caller is blocked.
@@ -132,10 +134,10 @@ def resolve(
     caller_handle: str,
     requested_task: str | None,
     attested_groups: frozenset[str] = frozenset(),
-) -> Admitted | Refused:
+) -> Admitted | AdmissionDenied:
     """Decide one call from local files and the verified caller only (never the message)."""
     if is_blocked(policy, ceiling, caller_handle):
-        return Refused(CallErrorCode.BLOCKED, BLOCKED_DETAIL)
+        return AdmissionDenied(CallErrorCode.BLOCKED, BLOCKED_DETAIL)
     menu = menu_for(policy, ceiling, tasks, caller_handle, attested_groups)
     shown = menu[:MAX_OFFERED_TASKS]
     if requested_task is None:
@@ -145,11 +147,11 @@ def resolve(
             chosen = menu[0]
         else:
             detail = CHOOSE_TASK_DETAIL if menu else NO_TASKS_DETAIL
-            return Refused(CallErrorCode.TASK_NOT_OFFERED, detail, shown)
+            return AdmissionDenied(CallErrorCode.TASK_NOT_OFFERED, detail, shown)
     elif not TASK_RE.match(requested_task) or requested_task not in tasks.tasks:
-        return Refused(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, shown)
+        return AdmissionDenied(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, shown)
     elif requested_task not in menu:
-        return Refused(CallErrorCode.TASK_NOT_OFFERED, TASK_NOT_OFFERED_DETAIL, shown)
+        return AdmissionDenied(CallErrorCode.TASK_NOT_OFFERED, TASK_NOT_OFFERED_DETAIL, shown)
     else:
         chosen = requested_task
     task = tasks.tasks[chosen]
@@ -162,7 +164,7 @@ def admit(
     caller_handle: str,
     requested_task: str | None,
     available_tasks: frozenset[str],
-) -> Admitted | Refused:
+) -> Admitted | AdmissionDenied:
     """Compatibility form of :func:`resolve` for callers that only know task ids on disk.
 
     Unmanaged (no ceiling), no attested groups; each id stands for a read-only task with no

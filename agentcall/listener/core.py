@@ -223,12 +223,14 @@ class CallPipeline:
                 replay=fx.replay,
                 clock=fx.clock,
             )
-        except stages.Rejected as exc:
+        except stages.EnvelopeRejected as exc:
             _log.info("call_rejected", call_id=call.call_id, reason=exc.reason)
             self._terminal(call, CallRejected(call_id=call.call_id))
             self._record(call, CallStatus.PROTOCOL_ERROR, error=exc.reason)
             return
-        call.task = opened.request.task or ASK_TASK
+        # Admission and the conversation check see the facts only; the message stays closed.
+        facts = opened.facts
+        call.task = facts.requested_task or ASK_TASK
         if call.cancel_requested:
             self._cancelled(call, CancelPhase.PENDING)
             return
@@ -240,9 +242,9 @@ class CallPipeline:
             return loaded[-1]
 
         decision = stages.admit_call(
-            load_admission, opened.caller_handle, opened.request.task, opened.groups
+            load_admission, facts.caller_handle, facts.requested_task, facts.groups
         )
-        if isinstance(decision, stages.Refusal):
+        if isinstance(decision, stages.RefusalAnswer):
             self._refuse(call, opened, decision)
             return
         call.task = decision.task_id
@@ -252,8 +254,8 @@ class CallPipeline:
             self._answer(call, opened, workdir, CallStatus.AGENT_ERROR, error=workdir.detail)
             return
         binding = fx.conversations.admit(
-            opened.request.context_id,
-            caller=opened.caller_address,
+            facts.context_id,
+            caller=facts.caller_address,
             task=decision.task_id,
             agent_kind=str(self.config.agent_kind),
             workdir=workdir,
@@ -327,7 +329,7 @@ class CallPipeline:
                 unguarded=self._unguarded(call.call_id),
             )
         self._agent_finished(call, verdict.status, result)
-        outcome = self._converse(opened, decision, workdir, binding, verdict)
+        outcome = self._converse(facts, decision, workdir, binding, verdict)
         self._answer(
             call, opened, outcome, verdict.status, error=verdict.error, flags=verdict.flags
         )
@@ -362,11 +364,13 @@ class CallPipeline:
         self._answer(call, opened, failure, CallStatus.AGENT_ERROR, error=error)
         return True
 
-    def _refuse(self, call: _Call, opened: stages.OpenedCall, refusal: stages.Refusal) -> None:
+    def _refuse(
+        self, call: _Call, opened: stages.OpenedCall, refusal: stages.RefusalAnswer
+    ) -> None:
         _log.info(
             "call_refused",
             call_id=call.call_id,
-            caller=opened.caller_handle,
+            caller=opened.facts.caller_handle,
             code=str(refusal.failure.code),
         )
         self._answer(call, opened, refusal.failure, refusal.status, flags=refusal.flags)
@@ -380,7 +384,7 @@ class CallPipeline:
 
     def _converse(
         self,
-        opened: stages.OpenedCall,
+        facts: stages.CallFacts,
         admitted: Admitted,
         workdir: str,
         binding: Binding | None,
@@ -395,7 +399,7 @@ class CallPipeline:
         kept = talks.keep(
             binding,
             verdict.session,
-            caller=opened.caller_address,
+            caller=facts.caller_address,
             task=admitted.task_id,
             agent_kind=str(self.config.agent_kind),
             workdir=workdir,
@@ -403,7 +407,7 @@ class CallPipeline:
             now=self._fx.clock.seconds(),
         )
         if kept.error is not None:
-            _log.info("context_not_kept", call_id=opened.call_id, reason=kept.error)
+            _log.info("context_not_kept", call_id=facts.call_id, reason=kept.error)
         return attrs.evolve(verdict.outcome, context_id=kept.context_id)
 
     # --- answers ------------------------------------------------------------------------------

@@ -23,6 +23,7 @@ from agentcall.listener.admission import Admitted
 from agentcall.listener.agent_env import agent_environment
 from agentcall.listener.agents import AgentAdapter, AgentParser, adapter_for
 from agentcall.listener.agents.base import AgentSpec, sanitize_detail
+from agentcall.listener.callermessage import open_for_prompt
 from agentcall.listener.ceiling import Ceiling
 from agentcall.listener.contexts import Binding, session_plan
 from agentcall.listener.prompt import PromptParts
@@ -132,7 +133,7 @@ def plan_run(
     roots = tuple(os.path.realpath(r) for r in config.read_roots if is_dir(r))
     parts = PromptParts(
         owner_address=config.address,
-        caller_address=opened.caller_address,
+        caller_address=opened.facts.caller_address,
         task_id=task.id,
         task_name=task.name,
         task_instructions=task.instructions or None,
@@ -140,7 +141,8 @@ def plan_run(
         readable_roots=config.read_roots,
         threaded=binding is not None,
     )
-    prompt = build_prompt(parts, opened.request.message)
+    # The one place the caller's text is opened: the caller was admitted above.
+    prompt = build_prompt(parts, open_for_prompt(opened.message))
     kind = str(config.agent_kind)
     adapter = adapter_for(kind)
     # Exactly what admission allowed: the ceiling's max_tools may have removed even read.
@@ -161,7 +163,7 @@ def plan_run(
         resume_session=sessions.resume_session,
         keep_session=sessions.keep_session,
         mcp_servers=servers,
-        mcp_config_file=_write_mcp_config(guard, opened.call_id, servers),
+        mcp_config_file=_write_mcp_config(guard, opened.facts.call_id, servers),
     )
     invocation = adapter.build(spec, prompt)
     # The command adapter runs the program alone; the owner's configured arguments follow it.
@@ -171,14 +173,14 @@ def plan_run(
     # the admin ceiling forbids exec, Codex gets no shell and answers from the prompt alone.
     codex_shell = kind == AgentKind.CODEX and shell_allowed
     guard_caps = tools | {"exec"} if codex_shell else tools
-    env = dict(agent_environment(environ, opened.call_id, invocation.env_additions))
+    env = dict(agent_environment(environ, opened.facts.call_id, invocation.env_additions))
     # Added after the filter, which drops every AGENTCALL_* variable from outside.
     env.update(
         guardwire.guard_env(
             roots=roots or (workdir,),
             write_root=workdir if "write" in tools else None,
             caps=guard_caps,
-            call_id=opened.call_id,
+            call_id=opened.facts.call_id,
             log_path=guard.tools_log,
             home=guard.home,
             extra_denied=guard.extra_denied,

@@ -3,7 +3,9 @@
 :mod:`agentcall.listener.core` runs them in this order, which is the security invariant:
 
 1. :func:`open_envelope`: fetch and pin the caller's keys, open and verify the request, reserve
-   its id against replay. Any failure is :class:`Rejected`.
+   its id against replay. Any failure is :class:`EnvelopeRejected`. What comes out is an
+   :class:`OpenedCall`: the verified :class:`CallFacts`, and the caller's text closed in a
+   :class:`~agentcall.listener.callermessage.CallerMessage` that only planning opens.
 2. :func:`admit_call`: may this caller run this task? Decided from the relay-verified caller,
    the requested task id and local files only. The caller's message is not a parameter, so it
    cannot influence the decision.
@@ -32,12 +34,12 @@ from twisted.internet.interfaces import IReactorTime
 
 from agentcall import ids, limits
 from agentcall.config import Config
-from agentcall.crypto.envelope import open_request, seal_response
+from agentcall.crypto.envelope import open_request
 from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode, CryptoError, StoreError
 from agentcall.keystore import LocalKeys
-from agentcall.listener.admission import ASK_TASK, Admitted, Refused, resolve
+from agentcall.listener.admission import ASK_TASK, AdmissionDenied, Admitted, resolve
 from agentcall.listener.agents import AgentAdapter, AgentParser
 from agentcall.listener.agents.base import (
     AgentAnswer,
@@ -45,6 +47,7 @@ from agentcall.listener.agents.base import (
     cut_utf8,
     sanitize_detail,
 )
+from agentcall.listener.callermessage import CallerMessage, seal_answer
 from agentcall.listener.calllog import CallStatus
 from agentcall.listener.ceiling import Ceiling, CeilingError
 from agentcall.listener.policy import Policy, PolicyError
@@ -54,7 +57,7 @@ from agentcall.listener.tasks import Task, TaskSet
 from agentcall.safetext import safe_text
 from agentcall.wire.frames import CallOutcome, IncomingCall, Terminal
 from agentcall.wire.http import EncryptionKeyRecord, KeysResponse
-from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
+from agentcall.wire.payloads import CallFailure, Reply
 
 POLICY_ERROR_DETAIL: Final = "a local policy error prevented this call"
 CONTEXT_UNKNOWN_DETAIL: Final = (
@@ -69,8 +72,9 @@ NO_WORKDIR_DETAIL: Final = "none of the directories the owner shares exists on t
 KeyFetcher = Callable[[str], Deferred[KeysResponse]]
 
 
-class Rejected(Exception):
-    """The request cannot be trusted: answer ``call_rejected`` and spawn nothing.
+class EnvelopeRejected(Exception):
+    """The request cannot be trusted, so the call ends before admission: answer
+    ``call_rejected`` and spawn nothing.
 
     ``reason`` is a fixed identifier, safe to log: never key material or plaintext.
     """
@@ -84,17 +88,28 @@ class Rejected(Exception):
 
 
 @attrs.frozen
-class OpenedCall:
-    """A request that was opened, verified and reserved. The message is in ``request``."""
+class CallFacts:
+    """What an opened request established, without what the caller wrote: all that admission,
+    the conversation check and the call log may know of a call."""
 
     call_id: str
     caller_handle: str
     caller_address: str
     sender_fingerprint: str
     caller_encryption: EncryptionKeyRecord
-    request: RequestPayload = attrs.field(repr=False)
+    # The task and conversation the caller asked for, as signed; not yet checked.
+    requested_task: str | None
+    context_id: str | None
     # Roster ids the relay attests both sides share (none until rosters exist).
     groups: frozenset[str] = frozenset()
+
+
+@attrs.frozen
+class OpenedCall:
+    """A request that was opened, verified and reserved: its facts and its closed message."""
+
+    facts: CallFacts
+    message: CallerMessage
 
 
 def _my_record(keys: LocalKeys, key_id: str, epoch: int) -> EncryptionKeyRecord | None:
@@ -114,14 +129,15 @@ async def open_envelope(
     replay: ReplayWindow,
     clock: IReactorTime,
 ) -> OpenedCall:
-    """Open ``incoming`` addressed to us from ``@org/<incoming.from_>``, or raise Rejected."""
+    """Open ``incoming`` addressed to us from ``@org/<incoming.from_>``, or raise
+    :class:`EnvelopeRejected`."""
     caller_address = ids.format_address(org, incoming.from_)
     try:
         served = await fetch_keys(incoming.from_)
     except Exception:
-        raise Rejected("caller_keys_unavailable") from None
+        raise EnvelopeRejected("caller_keys_unavailable") from None
     if served.encryption is None:
-        raise Rejected("caller_has_no_encryption_key")
+        raise EnvelopeRejected("caller_has_no_encryption_key")
     now = clock.seconds()
     try:
         # The relay we are connected to is the one whose records we accept.
@@ -133,14 +149,14 @@ async def open_envelope(
             relay_origin=keys.relay_origin,
         )
     except CryptoError as exc:
-        raise Rejected(f"caller_keys_untrusted:{type(exc).__name__}") from None
+        raise EnvelopeRejected(f"caller_keys_untrusted:{type(exc).__name__}") from None
     except StoreError:
-        raise Rejected("state_db_error") from None
+        raise EnvelopeRejected("state_db_error") from None
     envelope = incoming.envelope
     my_key = keys.key_for(envelope.key_id, envelope.epoch)
     my_record = _my_record(keys, envelope.key_id, envelope.epoch)
     if my_key is None or my_record is None:
-        raise Rejected("unknown_recipient_key")
+        raise EnvelopeRejected("unknown_recipient_key")
     try:
         request = open_request(
             envelope,
@@ -153,31 +169,34 @@ async def open_envelope(
             now=now,
         )
     except (CryptoError, ValueError) as exc:
-        raise Rejected(f"envelope_invalid:{type(exc).__name__}") from None
+        raise EnvelopeRejected(f"envelope_invalid:{type(exc).__name__}") from None
     try:
         # Reserved in the state database, so a replay is refused even after a restart.
         replay.reserve(pin.fingerprint, request.request_id, request.expires_at, now)
     except CryptoError as exc:
-        raise Rejected(f"replay_refused:{type(exc).__name__}") from None
+        raise EnvelopeRejected(f"replay_refused:{type(exc).__name__}") from None
     except StoreError:
-        raise Rejected("state_db_error") from None
-    return OpenedCall(
+        raise EnvelopeRejected("state_db_error") from None
+    facts = CallFacts(
         call_id=incoming.call_id,
         caller_handle=incoming.from_,
         caller_address=caller_address,
         sender_fingerprint=pin.fingerprint,
         caller_encryption=served.encryption.record,
-        request=request,
+        requested_task=request.task,
+        context_id=request.context_id,
         groups=frozenset(incoming.groups),
     )
+    return OpenedCall(facts=facts, message=CallerMessage(request))
 
 
 # --- 2. admission ----------------------------------------------------------------------------
 
 
 @attrs.frozen
-class Refusal:
-    """A call turned away before anything was spawned, with the sealed failure to send."""
+class RefusalAnswer:
+    """How the listener answers a call it turns away before spawning anything: the failure to
+    seal to the caller, and the status and flags for calls.log."""
 
     failure: CallFailure
     status: CallStatus
@@ -205,7 +224,7 @@ def admit_call(
     caller_handle: str,
     requested_task: str | None,
     groups: frozenset[str] = frozenset(),
-) -> Admitted | Refusal:
+) -> Admitted | RefusalAnswer:
     """Decide a call from local files, the verified caller and the task id alone.
 
     A conversation id is not an input: it can only narrow an admitted call later.
@@ -213,22 +232,22 @@ def admit_call(
     try:
         inputs = load_inputs()
     except (PolicyError, CeilingError):
-        return Refusal(
+        return RefusalAnswer(
             CallFailure(code=CallErrorCode.AGENT_ERROR, detail=POLICY_ERROR_DETAIL),
             CallStatus.POLICY_ERROR,
         )
     decision = resolve(
         inputs.policy, inputs.ceiling, inputs.tasks, caller_handle, requested_task, groups
     )
-    if isinstance(decision, Refused):
+    if isinstance(decision, AdmissionDenied):
         status, flags = _REFUSAL_STATUS.get(decision.code, (CallStatus.BLOCKED, ()))
         failure = CallFailure(code=decision.code, detail=decision.detail, offered=decision.offered)
-        return Refusal(failure, status, flags)
+        return RefusalAnswer(failure, status, flags)
     return decision
 
 
-def context_refusal() -> Refusal:
-    return Refusal(
+def context_refusal() -> RefusalAnswer:
+    return RefusalAnswer(
         CallFailure(code=CallErrorCode.CONTEXT_UNKNOWN, detail=CONTEXT_UNKNOWN_DETAIL),
         CallStatus.CONTEXT_UNKNOWN,
     )
@@ -329,12 +348,12 @@ def seal_outcome(
     keys: LocalKeys, opened: OpenedCall, outcome: Reply | CallFailure, now: float
 ) -> CallOutcome:
     """The signed, sealed answer to ``opened``, to the caller's pinned encryption key."""
-    envelope = seal_response(
+    envelope = seal_answer(
+        opened.message,
         responder=keys.identity,
-        request=opened.request,
         outcome=outcome,
-        caller_encryption=opened.caller_encryption,
+        caller_encryption=opened.facts.caller_encryption,
         now=now,
     )
     terminal = Terminal.COMPLETED if isinstance(outcome, Reply) else Terminal.FAILED
-    return CallOutcome(call_id=opened.call_id, terminal=terminal, envelope=envelope)
+    return CallOutcome(call_id=opened.facts.call_id, terminal=terminal, envelope=envelope)

@@ -19,9 +19,9 @@ from agentcall.listener.admission import (
     NO_TASKS_DETAIL,
     TASK_NOT_OFFERED_DETAIL,
     TASK_UNKNOWN_DETAIL,
+    AdmissionDenied,
     Admitted,
     AssertionFailure,
-    Refused,
     access_of,
     admit,
     check_assertions,
@@ -50,7 +50,7 @@ DEPLOY = Task(
 )
 ON_DISK = TaskSet({"ask": BUILTIN_ASK, "review": REVIEW, "deploy": DEPLOY})
 ONLY_ASK = TaskSet()
-BLOCKED = Refused(CallErrorCode.BLOCKED, BLOCKED_DETAIL)
+BLOCKED = AdmissionDenied(CallErrorCode.BLOCKED, BLOCKED_DETAIL)
 
 CEILINGS: dict[str, Ceiling | None] = {
     "unmanaged": None,
@@ -88,7 +88,7 @@ def build(case: Case) -> tuple[Policy, Ceiling | None, TaskSet, frozenset[str]]:
     return policy, CEILINGS[case.ceiling], ON_DISK if case.on_disk else ONLY_ASK, attested
 
 
-def expected(case: Case) -> Admitted | Refused:
+def expected(case: Case) -> Admitted | AdmissionDenied:
     """The rules of the design, written out independently of the implementation."""
     ceiling = CEILINGS[case.ceiling]
     if case.individual is Access.BLOCKED or case.ceiling == "blocks caller":
@@ -124,11 +124,11 @@ def expected(case: Case) -> Admitted | Refused:
             task = menu[0]
         else:
             detail = CHOOSE_TASK_DETAIL if menu else NO_TASKS_DETAIL
-            return Refused(CallErrorCode.TASK_NOT_OFFERED, detail, menu)
+            return AdmissionDenied(CallErrorCode.TASK_NOT_OFFERED, detail, menu)
     elif task not in disk:
-        return Refused(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, menu)
+        return AdmissionDenied(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, menu)
     elif task not in menu:
-        return Refused(CallErrorCode.TASK_NOT_OFFERED, TASK_NOT_OFFERED_DETAIL, menu)
+        return AdmissionDenied(CallErrorCode.TASK_NOT_OFFERED, TASK_NOT_OFFERED_DETAIL, menu)
     return Admitted(ON_DISK.tasks[task], capped(task))
 
 
@@ -168,7 +168,7 @@ def test_the_table_reaches_every_outcome() -> None:
             isinstance(o, Admitted) and o.effective_tools != o.task.tools for o in outcomes
         ),
         **{
-            code: sum(isinstance(o, Refused) and o.code is code for o in outcomes)
+            code: sum(isinstance(o, AdmissionDenied) and o.code is code for o in outcomes)
             for code in (
                 CallErrorCode.BLOCKED,
                 CallErrorCode.TASK_UNKNOWN,
@@ -191,14 +191,14 @@ def test_the_examples_the_design_names() -> None:
     )
     # A grant puts review on the menu; deploy needs the attested roster.
     assert resolve(policy, None, ON_DISK, CALLER, "review") == Admitted(REVIEW, REVIEW.tools)
-    assert resolve(policy, None, ON_DISK, CALLER, "deploy") == Refused(
+    assert resolve(policy, None, ON_DISK, CALLER, "deploy") == AdmissionDenied(
         CallErrorCode.TASK_NOT_OFFERED, TASK_NOT_OFFERED_DETAIL, ("ask", "review")
     )
     deploy = resolve(policy, None, ON_DISK, CALLER, "deploy", frozenset({ROSTER}))
     assert deploy == Admitted(DEPLOY, frozenset({"read", "write", "exec"}))
     # An unrelated attested roster grants nothing.
     assert isinstance(
-        resolve(policy, None, ON_DISK, CALLER, "deploy", frozenset({"x" * 16})), Refused
+        resolve(policy, None, ON_DISK, CALLER, "deploy", frozenset({"x" * 16})), AdmissionDenied
     )
     # The ceiling's cap removes tools; ask is chosen when nothing is named.
     capped = Ceiling(CEILING_PATH, max_tools=frozenset({"read"}))
@@ -214,7 +214,7 @@ def test_the_examples_the_design_names() -> None:
 def test_a_malformed_request_or_handle_is_refused() -> None:
     """A task id that is not well formed is unknown; a bad handle is blocked, never looked up."""
     refusal = resolve(DEFAULT_POLICY, None, ON_DISK, CALLER, "Review!")
-    assert refusal == Refused(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, ("ask",))
+    assert refusal == AdmissionDenied(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, ("ask",))
     for handle in ["", "Ana", "@acme/ana", "ana\n", "a"]:
         assert resolve(DEFAULT_POLICY, None, ON_DISK, handle, None) == BLOCKED
 
@@ -227,7 +227,7 @@ def test_the_offered_menu_is_sorted_and_capped() -> None:
     tasks = TaskSet({"ask": BUILTIN_ASK} | many)
     policy = Policy(default_offer=sorted(many))
     refusal = resolve(policy, None, tasks, CALLER, None)
-    assert isinstance(refusal, Refused)
+    assert isinstance(refusal, AdmissionDenied)
     assert refusal.offered == tuple(sorted(many))[:MAX_OFFERED_TASKS]
     assert menu_for(policy, None, tasks, CALLER) == tuple(sorted(many))
 
@@ -274,8 +274,8 @@ def test_the_compatibility_admit_uses_the_same_rules() -> None:
     assert admit(DEFAULT_POLICY, CALLER, None, on_disk) == Admitted("ask")
     assert admit(DEFAULT_POLICY, CALLER, "ask", frozenset()) == Admitted("ask")
     missing = admit(DEFAULT_POLICY, CALLER, "deploy", on_disk)
-    assert missing == Refused(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, ("ask",))
-    assert isinstance(refused := admit(DEFAULT_POLICY, CALLER, "review", on_disk), Refused)
+    assert missing == AdmissionDenied(CallErrorCode.TASK_UNKNOWN, TASK_UNKNOWN_DETAIL, ("ask",))
+    assert isinstance(refused := admit(DEFAULT_POLICY, CALLER, "review", on_disk), AdmissionDenied)
     assert refused.code is CallErrorCode.TASK_NOT_OFFERED
     granted = Policy(callers=[CallerRule(CALLER, None, ("review",))])
     admitted = admit(granted, CALLER, "review", on_disk)

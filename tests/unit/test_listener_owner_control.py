@@ -467,7 +467,7 @@ def test_a_file_others_could_have_written_stops_start_and_refuses_every_call(
     message = start(environ, test_ceiling=False)
     assert message is not None and expected in message
     refused = stages.admit_call(load, "eve", None)
-    assert isinstance(refused, stages.Refusal)
+    assert isinstance(refused, stages.RefusalAnswer)
     assert refused.status is CallStatus.POLICY_ERROR
 
 

@@ -31,6 +31,7 @@ from agentcall.listener import guardwire, planning, stages
 from agentcall.listener.admission import Admitted
 from agentcall.listener.agent_env import CALL_ID_ENV, agent_environment
 from agentcall.listener.agents import claude, command
+from agentcall.listener.callermessage import open_for_prompt
 from agentcall.listener.calllog import CallStatus
 from agentcall.listener.ceiling import Ceiling, CeilingError
 from agentcall.listener.contexts import Binding
@@ -228,7 +229,7 @@ class Opener:
         )
 
     def rejection(self, call: IncomingCall) -> str:
-        with pytest.raises(stages.Rejected) as caught:
+        with pytest.raises(stages.EnvelopeRejected) as caught:
             self.open(call)
         return caught.value.reason
 
@@ -237,13 +238,14 @@ def test_a_good_request_opens_and_pins_the_caller() -> None:
     """The caller's keys are fetched by handle, pinned, and the message comes out verified."""
     opener = Opener()
     opened = opener.open(call_from(ANN))
-    assert opened.caller_address == "@acme/ann"
-    assert opened.request.message == MESSAGE
-    assert opened.caller_encryption == ANN.enc_record
+    facts = opened.facts
+    assert facts.caller_address == "@acme/ann"
+    assert open_for_prompt(opened.message) == MESSAGE
+    assert facts.caller_encryption == ANN.enc_record
     assert opener.directory.asked == ["ann"]
     pin = opener.pin_storage.get(ORIGIN, "@acme/ann")
     assert pin is not None and pin.identity_pub == ANN.identity_pub
-    assert opened.sender_fingerprint == pin.fingerprint
+    assert facts.sender_fingerprint == pin.fingerprint
     assert opener.replay_storage.count_live(NOW) == 1
 
 
@@ -322,7 +324,7 @@ REJECTIONS: list[tuple[str, Callable[[Opener], IncomingCall], str]] = [
 def test_an_untrustworthy_request_is_rejected_with_a_safe_reason(
     case: str, make: Callable[[Opener], IncomingCall], reason: str
 ) -> None:
-    """Every failure to fetch, pin, open or verify is one Rejected with a loggable reason."""
+    """Every failure to fetch, pin, open or verify is one EnvelopeRejected, its reason loggable."""
     opener = Opener()
     assert opener.rejection(make(opener)) == reason
     # Nothing was reserved for a request that was not opened.
@@ -498,7 +500,7 @@ def test_admission_decides_from_local_files_caller_task_and_groups(
     if isinstance(expected, Admitted):
         assert decision == expected
     else:
-        assert isinstance(decision, stages.Refusal)
+        assert isinstance(decision, stages.RefusalAnswer)
         assert (decision.failure.code, decision.status) == expected
 
 
@@ -506,7 +508,7 @@ def test_refusal_details_say_why_without_leaking_the_policy() -> None:
     """Policy and ceiling errors name nothing of the files; a refused task shows the menu."""
     for load in (_broken, _broken_ceiling):
         broken = stages.admit_call(load, "ann", None)
-        assert isinstance(broken, stages.Refusal)
+        assert isinstance(broken, stages.RefusalAnswer)
         assert broken.failure.detail == "a local policy error prevented this call"
     context = stages.context_refusal()
     assert (context.failure.code, context.status) == (
@@ -515,10 +517,12 @@ def test_refusal_details_say_why_without_leaking_the_policy() -> None:
     )
     assert "conversation" in (context.failure.detail or "")
     blocked = stages.admit_call(_inputs(BLOCK_ANN), "ann", None)
-    assert isinstance(blocked, stages.Refusal) and blocked.flags == ("blocked_caller_attempt",)
+    assert isinstance(blocked, stages.RefusalAnswer) and blocked.flags == (
+        "blocked_caller_attempt",
+    )
     assert blocked.failure.offered == ()
     not_offered = stages.admit_call(_inputs(tasks=ON_DISK), "ann", "ci")
-    assert isinstance(not_offered, stages.Refusal) and not_offered.failure.offered == ("ask",)
+    assert isinstance(not_offered, stages.RefusalAnswer) and not_offered.failure.offered == ("ask",)
 
 
 def test_admission_has_no_way_to_see_the_message() -> None:
@@ -1181,14 +1185,15 @@ def test_the_outcome_is_sealed_to_the_caller_and_signed_by_us(
     outcome: Reply | CallFailure, terminal: Terminal
 ) -> None:
     """Only the caller can open it, it verifies against our identity, and binds the request."""
-    opened = opened_call()
+    sealed, request = seal_from(ANN)
+    opened = Opener().open(incoming(sealed, from_="ann", call_id=CALL_ID))
     frame = stages.seal_outcome(keys_of(KEN), opened, outcome, NOW + 5)
     assert (frame.call_id, frame.terminal) == (CALL_ID, terminal)
     payload = crypto_envelope.open_response(
         frame.envelope,
         my_key=ANN.enc_key,
         my_record=ANN.enc_record,
-        request=opened.request,
+        request=request,
         responder_identity_pub=KEN.identity_pub,
         now=NOW + 6,
     )
