@@ -31,6 +31,7 @@ from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
+from agentcall.wire.closecodes import CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR
 from agentcall.wire.frames import (
     TO_CALLER,
     TO_LISTENER,
@@ -45,9 +46,6 @@ from agentcall.wire.frames import (
 
 txaio.use_twisted()
 
-# Close codes shared with the relay (agentcall.relay.protocol).
-CLOSE_NORMAL = 1000
-CLOSE_PROTOCOL_ERROR = 4002
 _PLAIN_LOSS = (error.ConnectionDone, error.ConnectionLost, error.ConnectionAborted)
 # From dialling until the relay's ready frame: TCP, TLS, the upgrade and the ready frame.
 OPEN_TIMEOUT_S = limits.WS_OPENING_HANDSHAKE_TIMEOUT_S

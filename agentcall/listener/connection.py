@@ -33,17 +33,12 @@ from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import USER_AGENT, Credentials
-from agentcall.client.ws import (
-    CLOSE_NORMAL,
-    CLOSE_PROTOCOL_ERROR,
-    OPEN_TIMEOUT_S,
-    relay_endpoint,
-    set_relay_protocol_options,
-)
+from agentcall.client.ws import OPEN_TIMEOUT_S, relay_endpoint, set_relay_protocol_options
 from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
+from agentcall.wire.closecodes import CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR, CLOSE_REPLACED
 from agentcall.wire.frames import TO_LISTENER, Frame, Ready, Role
 
 txaio.use_twisted()
@@ -51,9 +46,6 @@ txaio.use_twisted()
 _log = Logger(namespace="agentcall.listener.connection")
 
 RECONNECT_FACTOR = 2.0
-# The relay's close code for a listener session that a newer one for the same identity replaced
-# (agentcall.relay.switchboard.CLOSE_REPLACED; the relay package is not imported here).
-CLOSE_REPLACED = 4000
 REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
     "and does not reconnect (restart it to answer calls here again)"

@@ -32,8 +32,8 @@ from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store_interface import Submission
 from agentcall.relay.switchboard import Channel, Switchboard
 from agentcall.wire import frames as fr
+from agentcall.wire.closecodes import CLOSE_NORMAL
 
-CLOSE_NORMAL = 1000
 # How often submissions sweep the rate windows, so keys of pairs that stopped calling go away.
 LIMITER_PRUNE_INTERVAL_S = 60.0
 

@@ -29,15 +29,14 @@ from agentcall.relay.gate import TurnedAway
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard
 from agentcall.wire import codec, frames
+from agentcall.wire.closecodes import (
+    CLOSE_BAD_REQUEST,
+    CLOSE_NORMAL,
+    CLOSE_TOO_MANY,
+    CLOSE_UNAUTHORIZED,
+)
 
 txaio.use_twisted()
-
-CLOSE_NORMAL = 1000
-CLOSE_UNAUTHORIZED = 4001
-CLOSE_PROTOCOL_ERROR = 4002
-CLOSE_BAD_REQUEST = 4003
-# Over a front-door cap (too many caller sockets for one identity); 4029 echoes HTTP 429.
-CLOSE_TOO_MANY = 4029
 
 _log = Logger(namespace="agentcall.relay.ws")
 

@@ -9,8 +9,8 @@ from __future__ import annotations
 from typing import Protocol
 
 from agentcall.logevents import Logger
+from agentcall.wire.closecodes import CLOSE_REPLACED
 
-CLOSE_REPLACED = 4000
 REPLACED_REASON = "replaced by a newer connection"
 
 _log = Logger(namespace="agentcall.relay.switchboard")

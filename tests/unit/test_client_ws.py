@@ -26,7 +26,6 @@ from zope.interface import implementer
 from agentcall import limits
 from agentcall.client.api import Credentials, RelayUnreachable
 from agentcall.client.ws import (
-    CLOSE_PROTOCOL_ERROR,
     CallAborted,
     ClientSocket,
     SocketClosed,
@@ -38,6 +37,7 @@ from agentcall.errors import CallErrorCode
 from agentcall.relayurl import RelayUrl
 from agentcall.testing.tlsca import make_ca
 from agentcall.wire import codec
+from agentcall.wire.closecodes import CLOSE_PROTOCOL_ERROR
 from agentcall.wire.frames import (
     CallAccepted,
     CallError,

@@ -27,7 +27,6 @@ from zope.interface import implementer
 from agentcall import limits
 from agentcall.client.api import Credentials
 from agentcall.listener.connection import (
-    CLOSE_REPLACED,
     RelayConnection,
     RelayLink,
     RelaySettings,
@@ -35,6 +34,7 @@ from agentcall.listener.connection import (
 )
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
+from agentcall.wire.closecodes import CLOSE_REPLACED
 from agentcall.wire.frames import (
     CallAccepted,
     CancelCall,

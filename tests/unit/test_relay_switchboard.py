@@ -5,8 +5,9 @@ from __future__ import annotations
 from zope.interface.verify import verifyObject
 
 from agentcall.interfaces import IAuditSink, IChannel, IDirectory
-from agentcall.relay.switchboard import CLOSE_REPLACED, Switchboard
+from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import MemoryDirectory, RecordingAudit, RecordingChannel
+from agentcall.wire.closecodes import CLOSE_REPLACED
 
 
 def test_fakes_provide_their_interfaces() -> None:
