@@ -24,7 +24,14 @@ from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.interfaces import IAuditSink
 from agentcall.logevents import Logger
 from agentcall.relay import audit
-from agentcall.relay.gate import ConnectionGate, GateLimits, Ticket, TurnedAway, TurnedAwayTally
+from agentcall.relay.gate import (
+    ConnectionGate,
+    GateLimits,
+    LetIn,
+    Ticket,
+    TurnedAway,
+    TurnedAwayTally,
+)
 from agentcall.relay.throttle import FailureTally, TokenBuckets, retry_after_header
 from agentcall.wire import codec
 from agentcall.wire import http as wire_http
@@ -63,6 +70,14 @@ class Door:
         self._auth = TokenBuckets(config.auth_failures_per_minute)
         self._failures = FailureTally()
         self._sink = sink
+        # The connection behind each ticket, so an evicted one can be closed.
+        self.open_connections: dict[Ticket, GatedConnection] = {}
+
+    def websocket_opened(self, transport: object) -> None:
+        """An authenticated WebSocket is open on ``transport``: it is no longer evictable."""
+        ticket = getattr(transport, "ticket", None)
+        if isinstance(ticket, Ticket):
+            self.gate.upgraded(ticket)
 
     # --- throttles (called by the API and the WebSocket adapter) ------------------------------
 
@@ -210,6 +225,7 @@ class GatedConnection(ProtocolWrapper):
         self.ticket = ticket
 
     def makeConnection(self, transport: Any) -> None:
+        self.factory.door.open_connections[self.ticket] = self
         super().makeConnection(transport)
         # ProtocolWrapper copies the transport's interfaces, TLS included; autobahn then takes
         # this wrapper for the TLS layer itself and fails to read a channel id from it. The
@@ -217,8 +233,17 @@ class GatedConnection(ProtocolWrapper):
         directlyProvides(self, directlyProvidedBy(self) - ISSLTransport)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
-        self.factory.door.gate.release(self.ticket)
+        door = self.factory.door
+        door.gate.release(self.ticket)
+        door.open_connections.pop(self.ticket, None)
         super().connectionLost(reason)
+
+    def evict(self) -> None:
+        """Close at once to make room for a newcomer (the gate already let go of it)."""
+        self.factory.door.open_connections.pop(self.ticket, None)
+        transport: Any = self.transport
+        if transport is not None:
+            transport.abortConnection()
 
 
 class _Refused(Protocol):
@@ -243,12 +268,20 @@ class GatedFactory(WrappingFactory[GatedConnection]):
         if isinstance(decision, TurnedAway):
             self.door.turned_away.note(decision)
             return _Refused()
-        ticket = decision
+        self._evict(decision)
+        ticket = decision.ticket
         channel = self.wrappedFactory.buildProtocol(addr)
         if isinstance(channel, GatedChannel):
             gate = self.door.gate
             channel.on_head_done = lambda: gate.head_done(ticket)
         return GatedConnection(self, channel, ticket)
+
+    def _evict(self, decision: LetIn) -> None:
+        for victim, why in decision.evicted:
+            self.door.turned_away.note(why)
+            connection = self.door.open_connections.get(victim)
+            if connection is not None:
+                connection.evict()
 
 
 # --- JSON error pages ---------------------------------------------------------------------------

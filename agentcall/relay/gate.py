@@ -1,9 +1,17 @@
 """The relay's front-door arithmetic: which new connection or caller socket may stay.
 
 Pure bookkeeping with no sockets and no clock. The Twisted glue (:mod:`agentcall.relay.door`)
-asks :class:`ConnectionGate` at accept time and tells it when a request head is complete and
-when a connection is gone; :class:`TurnedAwayTally` counts what was turned away, so a flood is
-logged as one event with counts instead of one line per connection.
+asks :class:`ConnectionGate` at accept time and tells it when a request head is complete, when
+a connection became an authenticated WebSocket, and when a connection is gone;
+:class:`TurnedAwayTally` counts what was turned away, so a flood is logged as one event with
+counts instead of one line per connection.
+
+At the total or the handshake cap a newcomer is not simply refused: that would let a flood
+spread over a few addresses lock everyone out for as long as it keeps the slots full. Instead
+the oldest connection that has proven nothing yet makes room: the oldest still sending its
+first request head, or (at the total cap) the oldest plain HTTP connection. Sockets that
+became authenticated WebSockets are never evicted; each is bound to an identity with caps of
+its own. A flood must then outpace every newcomer's own request to keep it out.
 """
 
 from __future__ import annotations
@@ -19,12 +27,14 @@ class TurnedAway(enum.StrEnum):
 
     PER_SOURCE = "per_source"
     TOTAL = "total"
-    HANDSHAKES = "handshakes"
     CALLERS_PER_IDENTITY = "callers_per_identity"
     HEAD_TIMEOUT = "head_timeout"
     CALL_REQUEST_TIMEOUT = "call_request_timeout"
     REGISTER_THROTTLED = "register_throttled"
     AUTH_THROTTLED = "auth_throttled"
+    # Not turned away at the door but pushed out to make room for a newcomer.
+    EVICTED_IN_HEAD = "evicted_in_head"
+    EVICTED_PLAIN_HTTP = "evicted_plain_http"
 
 
 def _at_least_one(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -44,11 +54,21 @@ class GateLimits:
 
 @attrs.define(eq=False)
 class Ticket:
-    """One admitted connection. ``in_head`` until its first request head is complete."""
+    """One admitted connection. ``in_head`` until its first request head is complete;
+    ``plain_http`` until it becomes an authenticated WebSocket."""
 
     source: str
     in_head: bool = True
+    plain_http: bool = True
     released: bool = False
+
+
+@attrs.frozen
+class LetIn:
+    """A new connection's ticket, and the older connections to close to make room for it."""
+
+    ticket: Ticket
+    evicted: tuple[tuple[Ticket, TurnedAway], ...] = ()
 
 
 class ConnectionGate:
@@ -60,36 +80,58 @@ class ConnectionGate:
         self.caps = caps
         self._by_source: Counter[str] = Counter()
         self._total = 0
-        self._in_head = 0
         self._callers: Counter[str] = Counter()
+        # Oldest first (dicts keep insertion order): who makes room when a cap is reached.
+        self._heads: dict[Ticket, None] = {}
+        self._plain: dict[Ticket, None] = {}
 
     # --- connections ------------------------------------------------------------------------
 
-    def admit(self, source: str) -> Ticket | TurnedAway:
-        """A ticket for a new connection from ``source``, or why it must be closed at once."""
-        # Total first: it protects the file descriptors everyone else needs.
-        if self._total >= self.caps.total:
-            return TurnedAway.TOTAL
+    def admit(self, source: str) -> LetIn | TurnedAway:
+        """A ticket for a new connection from ``source`` and the connections to close for it
+        (already released here), or why the newcomer must be closed at once."""
+        # A source's own cap is never eased by evicting: it would only evict itself.
         if self._by_source[source] >= self.caps.per_source:
             return TurnedAway.PER_SOURCE
-        if self._in_head >= self.caps.handshakes:
-            return TurnedAway.HANDSHAKES
+        evicted: list[tuple[Ticket, TurnedAway]] = []
+        # Total first: it protects the file descriptors everyone else needs.
+        if self._total >= self.caps.total:
+            if not self._plain:
+                return TurnedAway.TOTAL
+            evicted.append((self._evict(self._plain), TurnedAway.EVICTED_PLAIN_HTTP))
+        if len(self._heads) >= self.caps.handshakes:
+            evicted.append((self._evict(self._heads), TurnedAway.EVICTED_IN_HEAD))
+        ticket = Ticket(source)
         self._by_source[source] += 1
         self._total += 1
-        self._in_head += 1
-        return Ticket(source)
+        self._heads[ticket] = None
+        self._plain[ticket] = None
+        return LetIn(ticket, tuple(evicted))
+
+    def _evict(self, oldest_first: dict[Ticket, None]) -> Ticket:
+        victim = next(iter(oldest_first))
+        self.release(victim)
+        return victim
 
     def head_done(self, ticket: Ticket) -> None:
         """The connection's first request head is complete; calling it again is harmless."""
         if ticket.in_head and not ticket.released:
             ticket.in_head = False
-            self._in_head -= 1
+            del self._heads[ticket]
+
+    def upgraded(self, ticket: Ticket) -> None:
+        """The connection is now an authenticated WebSocket: never evicted to make room."""
+        self.head_done(ticket)
+        if ticket.plain_http and not ticket.released:
+            ticket.plain_http = False
+            del self._plain[ticket]
 
     def release(self, ticket: Ticket) -> None:
         """The connection is gone; calling it again is harmless."""
         if ticket.released:
             return
         self.head_done(ticket)
+        self._plain.pop(ticket, None)
         ticket.released = True
         self._total -= 1
         self._by_source[ticket.source] -= 1
@@ -119,7 +161,12 @@ class ConnectionGate:
 
     @property
     def in_head(self) -> int:
-        return self._in_head
+        return len(self._heads)
+
+    @property
+    def plain_http(self) -> int:
+        """Open connections that are not (yet) authenticated WebSockets."""
+        return len(self._plain)
 
     def open_from(self, source: str) -> int:
         return self._by_source.get(source, 0)

@@ -125,6 +125,7 @@ class RelayWebSocket(WebSocketServerProtocol):
                 self.channel.send(frames.CallError(code=error))
             self.sendClose(close_code, reason)
             return
+        self.factory.door.websocket_opened(self.transport)
         address = f"@{member.org}/{member.handle}"
         ready = frames.Ready(
             role=self.role, address=address, relay_origin=self.factory.relay_origin

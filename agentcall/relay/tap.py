@@ -90,13 +90,14 @@ class Options(usage.Options):
             None,
             str(limits.MAX_CONNECTIONS_IN_HEAD),
             "Connections that may be sending their first request head or WebSocket upgrade "
-            "at once (1-100000).",
+            "at once; at the cap a newcomer evicts the oldest of them (1-100000).",
         ],
         [
             "max-connections",
             None,
             "auto",
-            "Open connections in total; `auto` is the open-file limit minus --fd-reserve.",
+            "Open connections in total; `auto` is the open-file limit minus --fd-reserve. At "
+            "the cap a newcomer evicts the oldest plain HTTP connection.",
         ],
         [
             "fd-reserve",

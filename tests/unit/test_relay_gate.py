@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from agentcall.relay.gate import (
     ConnectionGate,
     GateLimits,
+    LetIn,
     Ticket,
     TurnedAway,
     TurnedAwayTally,
@@ -27,61 +30,111 @@ def gate(
     return ConnectionGate(GateLimits(per_source, total, handshakes, callers))
 
 
+def let_in(g: ConnectionGate, source: str) -> Ticket:
+    """Admit a newcomer that evicts nobody."""
+    decision = g.admit(source)
+    assert isinstance(decision, LetIn) and decision.evicted == (), decision
+    return decision.ticket
+
+
 def test_per_source_cap_refuses_only_that_source() -> None:
     g = gate()
-    assert isinstance(g.admit("a"), Ticket)
-    assert isinstance(g.admit("a"), Ticket)
+    let_in(g, "a")
+    let_in(g, "a")
     assert g.admit("a") is TurnedAway.PER_SOURCE
-    assert isinstance(g.admit("b"), Ticket)
+    let_in(g, "b")
     assert g.open_from("a") == 2 and g.open_total == 3
 
 
 def test_release_frees_a_place_and_is_idempotent() -> None:
     g = gate()
-    first = g.admit("a")
-    assert isinstance(first, Ticket)
-    g.admit("a")
+    first = let_in(g, "a")
+    let_in(g, "a")
     g.release(first)
     g.release(first)
     assert g.open_from("a") == 1 and g.open_total == 1 and g.in_head == 1
-    assert isinstance(g.admit("a"), Ticket)
+    let_in(g, "a")
 
 
 def test_sources_are_forgotten_when_their_last_connection_goes() -> None:
     g = gate()
-    ticket = g.admit("a")
-    assert isinstance(ticket, Ticket)
-    g.release(ticket)
+    g.release(let_in(g, "a"))
     assert g.sources == 0 and g.open_from("a") == 0
 
 
-def test_total_cap_comes_first() -> None:
+def test_at_the_total_cap_the_oldest_plain_http_connection_makes_room() -> None:
+    """A flood of plain HTTP connections from many sources cannot keep a newcomer out."""
+    g = gate(per_source=10, total=3, handshakes=10)
+    oldest, middle, newest = let_in(g, "a"), let_in(g, "b"), let_in(g, "c")
+    for ticket in (oldest, middle, newest):
+        g.head_done(ticket)  # kept alive between requests, still plain HTTP
+    decision = g.admit("d")
+    assert isinstance(decision, LetIn)
+    assert decision.evicted == ((oldest, TurnedAway.EVICTED_PLAIN_HTTP),)
+    assert oldest.released and g.open_total == 3 and g.open_from("a") == 0
+    again = g.admit("e")
+    assert isinstance(again, LetIn) and again.evicted == ((middle, TurnedAway.EVICTED_PLAIN_HTTP),)
+
+
+def test_authenticated_websockets_are_never_evicted() -> None:
+    """When every place holds an upgraded socket, a newcomer is turned away instead."""
     g = gate(per_source=10, total=2, handshakes=10)
-    g.admit("a")
-    g.admit("b")
-    assert g.admit("c") is TurnedAway.TOTAL
+    one, two = let_in(g, "a"), let_in(g, "b")
+    g.upgraded(one)
+    assert g.plain_http == 1 and g.in_head == 1
+    decision = g.admit("c")
+    assert isinstance(decision, LetIn) and decision.evicted == (
+        (two, TurnedAway.EVICTED_PLAIN_HTTP),
+    )
+    g.upgraded(decision.ticket)
+    assert g.admit("d") is TurnedAway.TOTAL
+    assert not one.released and g.open_total == 2
 
 
-def test_handshake_cap_counts_only_connections_still_in_their_head() -> None:
+def test_at_the_handshake_cap_the_oldest_unfinished_head_makes_room() -> None:
+    """Only connections still in their first head count; the oldest of them is evicted."""
     g = gate(per_source=10, total=10, handshakes=2)
-    one, two = g.admit("a"), g.admit("b")
-    assert isinstance(one, Ticket) and isinstance(two, Ticket)
-    assert g.admit("c") is TurnedAway.HANDSHAKES
-    g.head_done(one)
-    g.head_done(one)
+    one, two = let_in(g, "a"), let_in(g, "b")
+    decision = g.admit("c")
+    assert isinstance(decision, LetIn)
+    assert decision.evicted == ((one, TurnedAway.EVICTED_IN_HEAD),)
+    assert one.released and g.in_head == 2 and g.open_total == 2
+    g.head_done(two)
+    g.head_done(two)
     assert g.in_head == 1
-    assert isinstance(g.admit("c"), Ticket)
-    g.release(one)  # head already done: the head count does not move again
+    let_in(g, "d")
+    g.release(two)  # head already done: the head count does not move again
     assert g.in_head == 2
 
 
-def test_head_done_after_release_changes_nothing() -> None:
+def test_both_caps_at_once_evict_one_of_each() -> None:
+    g = gate(per_source=10, total=2, handshakes=1)
+    idle, heading = let_in(g, "a"), None
+    g.head_done(idle)
+    heading = let_in(g, "b")
+    decision = g.admit("c")
+    assert isinstance(decision, LetIn)
+    assert decision.evicted == (
+        (idle, TurnedAway.EVICTED_PLAIN_HTTP),
+        (heading, TurnedAway.EVICTED_IN_HEAD),
+    )
+    assert g.open_total == 1 and g.in_head == 1
+
+
+def test_a_source_at_its_own_cap_evicts_nobody() -> None:
+    g = gate(per_source=1, total=1, handshakes=1)
+    let_in(g, "a")
+    assert g.admit("a") is TurnedAway.PER_SOURCE
+    assert g.open_total == 1
+
+
+def test_head_done_and_upgrade_after_release_change_nothing() -> None:
     g = gate()
-    ticket = g.admit("a")
-    assert isinstance(ticket, Ticket)
+    ticket = let_in(g, "a")
     g.release(ticket)
     g.head_done(ticket)
-    assert g.in_head == 0 and g.open_total == 0
+    g.upgraded(ticket)
+    assert g.in_head == 0 and g.open_total == 0 and g.plain_http == 0
 
 
 def test_callers_per_identity() -> None:
@@ -195,3 +248,39 @@ def test_failure_tally_bounds_sources_per_minute() -> None:
     rows = tally.drain()
     assert {(row.source, row.count) for row in rows} == {("a", 2), ("b", 1), (OTHER_SOURCES, 2)}
     assert tally.drain() == []
+
+
+@settings(max_examples=300)
+@given(
+    st.lists(
+        st.tuples(st.sampled_from(["admit", "head", "up", "release"]), st.integers(0, 7)),
+        max_size=60,
+    )
+)
+def test_the_counts_always_match_the_open_connections(ops: list[tuple[str, int]]) -> None:
+    """Whatever happens, the caps hold, the counts are those of the live connections, and an
+    upgraded socket is only ever released by its own end."""
+    g = gate(per_source=3, total=5, handshakes=3)
+    live: list[Ticket] = []
+    for op, n in ops:
+        if op == "admit":
+            decision = g.admit(f"s{n % 4}")
+            if isinstance(decision, LetIn):
+                for victim, _why in decision.evicted:
+                    assert victim.plain_http and victim in live
+                    live.remove(victim)
+                live.append(decision.ticket)
+        elif live:
+            ticket = live[n % len(live)]
+            if op == "head":
+                g.head_done(ticket)
+            elif op == "up":
+                g.upgraded(ticket)
+            else:
+                g.release(ticket)
+                live.remove(ticket)
+        assert g.open_total == len(live) <= 5
+        assert g.in_head == sum(t.in_head for t in live) <= 3
+        assert g.plain_http == sum(t.plain_http for t in live)
+        for source in {t.source for t in live}:
+            assert g.open_from(source) == sum(t.source == source for t in live) <= 3

@@ -240,15 +240,55 @@ def test_connections_over_the_per_source_cap_are_closed_at_once(front: Front) ->
     assert front.door.turned_away.drain() == {"per_source": 1}
 
 
-def test_the_handshake_cap_frees_places_when_heads_complete(tmp_path: Path) -> None:
+def test_at_the_handshake_cap_a_newcomer_evicts_the_oldest_unfinished_head(
+    tmp_path: Path,
+) -> None:
+    """Idle heads from many sources cannot keep the door shut; an open listener is never
+    evicted for them."""
     caps = GateLimits(per_source=10, total=10, handshakes=2, callers_per_identity=1)
     front = make_front(tmp_path, config(caps=caps))
-    first, _ = front.connect("10.0.0.1")
-    front.connect("10.0.0.2")
-    assert front.connect("10.0.0.3")[1].disconnected
-    first.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
-    assert not front.connect("10.0.0.3")[1].disconnecting
-    assert front.door.turned_away.drain() == {"handshakes": 1}
+    listener, listener_socket = front.connect("10.0.0.1")
+    listener.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
+    _, oldest = front.connect("10.0.0.2")
+    _, older = front.connect("10.0.0.3")
+    _, newcomer = front.connect("10.0.0.4")
+    assert oldest.disconnected and not older.disconnecting and not newcomer.disconnecting
+    assert not listener_socket.disconnecting
+    assert front.door.gate.in_head == 2
+    assert front.door.turned_away.drain() == {"evicted_in_head": 1}
+
+
+def test_at_the_total_cap_a_newcomer_evicts_the_oldest_plain_http_connection(
+    tmp_path: Path,
+) -> None:
+    """Kept-alive plain HTTP connections make room; authenticated sockets do not."""
+    caps = GateLimits(per_source=10, total=3, handshakes=10, callers_per_identity=1)
+    front = make_front(tmp_path, config(caps=caps))
+    listener, listener_socket = front.connect("10.0.0.1")
+    listener.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
+    kept: list[StringTransport] = []
+    for host in ("10.0.0.2", "10.0.0.3"):
+        protocol, transport = front.connect(host)
+        kept_alive = b"GET /v1/status HTTP/1.1\r\nHost: relay.example\r\n\r\n"
+        protocol.dataReceived(kept_alive)
+        assert b" 200 " in transport.value()
+        kept.append(transport)
+    _, newcomer = front.connect("10.0.0.4")
+    assert kept[0].disconnected and not kept[1].disconnecting
+    assert not newcomer.disconnecting and not listener_socket.disconnecting
+    assert front.door.turned_away.drain() == {"evicted_plain_http": 1}
+
+
+def test_when_every_place_is_an_authenticated_socket_a_newcomer_is_turned_away(
+    tmp_path: Path,
+) -> None:
+    caps = GateLimits(per_source=10, total=1, handshakes=10, callers_per_identity=1)
+    front = make_front(tmp_path, config(caps=caps))
+    listener, listener_socket = front.connect("10.0.0.1")
+    listener.dataReceived(upgrade("/v1/ws?role=listen", *auth(front)))
+    assert front.connect("10.0.0.2")[1].disconnected
+    assert not listener_socket.disconnecting
+    assert front.door.turned_away.drain() == {"total": 1}
 
 
 # --- throttles and auth.failed ----------------------------------------------------------------
