@@ -3,7 +3,7 @@
 Every edit (``block``, ``offer``, ``allow``, …) goes through :func:`edit_policy`: the existing
 ``policy.json`` is read with the listener's own strict parser (a file it cannot read is
 reported, never replaced, because replacing it would silently drop the owner's decisions), the
-change is applied as a pure function, and :func:`agentcall.listener.policy.save_policy` checks
+change is applied as a pure function, and :func:`agentcall.listener.policysave.save_policy` checks
 it — including every owner and admin assertion against the tasks on disk and the ceiling —
 before anything is written.
 
@@ -120,7 +120,8 @@ def edit_policy(change: Callable[[Policy, Layers, Ceiling | None], Policy | None
     """
     from agentcall.cli.main import CommandError
     from agentcall.home import LocalStateError
-    from agentcall.listener.policy import PolicyError, save_policy
+    from agentcall.listener.policy import PolicyError
+    from agentcall.listener.policysave import save_policy
 
     home = home_or_fail()
     policy = policy_or_fail(home, "change the policy")

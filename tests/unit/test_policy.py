@@ -23,7 +23,6 @@ from agentcall.listener.policy import (
     load_policy,
     parse_policy,
     policy_to_json,
-    save_policy,
     with_caller_access,
     with_default_access,
     with_grant,
@@ -32,6 +31,7 @@ from agentcall.listener.policy import (
     without_offer,
 )
 from agentcall.listener.policyfile import Assertion
+from agentcall.listener.policysave import save_policy
 from agentcall.listener.tasks import BUILTIN_ASK, Task, TaskSet
 from tests.unit import wire_strategies as ws
 
