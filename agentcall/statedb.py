@@ -2,9 +2,10 @@
 
 It holds pins and replay reservations (queried here), the conversations this installation
 answers (:mod:`agentcall.listener.contexts`) and the ones it opened as a caller
-(:mod:`agentcall.outbound`). People edit the JSON files next to it; nobody edits this one, so it
-can be a database: WAL mode, versioned schema files (``agentcall/db/schema/state-*.sql``), one
-writer at a time. Nothing here reads the clock; callers pass ``now``.
+(:mod:`agentcall.outboundstore`). People edit the JSON files next to it; nobody edits this
+one, so it can be a database: WAL mode, versioned schema files
+(``agentcall/db/schema/state-*.sql``), one writer at a time. Nothing here reads the clock;
+callers pass ``now``.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ from agentcall.db import open_database, packaged_schema
 from agentcall.errors import StoreError
 from agentcall.home import Home
 from agentcall.listener.contexts import SqliteContextStore
-from agentcall.outbound import SqliteOutboundStore
+from agentcall.outboundstore import SqliteOutboundStore
 
 STATE_SCHEMA = packaged_schema("state")
 

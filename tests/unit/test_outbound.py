@@ -14,12 +14,11 @@ from agentcall.outbound import (
     DEFAULT_TASK,
     Continuation,
     ConversationError,
-    OpenConversation,
     Settled,
-    SqliteOutboundStore,
     choose,
     settle,
 )
+from agentcall.outboundstore import OpenConversation, SqliteOutboundStore
 from agentcall.statedb import STATE_SCHEMA
 from agentcall.wire.payloads import Reply
 

@@ -19,7 +19,7 @@ from agentcall.db import open_database
 from agentcall.errors import IdentityChanged, ReplayDetected, StoreError
 from agentcall.home import Home, PrivateFileError
 from agentcall.listener.contexts import IContextStore, mint
-from agentcall.outbound import SqliteOutboundStore
+from agentcall.outboundstore import SqliteOutboundStore
 from agentcall.statedb import STATE_SCHEMA, SqlitePinStorage, SqliteReplayStorage, StateDb
 from tests.unit.crypto_helpers import NOW, ORIGIN, make_party
 from tests.unit.test_db_engine import fresh_snapshot, only_version, snapshot
