@@ -5,16 +5,18 @@ from __future__ import annotations
 import json
 import os
 import resource as rlimits
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from twisted.application import internet, service
 from twisted.internet import endpoints
 from twisted.internet.interfaces import IListeningPort
 from twisted.python import usage
-from twisted.web import resource, server
 
 from agentcall import limits
 from agentcall.logevents import Logger
+
+if TYPE_CHECKING:
+    from agentcall.relay.composition import RelaySettings
 
 _log = Logger(namespace="agentcall.relay")
 
@@ -230,77 +232,49 @@ class ListeningService(service.Service):
         return None
 
 
+def settings_from(config: Options) -> RelaySettings:
+    """The checked options as the one frozen value a relay is composed from."""
+    from agentcall.relay.composition import RelaySettings
+
+    relay_url = config["relay_url"]
+    return RelaySettings(
+        relay_origin=relay_url.origin,
+        ws_url=relay_url.ws(""),
+        public_url=config["url"],
+        call_deadline_s=config["call-deadline"],
+        calls_per_hour=config["calls-per-hour"],
+        door=config["door"],
+    )
+
+
 def makeService(config: Options, reactor: Any = None) -> service.IService:
     if reactor is None:
         from twisted.internet import reactor as global_reactor
 
         reactor = global_reactor
-    from autobahn.twisted.resource import WebSocketResource
-
     from agentcall.errors import StoreError
-    from agentcall.relay.calls import CallBook, restored_limiter
-    from agentcall.relay.door import Door, GatedFactory, RelaySite
-    from agentcall.relay.protocol import RelayWebSocketFactory
+    from agentcall.relay.composition import compose
     from agentcall.relay.store import open_relay_store
-    from agentcall.relay.switchboard import Switchboard
-    from agentcall.relay.web import CappedRequest, RelayApi
 
-    relay_url = config["relay_url"]
-    origin: str = relay_url.origin
+    settings = settings_from(config)
     try:
         store = open_relay_store(config["database"])
     except StoreError as exc:
         # twistd prints this and exits non-zero before anything is started.
         raise SystemExit(f"agentcall-relay: {exc}") from None
-    switchboard = Switchboard()
-    # The windows start from the calls of the last hour, so a restart grants no fresh hour.
-    limiter = restored_limiter(
-        store, config["calls-per-hour"], limits.RATE_WINDOW_S, reactor.seconds()
-    )
-    calls = CallBook(
-        reactor,
-        switchboard,
-        store,
-        store,
-        limiter,
-        origin,
-        deadline_s=config["call-deadline"],
-    )
-    door = Door(config["door"], reactor, store)
-    ws_factory = RelayWebSocketFactory(
-        relay_url.ws(""),
-        store=store,
-        switchboard=switchboard,
-        calls=calls,
-        relay_origin=origin,
-        reactor=reactor,
-        door=door,
-    )
-    api = RelayApi(
-        store=store,
-        switchboard=switchboard,
-        clock=reactor,
-        relay_origin=origin,
-        public_url=config["url"],
-        door=door,
-    )
-    v1 = _ApiWithSocket(api, WebSocketResource(ws_factory), door)
-    root = resource.Resource()
-    root.putChild(b"v1", v1)
-    site = RelaySite(root, door, reactor)
-    site.requestFactory = CappedRequest
+    relay = compose(settings, store, reactor)
 
     top = service.MultiService()
     ListeningService(
-        reactor, config["listen"], GatedFactory(site), config["ready-file"]
+        reactor, config["listen"], relay.factory, config["ready-file"]
     ).setServiceParent(top)
-    internet.TimerService(600, lambda: _prune(limiter, reactor)).setServiceParent(top)
-    _DoorFlush(door).setServiceParent(top)
-    caps = config["door"].caps
+    internet.TimerService(600, lambda: _prune(relay.limiter, reactor)).setServiceParent(top)
+    _DoorFlush(relay.door).setServiceParent(top)
+    caps = settings.door.caps
     _log.info(
         "relay_configured",
-        relay_origin=origin,
-        deadline_s=config["call-deadline"],
+        relay_origin=settings.relay_origin,
+        deadline_s=settings.call_deadline_s,
         max_connections=caps.total,
         max_per_source=caps.per_source,
         max_handshakes=caps.handshakes,
@@ -321,40 +295,6 @@ class _DoorFlush(internet.TimerService):
         result = super().stopService()
         self._door.flush(final=True)
         return result
-
-
-class _ApiWithSocket(resource.Resource):
-    """``/v1/ws`` is the WebSocket; every other ``/v1/...`` path goes to the JSON API."""
-
-    def __init__(self, api: resource.Resource, socket: resource.IResource, door: Any) -> None:
-        super().__init__()
-        self._api = api
-        self._socket = socket
-        self._door = door
-
-    def getChild(self, path: bytes, request: server.Request) -> resource.IResource:
-        from agentcall.relay.door import (
-            Throttled,
-            is_upgrade,
-            source_of,
-            throttled_page,
-            upgrade_required,
-        )
-
-        if path == b"ws" and not request.postpath:
-            # Answered here, in the API's JSON, rather than by autobahn's HTML pages.
-            if not is_upgrade(request):
-                return upgrade_required()
-            try:
-                self._door.check_auth_allowed(source_of(request.getClientAddress()))
-            except Throttled as exc:
-                return throttled_page(exc)
-            return self._socket
-        return self._api  # a leaf that routes on the full request path itself
-
-    def render(self, request: server.Request) -> bytes:
-        body: bytes = self._api.render(request)
-        return body
 
 
 def _prune(limiter: Any, clock: Any) -> None:

@@ -1,4 +1,8 @@
-"""The relay's HTTP API: JSON bodies from :mod:`agentcall.wire.http`, decisions in the store.
+"""The relay's HTTP API in twisted.web: a thin adapter over :mod:`agentcall.relay.api_rules`.
+
+Routes, who may use them and which key records may be stored are decided there; this module
+parses requests, reads and writes the store, and renders JSON bodies from
+:mod:`agentcall.wire.http`.
 
 Every body is size-capped before it is stored in memory and decoded through the one wire
 decoder; every refusal is an :class:`ApiError` rendered as ``{"error": code, "message": text}``.
@@ -8,29 +12,32 @@ Registration and failed authentication are throttled per source address by the r
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable
 from typing import Any
 
 from twisted.internet.interfaces import IReactorTime
 from twisted.web import resource, server
 
-from agentcall import ids, limits
-from agentcall.crypto import records
-from agentcall.errors import ApiError, ApiErrorCode, CryptoError, MalformedFrame
+from agentcall import limits
+from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame
 from agentcall.invites import make_invite_url
 from agentcall.logevents import Logger
+from agentcall.relay import api_rules as rules
+from agentcall.relay.api_rules import Route, RouteMatch
 from agentcall.relay.auth import authenticate_headers
-from agentcall.relay.door import Door, Throttled, source_of
+from agentcall.relay.door import (
+    Door,
+    Throttled,
+    is_upgrade,
+    source_of,
+    throttled_page,
+    upgrade_required,
+)
 from agentcall.relay.store import IRelayStore, Member
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
 
 _log = Logger(namespace="agentcall.relay.web")
-
-_INVITE_REVOKE = re.compile(r"^/v1/invites/([0-9a-f]{64})/revoke$")
-_KEYS_OF = re.compile(r"^/v1/keys/([a-z0-9][a-z0-9-]{1,30})$")
 
 
 class CappedRequest(server.Request):
@@ -62,7 +69,8 @@ class CappedRequest(server.Request):
 
 
 class RelayApi(resource.Resource):
-    """``/v1/*`` except the WebSocket: one leaf that routes by method and path."""
+    """``/v1/*`` except the WebSocket: one leaf that parses, asks :mod:`agentcall.relay.api_rules`
+    and the store, and renders."""
 
     isLeaf = True
 
@@ -88,7 +96,7 @@ class RelayApi(resource.Resource):
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
         try:
-            status, body = self._route(request)
+            status, body = 200, self._answer(request)
         except ApiError as exc:
             status, body = exc.status, http.ApiErrorBody(error=exc.code, message=exc.message)
             if isinstance(exc, Throttled):
@@ -103,43 +111,70 @@ class RelayApi(resource.Resource):
         request.setResponseCode(status)
         return codec.encode(body)
 
-    # --- routing -----------------------------------------------------------------------------
-
-    def _route(self, request: server.Request) -> tuple[int, object]:
-        method = request.method.decode("ascii", "replace")
-        path = _path(request)
+    def _answer(self, request: server.Request) -> object:
         if getattr(request, "too_large", False):
             raise ApiError(413, ApiErrorCode.BODY_TOO_LARGE, "request body too large")
-        if path == "/v1/status" and method == "GET":
+        found = rules.match(request.method.decode("ascii", "replace"), _path(request))
+        if found.route is Route.STATUS:
             # No version: an unauthenticated caller learns that the relay is up, nothing more.
-            return 200, http.StatusResponse(ok=True, relay_origin=self._origin)
-        if path == "/v1/register" and method == "POST":
+            return http.StatusResponse(ok=True, relay_origin=self._origin)
+        if found.route is Route.REGISTER:
             self._door.check_register(source_of(request.getClientAddress()))
-            return 200, self._register(request)
-        handlers: dict[tuple[str, str], Callable[[server.Request, Member], object]] = {
-            ("GET", "/v1/me"): self._me,
-            ("POST", "/v1/invites"): self._create_invite,
-            ("GET", "/v1/invites"): self._list_invites,
-            ("PUT", "/v1/keys/identity"): self._publish_identity,
-            ("PUT", "/v1/keys/encryption"): self._publish_encryption,
-            ("GET", "/v1/presence"): self._presence,
-        }
-        handler = handlers.get((method, path))
-        if handler is not None:
-            return 200, handler(request, self._authenticated(request))
-        if method == "POST" and (match := _INVITE_REVOKE.match(path)):
-            member = self._authenticated(request)
-            return 200, self._revoke_invite(member, match.group(1))
-        if method == "GET" and (match := _KEYS_OF.match(path)):
-            member = self._authenticated(request)
-            return 200, self._fetch_keys(member, match.group(1))
-        known = {p for (_m, p) in handlers} | {"/v1/status", "/v1/register"}
-        if path in known:
-            raise ApiError(405, ApiErrorCode.METHOD_NOT_ALLOWED, f"{method} not allowed here")
-        raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such route")
+            return self._register(request)
+        member = self._authenticated(request)
+        rules.authorize(found.route, member)
+        return self._as_member(found, request, member)
 
-    def _now(self) -> float:
-        return self._clock.seconds()
+    def _as_member(self, found: RouteMatch, request: server.Request, member: Member) -> object:
+        now = self._clock.seconds()
+        match found.route:
+            case Route.ME:
+                return http.WhoAmIResponse(
+                    org=member.org,
+                    handle=member.handle,
+                    address=member.address,
+                    role=member.role,
+                    relay_origin=self._origin,
+                )
+            case Route.PRESENCE:
+                # Self only: presence of others would be a free directory of who is at their desk.
+                return http.PresenceResponse(
+                    address=member.address,
+                    online=self._switchboard.is_online(member.org, member.handle),
+                )
+            case Route.CREATE_INVITE:
+                wanted = _body(request, http.InviteCreateRequest)
+                secret, info = self._store.create_invite(
+                    member.org,
+                    created_by=member.handle,
+                    role=wanted.role,
+                    expires_in_days=wanted.expires_in_days,
+                    description=wanted.description,
+                    now=now,
+                )
+                url = make_invite_url(self._public_url, member.org, secret)
+                return http.InviteCreated(invite=url, info=info)
+            case Route.LIST_INVITES:
+                return http.InviteList(invites=tuple(self._store.list_invites(member.org, now)))
+            case Route.REVOKE_INVITE:
+                return self._store.revoke_invite(
+                    member.org, _argument(found), actor=member.handle, now=now
+                )
+            case Route.PUBLISH_IDENTITY:
+                identity = _body(request, http.SignedIdentityRecord)
+                rules.check_identity_record(member, identity, self._origin)
+                self._store.publish_identity(member.org, member.handle, identity, now)
+                return rules.published(self._store.fetch_keys(member.org, member.handle))
+            case Route.PUBLISH_ENCRYPTION:
+                encryption = _body(request, http.SignedEncryptionKeyRecord)
+                current = self._store.fetch_keys(member.org, member.handle)
+                rules.check_encryption_record(member, encryption, current, self._origin, now)
+                self._store.publish_encryption(member.org, member.handle, encryption, now)
+                return rules.published(self._store.fetch_keys(member.org, member.handle))
+            case Route.FETCH_KEYS:
+                # Within the member's own organisation only.
+                return rules.published(self._store.fetch_keys(member.org, _argument(found)))
+        raise AssertionError(f"no handler for {found.route}")  # pragma: no cover
 
     def _authenticated(self, request: server.Request) -> Member:
         source = source_of(request.getClientAddress())
@@ -155,113 +190,26 @@ class RelayApi(resource.Resource):
             raise ApiError(401, ApiErrorCode.UNAUTHORIZED, "missing or invalid credentials")
         return member
 
-    # --- enrolment -----------------------------------------------------------------------
-
     def _register(self, request: server.Request) -> http.RegisterResponse:
         body = _body(request, http.RegisterRequest)
         member, token = self._store.register(
-            body.org, body.invite, body.handle, body.agent_kind, self._now()
+            body.org, body.invite, body.handle, body.agent_kind, self._clock.seconds()
         )
         _log.info("member_registered", org=member.org, handle=member.handle, role=str(member.role))
         return http.RegisterResponse(
             org=member.org,
             handle=member.handle,
-            address=ids.format_address(member.org, member.handle),
+            address=member.address,
             role=member.role,
             token=token,
             relay_origin=self._origin,
         )
 
-    def _me(self, _request: server.Request, member: Member) -> http.WhoAmIResponse:
-        return http.WhoAmIResponse(
-            org=member.org,
-            handle=member.handle,
-            address=ids.format_address(member.org, member.handle),
-            role=member.role,
-            relay_origin=self._origin,
-        )
 
-    def _presence(self, _request: server.Request, member: Member) -> http.PresenceResponse:
-        # Self only: presence of others would be a free directory of who is at their desk.
-        return http.PresenceResponse(
-            address=ids.format_address(member.org, member.handle),
-            online=self._switchboard.is_online(member.org, member.handle),
-        )
-
-    # --- invites ---------------------------------------------------------------------------
-
-    def _require_admin(self, member: Member) -> None:
-        if member.role is not http.MemberRole.ADMIN:
-            raise ApiError(403, ApiErrorCode.FORBIDDEN, "only an organisation admin may do this")
-
-    def _create_invite(self, request: server.Request, member: Member) -> http.InviteCreated:
-        self._require_admin(member)
-        body = _body(request, http.InviteCreateRequest)
-        secret, info = self._store.create_invite(
-            member.org,
-            created_by=member.handle,
-            role=body.role,
-            expires_in_days=body.expires_in_days,
-            description=body.description,
-            now=self._now(),
-        )
-        url = make_invite_url(self._public_url, member.org, secret)
-        return http.InviteCreated(invite=url, info=info)
-
-    def _list_invites(self, _request: server.Request, member: Member) -> http.InviteList:
-        self._require_admin(member)
-        return http.InviteList(invites=tuple(self._store.list_invites(member.org, self._now())))
-
-    def _revoke_invite(self, member: Member, invite_id: str) -> http.InviteInfo:
-        self._require_admin(member)
-        info: http.InviteInfo = self._store.revoke_invite(
-            member.org, invite_id, actor=member.handle, now=self._now()
-        )
-        return info
-
-    # --- keys --------------------------------------------------------------------------------
-
-    def _publish_identity(self, request: server.Request, member: Member) -> http.KeysResponse:
-        signed = _body(request, http.SignedIdentityRecord)
-        self._check_record_route(member, signed.record.address, signed.record.relay_origin)
-        try:
-            records.verify_identity_record(signed)
-        except CryptoError as exc:
-            raise ApiError(400, ApiErrorCode.SIGNATURE_INVALID, str(exc)) from exc
-        self._store.publish_identity(member.org, member.handle, signed, self._now())
-        return self._keys_of(member.org, member.handle)
-
-    def _publish_encryption(self, request: server.Request, member: Member) -> http.KeysResponse:
-        signed = _body(request, http.SignedEncryptionKeyRecord)
-        self._check_record_route(member, signed.record.address, signed.record.relay_origin)
-        current = self._store.fetch_keys(member.org, member.handle)
-        if current is None:
-            raise ApiError(409, ApiErrorCode.IDENTITY_KEY_MISSING, "publish the identity key first")
-        try:
-            records.verify_encryption_record(
-                signed, current.identity.record.identity_pub, now=self._now()
-            )
-            if current.encryption is not None:
-                records.verify_chain(current.encryption, signed)
-        except CryptoError as exc:
-            raise ApiError(400, ApiErrorCode.SIGNATURE_INVALID, str(exc)) from exc
-        self._store.publish_encryption(member.org, member.handle, signed, self._now())
-        return self._keys_of(member.org, member.handle)
-
-    def _fetch_keys(self, member: Member, handle: str) -> http.KeysResponse:
-        return self._keys_of(member.org, handle)
-
-    def _keys_of(self, org: str, handle: str) -> http.KeysResponse:
-        keys: http.KeysResponse | None = self._store.fetch_keys(org, handle)
-        if keys is None:
-            raise ApiError(404, ApiErrorCode.NOT_FOUND, "no published keys for that handle")
-        return keys
-
-    def _check_record_route(self, member: Member, address: str, origin: str) -> None:
-        if address != ids.format_address(member.org, member.handle):
-            raise ApiError(400, ApiErrorCode.RECORD_INVALID, "a record may only name yourself")
-        if origin != self._origin:
-            raise ApiError(400, ApiErrorCode.RECORD_INVALID, "record names another relay")
+def _argument(found: RouteMatch) -> str:
+    if found.argument is None:  # pragma: no cover - api_rules sets it on these routes
+        raise AssertionError(f"{found.route} carries no path argument")
+    return found.argument
 
 
 def _path(request: server.Request) -> str:
@@ -275,3 +223,29 @@ def _body(request: server.Request, cls: type[Any]) -> Any:
         return codec.decode(data, cls, max_bytes=limits.MAX_HTTP_BODY_BYTES)
     except MalformedFrame as exc:
         raise ApiError(400, ApiErrorCode.BAD_REQUEST, f"malformed body: {exc}") from exc
+
+
+class ApiWithSocket(resource.Resource):
+    """``/v1/ws`` is the WebSocket; every other ``/v1/...`` path goes to the JSON API."""
+
+    def __init__(self, api: resource.Resource, socket: resource.IResource, door: Door) -> None:
+        super().__init__()
+        self._api = api
+        self._socket = socket
+        self._door = door
+
+    def getChild(self, path: bytes, request: server.Request) -> resource.IResource:
+        if path == b"ws" and not request.postpath:
+            # Answered here, in the API's JSON, rather than by autobahn's HTML pages.
+            if not is_upgrade(request):
+                return upgrade_required()
+            try:
+                self._door.check_auth_allowed(source_of(request.getClientAddress()))
+            except Throttled as exc:
+                return throttled_page(exc)
+            return self._socket
+        return self._api  # a leaf that routes on the full request path itself
+
+    def render(self, request: server.Request) -> bytes:
+        body: bytes = self._api.render(request)
+        return body

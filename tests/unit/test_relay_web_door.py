@@ -10,23 +10,17 @@ from typing import Any
 
 import attrs
 import pytest
-from autobahn.twisted.resource import WebSocketResource
 from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
-from twisted.web import resource
 
+from agentcall import limits
 from agentcall.relay import audit
-from agentcall.relay.calls import CallBook
-from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
+from agentcall.relay.composition import RelaySettings, compose
+from agentcall.relay.door import Door, DoorConfig, GatedFactory
 from agentcall.relay.gate import GateLimits
-from agentcall.relay.protocol import RelayWebSocketFactory
-from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import SqliteRelayStore, open_relay_store
-from agentcall.relay.switchboard import Switchboard
-from agentcall.relay.tap import _ApiWithSocket
-from agentcall.relay.web import CappedRequest, RelayApi
 from agentcall.wire.http import MemberRole
 
 ORIGIN = "relay.example"
@@ -97,32 +91,16 @@ def make_front(tmp_path: Path, door_config: DoorConfig) -> Front:
         now=reactor.seconds(),
     )
     _, token = store.register("acme", secret, "ann", None, reactor.seconds())
-    door = Door(door_config, reactor, store)
-    switchboard = Switchboard()
-    limiter = SlidingWindowLimiter(30, 3600.0)
-    calls = CallBook(reactor, switchboard, store, store, limiter, ORIGIN)
-    ws = RelayWebSocketFactory(
-        f"ws://{ORIGIN}/v1/ws",
-        store=store,
-        switchboard=switchboard,
-        calls=calls,
+    settings = RelaySettings(
         relay_origin=ORIGIN,
-        reactor=reactor,
-        door=door,
-    )
-    api = RelayApi(
-        store=store,
-        switchboard=switchboard,
-        clock=reactor,
-        relay_origin=ORIGIN,
+        ws_url=f"ws://{ORIGIN}/v1/ws",
         public_url=f"https://{ORIGIN}",
-        door=door,
+        call_deadline_s=limits.CALL_DEADLINE_S,
+        calls_per_hour=30,
+        door=door_config,
     )
-    root = resource.Resource()
-    root.putChild(b"v1", _ApiWithSocket(api, WebSocketResource(ws), door))
-    site = RelaySite(root, door, reactor)
-    site.requestFactory = CappedRequest
-    return Front(reactor, store, door, GatedFactory(site), token)
+    relay = compose(settings, store, reactor)
+    return Front(reactor, store, relay.door, relay.factory, token)
 
 
 def get(path: str, *headers: str) -> bytes:

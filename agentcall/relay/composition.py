@@ -1,0 +1,90 @@
+"""One relay, wired: the cores, the WebSocket and HTTP adapters, and the front door.
+
+``twistd agentcall-relay`` (:mod:`agentcall.relay.tap`) and the in-memory tests build the relay
+with the same :func:`compose`, so what the tests drive is what runs; tap then only adds the
+listening port and the periodic jobs around it.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import attrs
+from autobahn.twisted.resource import WebSocketResource
+from twisted.web import resource
+
+from agentcall import limits
+from agentcall.relay.calls import CallBook, restored_limiter
+from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
+from agentcall.relay.protocol import RelayWebSocketFactory
+from agentcall.relay.ratelimit import SlidingWindowLimiter
+from agentcall.relay.store import SqliteRelayStore
+from agentcall.relay.switchboard import Switchboard
+from agentcall.relay.web import ApiWithSocket, CappedRequest, RelayApi
+
+
+@attrs.frozen
+class RelaySettings:
+    """What a relay is built from, once ``twistd agentcall-relay``'s options are checked."""
+
+    relay_origin: str
+    # The WebSocket's own URL: autobahn's handshake is configured from it.
+    ws_url: str
+    # The base of the invite links an admin is handed.
+    public_url: str
+    call_deadline_s: float
+    calls_per_hour: int
+    door: DoorConfig
+
+
+@attrs.frozen
+class Relay:
+    """A composed relay: the factory to listen with, and the parts the periodic jobs (and the
+    tests) reach."""
+
+    factory: GatedFactory
+    door: Door
+    calls: CallBook
+    switchboard: Switchboard
+    limiter: SlidingWindowLimiter
+
+
+def compose(settings: RelaySettings, store: SqliteRelayStore, reactor: Any) -> Relay:
+    """Wire one relay over ``store``, with ``reactor`` for its clock and autobahn's timers."""
+    switchboard = Switchboard()
+    # The windows start from the calls of the last hour, so a restart grants no fresh hour.
+    limiter = restored_limiter(
+        store, settings.calls_per_hour, limits.RATE_WINDOW_S, reactor.seconds()
+    )
+    calls = CallBook(
+        reactor,
+        switchboard,
+        store,
+        store,
+        limiter,
+        settings.relay_origin,
+        deadline_s=settings.call_deadline_s,
+    )
+    door = Door(settings.door, reactor, store)
+    ws_factory = RelayWebSocketFactory(
+        settings.ws_url,
+        store=store,
+        switchboard=switchboard,
+        calls=calls,
+        relay_origin=settings.relay_origin,
+        reactor=reactor,
+        door=door,
+    )
+    api = RelayApi(
+        store=store,
+        switchboard=switchboard,
+        clock=reactor,
+        relay_origin=settings.relay_origin,
+        public_url=settings.public_url,
+        door=door,
+    )
+    root = resource.Resource()
+    root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
+    site = RelaySite(root, door, reactor)
+    site.requestFactory = CappedRequest
+    return Relay(GatedFactory(site), door, calls, switchboard, limiter)

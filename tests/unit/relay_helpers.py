@@ -1,0 +1,123 @@
+"""A relay composed exactly as ``twistd agentcall-relay`` composes it, over memory transports."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import attrs
+from twisted.internet.address import IPv4Address
+from twisted.internet.error import ConnectionDone
+from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.python.failure import Failure
+
+from agentcall import limits
+from agentcall.relay.composition import Relay, RelaySettings, compose
+from agentcall.relay.door import DoorConfig
+from agentcall.relay.gate import GateLimits
+from agentcall.relay.store import SqliteRelayStore, open_relay_store
+from agentcall.wire.http import MemberRole
+
+ORIGIN = "relay.example"
+
+
+def roomy_door() -> DoorConfig:
+    """Caps and throttles far above anything these tests do."""
+    return DoorConfig(
+        caps=GateLimits(per_source=100, total=100, handshakes=100, callers_per_identity=10),
+        head_timeout_s=10.0,
+        call_request_timeout_s=10.0,
+        register_per_minute=100,
+        auth_failures_per_minute=100,
+    )
+
+
+@attrs.define
+class Answer:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body)
+
+
+@attrs.define
+class MemoryRelay:
+    reactor: MemoryReactorClock
+    store: SqliteRelayStore
+    relay: Relay
+
+    def enrol(self, handle: str, role: MemberRole = MemberRole.MEMBER) -> str:
+        """Enrol ``@acme/<handle>`` straight through the store; its bearer token."""
+        now = self.reactor.seconds()
+        secret, _ = self.store.create_invite(
+            "acme", created_by=None, role=role, expires_in_days=7, description=None, now=now
+        )
+        _, token = self.store.register("acme", secret, handle, None, now)
+        return token
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        body: bytes | None = None,
+        token: str | None = None,
+        handle: str = "",
+        host: str = "10.0.0.1",
+    ) -> Answer:
+        """One request on a fresh connection through the whole front door and Site."""
+        lines = [f"{method} {path} HTTP/1.1", "Host: relay.example", "Connection: close"]
+        if token is not None:
+            lines += [
+                f"Authorization: Bearer {token}",
+                "X-AgentCall-Org: acme",
+                f"X-AgentCall-Handle: {handle}",
+            ]
+        if body is not None:
+            lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+        raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+        address = IPv4Address("TCP", host, 40000)
+        protocol = self.relay.factory.buildProtocol(address)
+        transport = StringTransport(peerAddress=address)
+        protocol.makeConnection(transport)
+        protocol.dataReceived(raw)
+        if transport.disconnecting:
+            # A memory transport only records the close; deliver it as the reactor would.
+            protocol.connectionLost(Failure(ConnectionDone()))
+        return parse_answer(transport.value())
+
+
+def parse_answer(data: bytes) -> Answer:
+    head, _, body = data.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = {}
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        headers[name.strip().lower()] = value.strip()
+    return Answer(int(lines[0].split()[1]), headers, body)
+
+
+def memory_relay(
+    tmp_path: Path,
+    *,
+    now: float,
+    reactor: MemoryReactorClock | None = None,
+    door: DoorConfig | None = None,
+) -> MemoryRelay:
+    """A relay for organisation ``acme`` on a fresh database, its clock at ``now``."""
+    reactor = reactor or MemoryReactorClock()
+    reactor.advance(now - reactor.seconds())
+    store = open_relay_store(tmp_path / "relay.sqlite")
+    store.ensure_org("acme", reactor.seconds())
+    settings = RelaySettings(
+        relay_origin=ORIGIN,
+        ws_url=f"ws://{ORIGIN}/v1/ws",
+        public_url=f"https://{ORIGIN}",
+        call_deadline_s=limits.CALL_DEADLINE_S,
+        calls_per_hour=limits.CALLS_PER_HOUR_PER_PAIR,
+        door=door or roomy_door(),
+    )
+    return MemoryRelay(reactor, store, compose(settings, store, reactor))

@@ -1,0 +1,221 @@
+"""The relay API's decisions, with no web server: routes, roles, record ownership, key chains."""
+
+from __future__ import annotations
+
+import itertools
+
+import attrs
+import pytest
+
+from agentcall.crypto import records
+from agentcall.crypto.keys import EncryptionKey
+from agentcall.errors import ApiError, ApiErrorCode
+from agentcall.relay import api_rules as rules
+from agentcall.relay.api_rules import Access, Route, RouteMatch
+from agentcall.relay.store_interface import Member
+from agentcall.wire.http import KeysResponse, MemberRole
+from tests.unit.crypto_helpers import DAY, NOW, ORIGIN, make_party, rotate
+
+INVITE_ID = "0f" * 32
+ANN = Member(org="acme", handle="ann", role=MemberRole.MEMBER, agent_kind=None, created_at=0.0)
+ADA = attrs.evolve(ANN, handle="ada", role=MemberRole.ADMIN)
+
+
+def refusal(exc: pytest.ExceptionInfo[ApiError]) -> tuple[int, ApiErrorCode]:
+    return exc.value.status, exc.value.code
+
+
+# --- routes ------------------------------------------------------------------------------------
+
+ROUTES = {
+    ("GET", "/v1/status"): RouteMatch(Route.STATUS),
+    ("POST", "/v1/register"): RouteMatch(Route.REGISTER),
+    ("GET", "/v1/me"): RouteMatch(Route.ME),
+    ("GET", "/v1/presence"): RouteMatch(Route.PRESENCE),
+    ("POST", "/v1/invites"): RouteMatch(Route.CREATE_INVITE),
+    ("GET", "/v1/invites"): RouteMatch(Route.LIST_INVITES),
+    ("POST", f"/v1/invites/{INVITE_ID}/revoke"): RouteMatch(Route.REVOKE_INVITE, INVITE_ID),
+    ("PUT", "/v1/keys/identity"): RouteMatch(Route.PUBLISH_IDENTITY),
+    ("PUT", "/v1/keys/encryption"): RouteMatch(Route.PUBLISH_ENCRYPTION),
+    ("GET", "/v1/keys/ken"): RouteMatch(Route.FETCH_KEYS, "ken"),
+    # The fixed key routes are PUT only, so handles named like them are still fetched.
+    ("GET", "/v1/keys/identity"): RouteMatch(Route.FETCH_KEYS, "identity"),
+    ("GET", "/v1/keys/encryption"): RouteMatch(Route.FETCH_KEYS, "encryption"),
+}
+FIXED_PATHS = {
+    "/v1/status",
+    "/v1/register",
+    "/v1/me",
+    "/v1/presence",
+    "/v1/invites",
+    "/v1/keys/identity",
+    "/v1/keys/encryption",
+}
+METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
+PATHS = sorted(
+    {path for (_method, path) in ROUTES}
+    | {
+        "/",
+        "/v1",
+        "/v1/nothing",
+        "/v1/keys",
+        "/v1/keys/K",
+        "/v1/keys/a",
+        "/v1/keys/" + "k" * 32,
+        f"/v1/invites/{INVITE_ID}",
+        f"/v1/invites/{INVITE_ID.upper()}/revoke",
+        f"/v1/invites/{INVITE_ID[:-2]}/revoke",
+        "/v1/me/more",
+    }
+)
+
+
+@pytest.mark.parametrize(("method", "path"), list(itertools.product(METHODS, PATHS)))
+def test_every_method_and_path_has_one_answer(method: str, path: str) -> None:
+    """A route where the table names one, 405 on a fixed path asked the wrong way, else 404."""
+    expected = ROUTES.get((method, path))
+    if expected is not None:
+        assert rules.match(method, path) == expected
+        return
+    with pytest.raises(ApiError) as exc:
+        rules.match(method, path)
+    if path in FIXED_PATHS:
+        assert refusal(exc) == (405, ApiErrorCode.METHOD_NOT_ALLOWED)
+        assert method in exc.value.message
+    else:
+        assert refusal(exc) == (404, ApiErrorCode.NOT_FOUND)
+
+
+def test_every_route_is_reachable_and_has_an_access_rule() -> None:
+    assert {found.route for found in ROUTES.values()} == set(Route)
+    assert set(rules.ACCESS) == set(Route)
+
+
+# --- who may use a route -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("route", list(Route))
+def test_admin_routes_are_refused_to_members_and_granted_to_admins(route: Route) -> None:
+    rules.authorize(route, ADA)
+    if rules.ACCESS[route] is Access.ADMIN:
+        with pytest.raises(ApiError) as exc:
+            rules.authorize(route, ANN)
+        assert refusal(exc) == (403, ApiErrorCode.FORBIDDEN)
+    else:
+        rules.authorize(route, ANN)
+
+
+def test_only_the_invite_routes_are_for_admins_and_only_status_and_register_for_anyone() -> None:
+    by_access = {access: {r for r, a in rules.ACCESS.items() if a is access} for access in Access}
+    assert by_access[Access.ADMIN] == {
+        Route.CREATE_INVITE,
+        Route.LIST_INVITES,
+        Route.REVOKE_INVITE,
+    }
+    assert by_access[Access.ANYONE] == {Route.STATUS, Route.REGISTER}
+    assert RouteMatch(Route.ME).access is Access.MEMBER
+
+
+# --- record ownership --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("address", "origin", "message"),
+    [
+        ("@acme/bob", ORIGIN, "yourself"),
+        ("@other/ann", ORIGIN, "yourself"),
+        ("@acme/ann", "relay.elsewhere", "another relay"),
+        ("@acme/bob", "relay.elsewhere", "yourself"),
+    ],
+)
+def test_a_record_names_its_publisher_on_this_relay(
+    address: str, origin: str, message: str
+) -> None:
+    with pytest.raises(ApiError, match=message) as exc:
+        rules.check_record_names(ANN, address, origin, ORIGIN)
+    assert refusal(exc) == (400, ApiErrorCode.RECORD_INVALID)
+    rules.check_record_names(ANN, "@acme/ann", ORIGIN, ORIGIN)
+
+
+def test_an_identity_record_must_be_ones_own_and_self_signed() -> None:
+    ann = make_party("@acme/ann")
+    rules.check_identity_record(ANN, ann.identity, ORIGIN)
+    with pytest.raises(ApiError) as exc:
+        rules.check_identity_record(ANN, make_party("@acme/bob").identity, ORIGIN)
+    assert refusal(exc) == (400, ApiErrorCode.RECORD_INVALID)
+    forged = attrs.evolve(ann.identity, signature=make_party("@acme/ann").identity.signature)
+    with pytest.raises(ApiError) as exc:
+        rules.check_identity_record(ANN, forged, ORIGIN)
+    assert refusal(exc) == (400, ApiErrorCode.SIGNATURE_INVALID)
+
+
+# --- the encryption key chain --------------------------------------------------------------------
+
+
+def test_the_first_encryption_record_needs_the_identity_key_first() -> None:
+    ann = make_party("@acme/ann")
+    with pytest.raises(ApiError) as exc:
+        rules.check_encryption_record(ANN, ann.encryption, None, ORIGIN, NOW)
+    assert refusal(exc) == (409, ApiErrorCode.IDENTITY_KEY_MISSING)
+    rules.check_encryption_record(ANN, ann.encryption, KeysResponse(ann.identity), ORIGIN, NOW)
+
+
+def test_the_names_are_checked_before_anything_else() -> None:
+    bob = make_party("@acme/bob")
+    with pytest.raises(ApiError) as exc:
+        rules.check_encryption_record(ANN, bob.encryption, None, ORIGIN, NOW)
+    assert refusal(exc) == (400, ApiErrorCode.RECORD_INVALID)
+
+
+def test_an_encryption_record_signed_by_another_identity_is_refused() -> None:
+    ann, impostor = make_party("@acme/ann"), make_party("@acme/ann")
+    current = KeysResponse(ann.identity)
+    with pytest.raises(ApiError, match="signature") as exc:
+        rules.check_encryption_record(ANN, impostor.encryption, current, ORIGIN, NOW)
+    assert refusal(exc) == (400, ApiErrorCode.SIGNATURE_INVALID)
+
+
+@pytest.mark.parametrize(
+    ("now", "word"), [(NOW - 2 * DAY, "not valid yet"), (NOW + 30 * DAY, "expired")]
+)
+def test_an_encryption_record_outside_its_window_at_now_is_refused(now: float, word: str) -> None:
+    ann = make_party("@acme/ann")
+    with pytest.raises(ApiError, match=word) as exc:
+        rules.check_encryption_record(ANN, ann.encryption, KeysResponse(ann.identity), ORIGIN, now)
+    assert refusal(exc) == (400, ApiErrorCode.SIGNATURE_INVALID)
+
+
+def test_a_new_encryption_record_is_the_next_epoch_chained_to_the_current_one() -> None:
+    ann = make_party("@acme/ann")
+    nxt = rotate(ann)
+    current = KeysResponse(ann.identity, ann.encryption)
+    rules.check_encryption_record(ANN, nxt.encryption, current, ORIGIN, NOW)
+    # Epoch 2 of another epoch 1 signed by the same identity: right epoch, wrong link.
+    sibling = records.make_encryption_record(
+        ann.identity_key,
+        EncryptionKey.generate(),
+        ORIGIN,
+        "@acme/ann",
+        epoch=1,
+        not_before=NOW - DAY,
+        not_after=NOW + 29 * DAY,
+        previous=None,
+    )
+    refused = {
+        "the same epoch again": ann.encryption,
+        "an epoch skipped": rotate(nxt).encryption,
+        "another branch": rotate(attrs.evolve(ann, encryption=sibling)).encryption,
+    }
+    for record in refused.values():
+        with pytest.raises(ApiError, match="chain") as exc:
+            rules.check_encryption_record(ANN, record, current, ORIGIN, NOW)
+        assert refusal(exc) == (400, ApiErrorCode.SIGNATURE_INVALID)
+
+
+def test_published_keys_or_404() -> None:
+    ann = make_party("@acme/ann")
+    keys = KeysResponse(ann.identity)
+    assert rules.published(keys) is keys
+    with pytest.raises(ApiError) as exc:
+        rules.published(None)
+    assert refusal(exc) == (404, ApiErrorCode.NOT_FOUND)
