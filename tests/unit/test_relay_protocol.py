@@ -1,0 +1,268 @@
+"""The relay's WebSocket adapter with real autobahn clients, connected in memory to a relay
+composed as ``twistd agentcall-relay`` composes it.
+
+``iosim`` pumps bytes both ways through the front door, the HTTP upgrade and autobahn; txaio's
+timers run on the relay's memory clock, so nothing here waits on real time.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+import txaio as _txaio
+from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
+from twisted.internet.address import IPv4Address
+from twisted.internet.testing import MemoryReactorClock
+from twisted.test import iosim
+
+from agentcall import limits
+from agentcall.errors import CallErrorCode
+from agentcall.relay import audit
+from agentcall.wire import codec
+from agentcall.wire.closecodes import (
+    CLOSE_BAD_REQUEST,
+    CLOSE_NORMAL,
+    CLOSE_UNAUTHORIZED,
+)
+from agentcall.wire.frames import (
+    CallAccepted,
+    CallError,
+    CallOutcome,
+    CallRequest,
+    CallStarted,
+    CallState,
+    CallStatus,
+    Direction,
+    Frame,
+    IncomingCall,
+    Ready,
+    Role,
+    SealedEnvelope,
+    Terminal,
+)
+from tests.unit.crypto_helpers import NOW
+from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay
+
+txaio: Any = _txaio  # txaio's config is untyped
+CORRELATION = "c0ffee" + "0" * 26
+SOURCE = IPv4Address("TCP", "10.0.0.1", 40000)
+
+
+def envelope(direction: Direction, from_: str, to: str) -> SealedEnvelope:
+    # Sealed-looking only: the relay routes on the header and never opens the ciphertext.
+    return SealedEnvelope(
+        v=1,
+        direction=direction,
+        relay_origin=ORIGIN,
+        from_=from_,
+        to=to,
+        key_id="ab" * 16,
+        epoch=1,
+        ct="Q2lwaGVydGV4dC10aGF0LXRoZS1yZWxheS1uZXZlci1vcGVucw",
+    )
+
+
+REQUEST = CallRequest(
+    envelope=envelope(Direction.REQUEST, "@acme/ann", "@acme/ken"), correlation_id=CORRELATION
+)
+
+
+class PartySocket(WebSocketClientProtocol):
+    factory: Party
+
+    def onOpen(self) -> None:
+        self.factory.socket = self
+
+    def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.factory.frames.append(codec.decode_frame(payload))
+
+    def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
+        self.factory.close_code = code
+
+
+class Party(WebSocketClientFactory):
+    """One end at ``/v1/ws``: the frames it got, how it was closed, and a pump to the relay."""
+
+    protocol = PartySocket  # type: ignore[assignment]
+
+    def __init__(self, query: str, headers: dict[str, str], reactor: MemoryReactorClock) -> None:
+        super().__init__(f"ws://{ORIGIN}/v1/ws?{query}", reactor=reactor, headers=headers)
+        self.socket: PartySocket | None = None
+        self.frames: list[Frame] = []
+        self.close_code: int | None = None
+        self.pump: iosim.IOPump | None = None
+
+    def send(self, frame: Frame) -> None:
+        assert self.socket is not None
+        self.socket.sendMessage(codec.encode(frame), isBinary=False)
+
+    def send_raw(self, payload: bytes, *, binary: bool = False) -> None:
+        assert self.socket is not None
+        self.socket.sendMessage(payload, isBinary=binary)
+
+
+class Switch:
+    """The relay and every party connected to it; :meth:`flush` delivers all pending bytes."""
+
+    def __init__(self, relay: MemoryRelay) -> None:
+        self.relay = relay
+        self.parties: list[Party] = []
+        self.tokens = {handle: relay.enrol(handle) for handle in ("ann", "ken")}
+
+    def connect(self, query: str, handle: str, token: str | None = None) -> Party:
+        headers = {
+            "Authorization": f"Bearer {token or self.tokens[handle]}",
+            "X-AgentCall-Org": "acme",
+            "X-AgentCall-Handle": handle,
+        }
+        party = Party(query, headers, self.relay.reactor)
+        server = self.relay.relay.factory.buildProtocol(SOURCE)
+        client = party.buildProtocol(SOURCE)
+        party.pump = iosim.connect(
+            server,
+            iosim.FakeTransport(server, isServer=True, peerAddress=SOURCE),
+            client,
+            iosim.FakeTransport(client, isServer=False),
+            greet=False,
+        )
+        self.parties.append(party)
+        self.flush()
+        return party
+
+    def flush(self) -> None:
+        # Delivering to one side can queue bytes for another; pump until all are quiet.
+        while any(party.pump is not None and party.pump.pump() for party in self.parties):
+            pass
+
+
+@pytest.fixture
+def switch(tmp_path: Path) -> Iterator[Switch]:
+    relay = memory_relay(tmp_path, now=NOW)
+    previous = txaio.config.loop
+    txaio.config.loop = relay.reactor
+    try:
+        yield Switch(relay)
+    finally:
+        txaio.config.loop = previous
+
+
+def ready(role: Role, address: str) -> Ready:
+    return Ready(role=role, address=address, relay_origin=ORIGIN)
+
+
+def test_a_call_is_routed_from_caller_to_listener_and_back(switch: Switch) -> None:
+    ken = switch.connect("role=listen", "ken")
+    assert ken.frames == [ready(Role.LISTEN, "@acme/ken")]
+    assert switch.relay.relay.switchboard.is_online("acme", "ken")
+    ann = switch.connect("role=call&to=ken", "ann")
+    assert ann.frames == [ready(Role.CALL, "@acme/ann")]
+
+    ann.send(REQUEST)
+    switch.flush()
+    [ringing] = ann.frames[1:]
+    assert isinstance(ringing, CallStatus) and ringing.state is CallState.RINGING
+    call_id = ringing.call_id
+    assert ken.frames[1:] == [
+        IncomingCall(
+            call_id=call_id, from_="ann", envelope=REQUEST.envelope, correlation_id=CORRELATION
+        )
+    ]
+
+    outcome = CallOutcome(
+        call_id=call_id,
+        terminal=Terminal.COMPLETED,
+        envelope=envelope(Direction.RESPONSE, "@acme/ken", "@acme/ann"),
+    )
+    for frame in (CallAccepted(call_id=call_id), CallStarted(call_id=call_id), outcome):
+        ken.send(frame)
+        switch.flush()
+    assert ann.frames[2:] == [
+        CallStatus(call_id=call_id, state=CallState.ANSWERED),
+        CallStatus(call_id=call_id, state=CallState.WORKING),
+        outcome,
+    ]
+    assert ann.close_code == CLOSE_NORMAL
+    assert ken.close_code is None  # the listener's session outlives its calls
+    assert switch.relay.relay.calls.active_count() == 0
+    assert switch.relay.relay.door.gate.callers_of("@acme/ann") == 0
+
+
+def test_a_call_to_a_handle_that_is_not_listening_is_offline(switch: Switch) -> None:
+    ann = switch.connect("role=call&to=ken", "ann")
+    ann.send(REQUEST)
+    switch.flush()
+    [error] = ann.frames[1:]
+    assert isinstance(error, CallError) and error.code is CallErrorCode.OFFLINE
+    assert ann.close_code == CLOSE_NORMAL
+
+
+def test_a_listener_that_goes_away_is_offline_again(switch: Switch) -> None:
+    ken = switch.connect("role=listen", "ken")
+    assert ken.socket is not None
+    ken.socket.sendClose(CLOSE_NORMAL)
+    switch.flush()
+    assert not switch.relay.relay.switchboard.is_online("acme", "ken")
+
+
+def test_a_bad_token_is_closed_unauthorized_and_counted(switch: Switch) -> None:
+    ken = switch.connect("role=listen", "ken", token="x" * 43)
+    assert ken.frames == []
+    assert ken.close_code == CLOSE_UNAUTHORIZED
+    assert not switch.relay.relay.switchboard.is_online("acme", "ken")
+    caller = switch.connect("role=call&to=ken", "ann", token="y" * 43)
+    assert caller.frames == [CallError(code=CallErrorCode.UNAUTHORIZED)]
+    assert caller.close_code == CLOSE_UNAUTHORIZED
+    switch.relay.reactor.advance(60.0)
+    switch.relay.relay.door.flush()
+    [row] = switch.relay.store.audit_rows(audit.RELAY_WIDE)
+    assert row.detail == "2 failed authentications in this minute"
+
+
+@pytest.mark.parametrize("query", ["", "role=sing", "role=listen&role=call"])
+def test_a_socket_without_one_known_role_is_a_bad_request(switch: Switch, query: str) -> None:
+    party = switch.connect(query, "ken")
+    assert party.frames == []
+    assert party.close_code == CLOSE_BAD_REQUEST
+
+
+def test_a_caller_without_a_target_is_told_unknown_handle(switch: Switch) -> None:
+    ann = switch.connect("role=call", "ann")
+    ann.send(REQUEST)
+    switch.flush()
+    assert ann.frames[1:] == [CallError(code=CallErrorCode.UNKNOWN_HANDLE)]
+    assert ann.close_code == CLOSE_NORMAL
+
+
+@pytest.mark.parametrize(
+    ("payload", "binary", "code"),
+    [
+        (b"{", False, CallErrorCode.PROTOCOL_ERROR),
+        (codec.encode(REQUEST), True, CallErrorCode.PROTOCOL_ERROR),
+        (b" " * (limits.MAX_REQUEST_FRAME_BYTES + 1), False, CallErrorCode.MESSAGE_TOO_LARGE),
+    ],
+)
+def test_a_bad_caller_frame_ends_the_call_socket(
+    switch: Switch, payload: bytes, binary: bool, code: CallErrorCode
+) -> None:
+    switch.connect("role=listen", "ken")
+    ann = switch.connect("role=call&to=ken", "ann")
+    ann.send_raw(payload, binary=binary)
+    switch.flush()
+    assert ann.frames[1:] == [CallError(code=code)]
+    assert ann.close_code == CLOSE_NORMAL
+
+
+def test_a_bad_listener_frame_is_dropped_and_the_session_kept(switch: Switch) -> None:
+    ken = switch.connect("role=listen", "ken")
+    ken.send_raw(b"not json")
+    ken.send_raw(b"{}", binary=True)
+    switch.flush()
+    assert ken.close_code is None
+    assert switch.relay.relay.switchboard.is_online("acme", "ken")
+    ann = switch.connect("role=call&to=ken", "ann")
+    ann.send(REQUEST)
+    switch.flush()
+    assert isinstance(ken.frames[-1], IncomingCall)
