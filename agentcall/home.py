@@ -14,16 +14,15 @@ a file in it. The rules themselves are in :mod:`agentcall.filetrust`.
 
 from __future__ import annotations
 
-import contextlib
 import os
 import pwd
 import stat
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
 import attrs
 
+from agentcall.atomicfile import replace_file
 from agentcall.filetrust import (
     PRIVATE_FILE_MODE,
     FileTrust,
@@ -206,26 +205,7 @@ class Home:
         With ``exclusive``, an existing file is never replaced (:class:`FileExistsError`).
         """
         self.ensure()
-        directory = path.parent
-        # mkstemp creates the file 0600 from the start, so the secret is never readable by others.
-        fd, temp_name = tempfile.mkstemp(dir=directory, prefix=f".{path.name}.", suffix=".tmp")
-        temp = Path(temp_name)
-        try:
-            with os.fdopen(fd, "wb") as handle:
-                handle.write(data)
-                handle.flush()
-                os.fsync(handle.fileno())
-            if exclusive:
-                # link() fails when the target exists, where replace() would overwrite it.
-                os.link(temp, path)
-                temp.unlink()
-            else:
-                os.replace(temp, path)
-        except BaseException:
-            with contextlib.suppress(FileNotFoundError):
-                temp.unlink()
-            raise
-        _fsync_dir(directory)
+        replace_file(path, data, exclusive=exclusive)
 
     def read_private(self, path: Path) -> bytes:
         """The bytes of a private file, refused unless it is a regular 0600 file of ours.
@@ -303,12 +283,3 @@ class Home:
             if problem is not None:
                 problems.append(problem)
         return problems
-
-
-def _fsync_dir(directory: Path) -> None:
-    # The rename is only durable once the directory entry itself is on disk.
-    fd = os.open(directory, os.O_RDONLY | getattr(os, "O_DIRECTORY", 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

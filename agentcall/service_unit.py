@@ -14,16 +14,15 @@ and start a new directive, so values with any control character are refused outr
 
 from __future__ import annotations
 
-import contextlib
 import os
 import re
 import subprocess
-import tempfile
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 
 import attrs
 
+from agentcall.atomicfile import replace_file
 from agentcall.errors import AgentCallError
 from agentcall.home import Home
 
@@ -216,17 +215,7 @@ def _checked(systemctl: Systemctl, *args: str) -> subprocess.CompletedProcess[st
 
 def _write_unit(path: Path, text: str) -> None:
     path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
-    # mkstemp makes the file 0600 from the start; the rename replaces the unit atomically.
-    fd, temp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
-        os.chmod(temp, UNIT_FILE_MODE)
-        os.replace(temp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temp)
-        raise
+    replace_file(path, text.encode("utf-8"), mode=UNIT_FILE_MODE, durable=False)
 
 
 def install(path: Path, text: str, systemctl: Systemctl) -> bool:

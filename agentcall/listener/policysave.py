@@ -7,11 +7,10 @@ here both can be imported without either importing the other.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
-import tempfile
 
+from agentcall.atomicfile import replace_file
 from agentcall.listener.admission import check_assertions
 from agentcall.listener.ceiling import Ceiling
 from agentcall.listener.policy import Policy, PolicyError, parse_policy, policy_to_json
@@ -41,31 +40,4 @@ def save_policy(
     if failures:
         raise PolicyError(name, f"{failures[0]} (refusing to save a policy that breaks it)")
     data = (json.dumps(document, indent=2, sort_keys=False) + "\n").encode("utf-8")
-    directory = os.path.dirname(os.path.abspath(name))
-    # mkstemp creates the file 0600, so the policy is never readable by others, even briefly.
-    fd, temporary = tempfile.mkstemp(prefix=".policy-", suffix=".tmp", dir=directory)
-    try:
-        with os.fdopen(fd, "wb") as out:
-            out.write(data)
-            out.flush()
-            os.fsync(out.fileno())
-        os.replace(temporary, name)
-    except BaseException:
-        # Leave no half-written temporary behind; the old policy is still in place.
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(temporary)
-        raise
-    _fsync_directory(directory)
-
-
-def _fsync_directory(directory: str) -> None:
-    # Makes the rename itself durable; not every platform lets a directory be opened.
-    try:
-        fd = os.open(directory, os.O_RDONLY)
-    except OSError:
-        return
-    try:
-        with contextlib.suppress(OSError):
-            os.fsync(fd)
-    finally:
-        os.close(fd)
+    replace_file(name, data)

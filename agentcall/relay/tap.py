@@ -13,6 +13,7 @@ from twisted.internet.interfaces import IListeningPort
 from twisted.python import usage
 
 from agentcall import limits
+from agentcall.atomicfile import replace_file
 from agentcall.logevents import Logger
 
 if TYPE_CHECKING:
@@ -216,10 +217,9 @@ class ListeningService(service.Service):
         number = port.getHost().port  # type: ignore[attr-defined]
         _log.info("relay_listening", port=number)
         if self._ready_file:
-            tmp = self._ready_file + ".tmp"
-            with open(tmp, "w", encoding="utf-8") as fh:
-                json.dump({"port": number, "pid": os.getpid()}, fh)
-            os.replace(tmp, self._ready_file)
+            ready = json.dumps({"port": number, "pid": os.getpid()}).encode("utf-8")
+            # Readers poll for this file, so they must never see it half written.
+            replace_file(self._ready_file, ready, mode=0o644, durable=False)
 
     def _failed(self, failure: Any) -> None:
         _log.failure("relay_listen_failed", failure=failure)
