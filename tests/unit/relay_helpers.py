@@ -68,7 +68,8 @@ class MemoryRelay:
         handle: str = "",
         host: str = "10.0.0.1",
     ) -> Answer:
-        """One request on a fresh connection through the whole front door and Site."""
+        """One request on a fresh connection through the whole front door and Site; with a
+        ``token``, the credentials of ``@acme/<handle>``."""
         lines = [f"{method} {path} HTTP/1.1", "Host: relay.example", "Connection: close"]
         if token is not None:
             lines += [
@@ -79,10 +80,19 @@ class MemoryRelay:
         if body is not None:
             lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
         raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+        return self.send(raw, host)
+
+    def connect(self, host: str = "10.0.0.1") -> tuple[Any, StringTransport]:
+        """A fresh connection from ``host`` through the front door: (protocol, transport)."""
         address = IPv4Address("TCP", host, 40000)
         protocol = self.relay.factory.buildProtocol(address)
         transport = StringTransport(peerAddress=address)
         protocol.makeConnection(transport)
+        return protocol, transport
+
+    def send(self, raw: bytes, host: str = "10.0.0.1") -> Answer:
+        """``raw`` bytes on a fresh connection; the answer once the relay has replied."""
+        protocol, transport = self.connect(host)
         protocol.dataReceived(raw)
         if transport.disconnecting:
             # A memory transport only records the close; deliver it as the reactor would.

@@ -10,54 +10,45 @@ from typing import Any
 
 import attrs
 import pytest
-from twisted.internet.address import IPv4Address
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
-from agentcall import limits
 from agentcall.relay import audit
-from agentcall.relay.composition import RelaySettings, compose
-from agentcall.relay.door import Door, DoorConfig, GatedFactory
+from agentcall.relay.door import Door, DoorConfig
 from agentcall.relay.gate import GateLimits
-from agentcall.relay.store import SqliteRelayStore, open_relay_store
-from agentcall.wire.http import MemberRole
-
-ORIGIN = "relay.example"
+from agentcall.relay.store import SqliteRelayStore
+from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay, parse_answer
 
 
 @attrs.define
 class Front:
-    reactor: MemoryReactorClock
-    store: SqliteRelayStore
-    door: Door
-    factory: GatedFactory
+    memory: MemoryRelay
     token: str
 
+    @property
+    def reactor(self) -> MemoryReactorClock:
+        return self.memory.reactor
+
+    @property
+    def store(self) -> SqliteRelayStore:
+        return self.memory.store
+
+    @property
+    def door(self) -> Door:
+        return self.memory.relay.door
+
     def connect(self, host: str = "10.0.0.1") -> tuple[Any, StringTransport]:
-        address = IPv4Address("TCP", host, 40000)
-        protocol = self.factory.buildProtocol(address)
-        transport = StringTransport(peerAddress=address)
-        protocol.makeConnection(transport)
-        return protocol, transport
+        return self.memory.connect(host)
 
     def request(self, raw: bytes, host: str = "10.0.0.1") -> tuple[int, dict[str, str], bytes]:
-        protocol, transport = self.connect(host)
-        protocol.dataReceived(raw)
-        if transport.disconnecting:
-            # A memory transport only records the close; deliver it as the reactor would.
-            protocol.connectionLost(Failure(ConnectionDone()))
-        return parse(transport.value())
+        answer = self.memory.send(raw, host)
+        return answer.status, answer.headers, answer.body
 
 
 def parse(data: bytes) -> tuple[int, dict[str, str], bytes]:
-    head, _, body = data.partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return int(lines[0].split()[1]), headers, body
+    answer = parse_answer(data)
+    return answer.status, answer.headers, answer.body
 
 
 def config(**changes: Any) -> DoorConfig:
@@ -78,29 +69,8 @@ def front(tmp_path: Path) -> Iterator[Front]:
 
 
 def make_front(tmp_path: Path, door_config: DoorConfig) -> Front:
-    reactor = MemoryReactorClock()
-    reactor.advance(1_000_000.0)
-    store = open_relay_store(tmp_path / "relay.sqlite")
-    store.ensure_org("acme", reactor.seconds())
-    secret, _ = store.create_invite(
-        "acme",
-        created_by=None,
-        role=MemberRole.MEMBER,
-        expires_in_days=7,
-        description=None,
-        now=reactor.seconds(),
-    )
-    _, token = store.register("acme", secret, "ann", None, reactor.seconds())
-    settings = RelaySettings(
-        relay_origin=ORIGIN,
-        ws_url=f"ws://{ORIGIN}/v1/ws",
-        public_url=f"https://{ORIGIN}",
-        call_deadline_s=limits.CALL_DEADLINE_S,
-        calls_per_hour=30,
-        door=door_config,
-    )
-    relay = compose(settings, store, reactor)
-    return Front(reactor, store, relay.door, relay.factory, token)
+    memory = memory_relay(tmp_path, now=1_000_000.0, door=door_config)
+    return Front(memory, memory.enrol("ann"))
 
 
 def get(path: str, *headers: str) -> bytes:
