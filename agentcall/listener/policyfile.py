@@ -23,6 +23,7 @@ from typing import Any, Final
 
 import attrs
 
+from agentcall import strictjson
 from agentcall.ids import HANDLE_RE, TASK_RE
 
 ALL_TASKS: Final = "*"
@@ -38,23 +39,19 @@ class SchemaProblem(Exception):
     """A validation finding that names its field; the loader adds the file's name."""
 
 
-def _no_duplicate_keys(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise SchemaProblem(f"duplicate key {show(key)}")
-        result[key] = value
-    return result
-
-
 def decode_json(raw: bytes) -> Any:
-    """Strict JSON from a file's bytes: UTF-8, no duplicate keys, bounded nesting."""
+    """Strict JSON from a file's bytes: UTF-8, no duplicate keys, no NaN or infinities,
+    bounded nesting."""
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError:
         raise SchemaProblem("is not UTF-8 text") from None
     try:
-        return json.loads(text, object_pairs_hook=_no_duplicate_keys)
+        return strictjson.loads(text)
+    except strictjson.DuplicateKey as duplicate:
+        raise SchemaProblem(f"duplicate key {show(duplicate.key)}") from None
+    except strictjson.NotJsonConstant as constant:
+        raise SchemaProblem(f"is not valid JSON ({constant.name} is not a JSON number)") from None
     except json.JSONDecodeError as failure:
         where = f"line {failure.lineno}, column {failure.colno}"
         raise SchemaProblem(f"is not valid JSON ({failure.msg} at {where})") from None

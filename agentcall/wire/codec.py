@@ -15,7 +15,7 @@ import attrs
 import cattrs
 from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, override
 
-from agentcall import limits
+from agentcall import limits, strictjson
 from agentcall.errors import MalformedFrame
 from agentcall.wire import frames, http, payloads
 
@@ -162,19 +162,6 @@ _register(payloads.SignedResponse)
 # --- JSON text -------------------------------------------------------------------------------
 
 
-def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise ValueError(f"duplicate key {key!r}")
-        result[key] = value
-    return result
-
-
-def _no_constants(name: str) -> Any:
-    raise ValueError(f"{name} is not JSON")
-
-
 def parse_json(data: bytes | str, *, max_bytes: int) -> Any:
     """Strict JSON: size first, UTF-8, no duplicate keys, no NaN/Infinity."""
     if len(data) > max_bytes:
@@ -183,7 +170,7 @@ def parse_json(data: bytes | str, *, max_bytes: int) -> Any:
         text = data.decode("utf-8") if isinstance(data, bytes) else data
         if len(text.encode("utf-8")) > max_bytes:
             raise MalformedFrame(f"larger than {max_bytes} bytes")
-        return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+        return strictjson.loads(text)
     except MalformedFrame:
         raise
     except (ValueError, UnicodeError, RecursionError) as exc:

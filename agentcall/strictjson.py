@@ -1,0 +1,53 @@
+"""Strict JSON, the one reading of JSON for wire frames and the files people or peers write.
+
+Python's :func:`json.loads` quietly keeps the last of two equal keys and accepts ``NaN``,
+``Infinity`` and ``-Infinity``, none of which is JSON (RFC 8259). A duplicate key lets two
+readers see different documents; a non-finite number slips past every range check, since it
+compares false with everything. Both are refused here, each with its own error so a caller
+can name the problem in its own terms.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any, NoReturn
+
+
+class DuplicateKey(ValueError):
+    """An object names the same key twice."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"duplicate key {key!r}")
+        self.key = key
+
+
+class NotJsonConstant(ValueError):
+    """``NaN``, ``Infinity`` or ``-Infinity``: Python reads them, JSON has no such values."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"{name} is not JSON")
+        self.name = name
+
+
+def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def _no_constants(name: str) -> NoReturn:
+    raise NotJsonConstant(name)
+
+
+def loads(text: str) -> Any:
+    """Parse ``text`` as strict JSON.
+
+    :raises DuplicateKey: an object repeats a key.
+    :raises NotJsonConstant: the text holds NaN or an infinity.
+    :raises ValueError: any other problem (:class:`json.JSONDecodeError` for bad syntax).
+    :raises RecursionError: the nesting is too deep for the parser.
+    """
+    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)

@@ -1,0 +1,59 @@
+"""One strict JSON reader: duplicate keys and NaN/Infinity refused, on the wire and in files."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from agentcall import strictjson
+from agentcall.errors import MalformedFrame
+from agentcall.listener.policy import PolicyError, load_policy
+from agentcall.listener.policyfile import SchemaProblem, decode_json
+from agentcall.wire import codec
+
+NON_FINITE = ["NaN", "Infinity", "-Infinity"]
+
+
+def test_plain_json_reads_as_json() -> None:
+    assert strictjson.loads('{"a": [1, 2.5, "x", null, true]}') == {"a": [1, 2.5, "x", None, True]}
+
+
+def test_a_duplicate_key_is_refused_and_named() -> None:
+    with pytest.raises(strictjson.DuplicateKey) as caught:
+        strictjson.loads('{"a": 1, "b": {"c": 1, "c": 2}}')
+    assert caught.value.key == "c"
+
+
+@pytest.mark.parametrize("constant", NON_FINITE)
+def test_non_finite_numbers_are_refused(constant: str) -> None:
+    with pytest.raises(strictjson.NotJsonConstant) as caught:
+        strictjson.loads(f'{{"version": {constant}}}')
+    assert caught.value.name == constant
+
+
+@pytest.mark.parametrize("text", ['{"a": 1, "a": 2}', '{"a": NaN}'])
+def test_the_wire_decoder_still_refuses_both(text: str) -> None:
+    with pytest.raises(MalformedFrame, match="not valid JSON"):
+        codec.parse_json(text.encode(), max_bytes=1000)
+
+
+def test_owner_files_keep_their_duplicate_key_message() -> None:
+    with pytest.raises(SchemaProblem, match=r"^duplicate key 'version'$"):
+        decode_json(b'{"version": 2, "version": 1}')
+
+
+@pytest.mark.parametrize("constant", NON_FINITE)
+def test_owner_files_refuse_non_finite_numbers(constant: str) -> None:
+    with pytest.raises(SchemaProblem, match=f"is not valid JSON \\({constant} is not a JSON"):
+        decode_json(f'{{"version": {constant}}}'.encode())
+
+
+@pytest.mark.parametrize("constant", NON_FINITE)
+def test_a_policy_with_nan_is_refused_and_names_the_file(tmp_path: Path, constant: str) -> None:
+    """policy.json accepted NaN before this reader; a policy it cannot read is never used."""
+    path = tmp_path / "policy.json"
+    path.write_text(f'{{"version": 2, "callers": {{"bob": {{"access": {constant}}}}}}}')
+    path.chmod(0o600)
+    with pytest.raises(PolicyError, match=f"policy.json: is not valid JSON \\({constant}"):
+        load_policy(path)
