@@ -17,9 +17,27 @@ from agentcall.relay.composition import Relay, RelaySettings, compose
 from agentcall.relay.door import DoorConfig
 from agentcall.relay.gate import GateLimits
 from agentcall.relay.store import SqliteRelayStore, open_relay_store
+from agentcall.wire.frames import Direction, SealedEnvelope
 from agentcall.wire.http import MemberRole
 
 ORIGIN = "relay.example"
+
+
+def sealed_looking(
+    direction: Direction, from_: str, to: str, origin: str = ORIGIN
+) -> SealedEnvelope:
+    """An envelope with a real routing header and a ciphertext that is not one: the relay
+    routes on the header and never opens the rest."""
+    return SealedEnvelope(
+        v=1,
+        direction=direction,
+        relay_origin=origin,
+        from_=from_,
+        to=to,
+        key_id="ab" * 16,
+        epoch=1,
+        ct="Q2lwaGVydGV4dC10aGF0LXRoZS1yZWxheS1uZXZlci1vcGVucw",
+    )
 
 
 def roomy_door() -> DoorConfig:

@@ -43,6 +43,7 @@ from agentcall.wire.frames import (
     SealedEnvelope,
     Terminal,
 )
+from tests.unit.relay_helpers import sealed_looking
 
 ORIGIN = "relay.example.test"
 T0 = 1_700_000_000.0
@@ -56,17 +57,7 @@ def envelope(
     from_: str = "@acme/ana",
     to: str = "@acme/ken",
 ) -> SealedEnvelope:
-    # Sealed-looking only: the relay routes on the header and never opens the ciphertext.
-    return SealedEnvelope(
-        v=1,
-        direction=direction,
-        relay_origin=origin,
-        from_=from_,
-        to=to,
-        key_id="ab" * 16,
-        epoch=1,
-        ct="Q2lwaGVydGV4dC10aGF0LXRoZS1yZWxheS1uZXZlci1vcGVucw",
-    )
+    return sealed_looking(direction, from_, to, origin)
 
 
 def request(**route: Any) -> CallRequest:

@@ -40,33 +40,18 @@ from agentcall.wire.frames import (
     IncomingCall,
     Ready,
     Role,
-    SealedEnvelope,
     Terminal,
 )
 from tests.unit.crypto_helpers import NOW
-from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay
+from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay, sealed_looking
 
 txaio: Any = _txaio  # txaio's config is untyped
 CORRELATION = "c0ffee" + "0" * 26
 SOURCE = IPv4Address("TCP", "10.0.0.1", 40000)
 
 
-def envelope(direction: Direction, from_: str, to: str) -> SealedEnvelope:
-    # Sealed-looking only: the relay routes on the header and never opens the ciphertext.
-    return SealedEnvelope(
-        v=1,
-        direction=direction,
-        relay_origin=ORIGIN,
-        from_=from_,
-        to=to,
-        key_id="ab" * 16,
-        epoch=1,
-        ct="Q2lwaGVydGV4dC10aGF0LXRoZS1yZWxheS1uZXZlci1vcGVucw",
-    )
-
-
 REQUEST = CallRequest(
-    envelope=envelope(Direction.REQUEST, "@acme/ann", "@acme/ken"), correlation_id=CORRELATION
+    envelope=sealed_looking(Direction.REQUEST, "@acme/ann", "@acme/ken"), correlation_id=CORRELATION
 )
 
 
@@ -174,7 +159,7 @@ def test_a_call_is_routed_from_caller_to_listener_and_back(switch: Switch) -> No
     outcome = CallOutcome(
         call_id=call_id,
         terminal=Terminal.COMPLETED,
-        envelope=envelope(Direction.RESPONSE, "@acme/ken", "@acme/ann"),
+        envelope=sealed_looking(Direction.RESPONSE, "@acme/ken", "@acme/ann"),
     )
     for frame in (CallAccepted(call_id=call_id), CallStarted(call_id=call_id), outcome):
         ken.send(frame)
