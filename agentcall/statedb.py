@@ -2,7 +2,7 @@
 
 It holds pins and replay reservations (queried here), the conversations this installation
 answers (:mod:`agentcall.listener.contexts`) and the ones it opened as a caller
-(:mod:`agentcall.outboundstore`). People edit the JSON files next to it; nobody edits this
+(:mod:`agentcall.caller.outboundstore`). People edit the JSON files next to it; nobody edits this
 one, so it can be a database: WAL mode, versioned schema files
 (``agentcall/db/schema/state-*.sql``), one writer at a time. Nothing here reads the clock;
 callers pass ``now``.
@@ -14,13 +14,13 @@ import sqlite3
 
 from zope.interface import implementer
 
+from agentcall.caller.outboundstore import SqliteOutboundStore
 from agentcall.crypto.pins import IPinStorage, Pin
 from agentcall.crypto.replay import IReplayStorage
 from agentcall.db import open_database, packaged_schema
 from agentcall.errors import StoreError
 from agentcall.home import Home
 from agentcall.listener.contexts import SqliteContextStore
-from agentcall.outboundstore import SqliteOutboundStore
 
 STATE_SCHEMA = packaged_schema("state")
 

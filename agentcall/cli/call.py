@@ -6,7 +6,7 @@ on an answer, 1 on any failure with one line on stderr. ``--json`` prints exactl
 object on stdout, also on failure.
 
 An answer may open a conversation; ``--continue`` (or ``--context ID``) follows up on it, and
-the open conversations are remembered in ``state.sqlite`` (:mod:`agentcall.outbound`).
+the open conversations are remembered in ``state.sqlite`` (:mod:`agentcall.caller.outbound`).
 
 This module also holds what the other network commands share: running one piece of work on
 the reactor, and loading the installation with errors worded for the CLI.
@@ -26,10 +26,10 @@ import attrs
 from agentcall import ids, limits
 
 if TYPE_CHECKING:
-    from agentcall.caller import CallResult
+    from agentcall.caller.call import CallResult
+    from agentcall.caller.outbound import Continuation, Settled
     from agentcall.config import Config
     from agentcall.home import Home
-    from agentcall.outbound import Continuation, Settled
     from agentcall.wire.frames import CallStatus
 
 T = TypeVar("T")
@@ -325,7 +325,8 @@ def run(args: argparse.Namespace) -> int:
     if not message.strip():
         report.fail("bad_request", "the message is empty")
 
-    from agentcall import caller, outbound
+    from agentcall.caller import call as caller
+    from agentcall.caller import outbound
     from agentcall.contacts import ContactBook
     from agentcall.errors import AgentCallError
     from agentcall.home import LocalStateError

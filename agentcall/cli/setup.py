@@ -103,7 +103,8 @@ DEPS: SetupDeps | None = None
 
 
 def _real_deps() -> SetupDeps:
-    from agentcall import caller, service_unit
+    from agentcall import service_unit
+    from agentcall.caller import call as caller
     from agentcall.cli.call import run_on_reactor
     from agentcall.client.api import RelayApi
 

@@ -38,7 +38,7 @@ class SetupDeps:
 
     make_api: Callable[..., Any]  # (reactor, RelayUrl, Credentials | None, ca_file) -> RelayApi
     run: Callable[..., Any]  # run_on_reactor
-    place: Callable[..., Any]  # agentcall.caller.place
+    place: Callable[..., Any]  # agentcall.caller.call.place
     systemctl: Systemctl
     which: Callable[[str], str | None] = shutil.which
     environ: Mapping[str, str] = attrs.field(factory=lambda: os.environ)
@@ -68,7 +68,7 @@ async def finish(
     deps: SetupDeps,
     agent_executable: str | None = None,
 ) -> int:
-    from agentcall import caller
+    from agentcall.caller import call as caller
     from agentcall.cli.main import CommandError
     from agentcall.client.api import Credentials
     from agentcall.crypto.keys import fingerprint

@@ -12,7 +12,7 @@ import pytest
 from twisted.internet import defer
 
 from agentcall import limits
-from agentcall.caller import CallRefused, CallResult, KeysConflict, ensure_published, place
+from agentcall.caller.call import CallRefused, CallResult, KeysConflict, ensure_published, place
 from agentcall.client.api import Credentials, RelayUnreachable
 from agentcall.client.ws import CallAborted
 from agentcall.config import Config

@@ -10,8 +10,9 @@ from typing import Any
 import attrs
 import pytest
 
-from agentcall import caller, limits
-from agentcall.caller import CallRefused, CallResult
+from agentcall import limits
+from agentcall.caller import call as caller
+from agentcall.caller.call import CallRefused, CallResult
 from agentcall.cli import call as call_cli
 from agentcall.cli.main import main
 from agentcall.contacts import ContactBook

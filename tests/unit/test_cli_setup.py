@@ -13,7 +13,7 @@ import attrs
 import pytest
 from twisted.internet import defer
 
-from agentcall.caller import CallResult
+from agentcall.caller.call import CallResult
 from agentcall.cli import setup as setup_cli
 from agentcall.cli.main import CommandError, main
 from agentcall.cli.setup import resolve_agent

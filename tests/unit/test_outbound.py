@@ -8,9 +8,7 @@ from collections.abc import Iterator
 import pytest
 
 from agentcall import limits
-from agentcall.db import open_database
-from agentcall.errors import CallErrorCode, StoreError
-from agentcall.outbound import (
+from agentcall.caller.outbound import (
     DEFAULT_TASK,
     Continuation,
     ConversationError,
@@ -18,7 +16,9 @@ from agentcall.outbound import (
     choose,
     settle,
 )
-from agentcall.outboundstore import OpenConversation, SqliteOutboundStore
+from agentcall.caller.outboundstore import OpenConversation, SqliteOutboundStore
+from agentcall.db import open_database
+from agentcall.errors import CallErrorCode, StoreError
 from agentcall.statedb import STATE_SCHEMA
 from agentcall.wire.payloads import Reply
 

@@ -12,6 +12,7 @@ import pytest
 from zope.interface.verify import verifyObject
 
 from agentcall import limits
+from agentcall.caller.outboundstore import SqliteOutboundStore
 from agentcall.crypto import keys
 from agentcall.crypto.pins import IPinStorage, Pin, PinBook
 from agentcall.crypto.replay import IReplayStorage, ReplayWindow
@@ -19,7 +20,6 @@ from agentcall.db import open_database
 from agentcall.errors import IdentityChanged, ReplayDetected, StoreError
 from agentcall.home import Home, PrivateFileError
 from agentcall.listener.contexts import IContextStore, mint
-from agentcall.outboundstore import SqliteOutboundStore
 from agentcall.statedb import STATE_SCHEMA, SqlitePinStorage, SqliteReplayStorage, StateDb
 from tests.unit.crypto_helpers import NOW, ORIGIN, make_party
 from tests.unit.test_db_engine import fresh_snapshot, only_version, snapshot

@@ -1,7 +1,7 @@
 """The ``contexts_out`` table of state.sqlite: the conversations this installation opened as a
 caller, per relay, so ``agentcall call --continue`` can find them again.
 
-Only storage lives here; what a follow-up means is decided in :mod:`agentcall.outbound`. The
+Only storage lives here; what a follow-up means is decided in :mod:`agentcall.caller.outbound`. The
 state database (:mod:`agentcall.statedb`) builds this store on its connection, so this module
 imports neither of them.
 """

@@ -18,9 +18,9 @@ from typing import Final
 import attrs
 
 from agentcall import ids, limits
+from agentcall.caller.outboundstore import OpenConversation, SqliteOutboundStore
 from agentcall.errors import AgentCallError, CallErrorCode
 from agentcall.home import Home
-from agentcall.outboundstore import OpenConversation, SqliteOutboundStore
 from agentcall.statedb import StateDb
 from agentcall.wire.payloads import Reply
 
