@@ -24,7 +24,7 @@ import attrs
 
 from agentcall.atomicfile import replace_file
 from agentcall.errors import AgentCallError
-from agentcall.home import Home
+from agentcall.local.home import Home
 
 UNIT_NAME = "agentcall-listener.service"
 UNIT_FILE_MODE = 0o600

@@ -24,7 +24,6 @@ from twisted.internet import defer
 from agentcall import ids, limits
 from agentcall.client.api import Credentials, RelayApi, RelayUnreachable
 from agentcall.client.ws import CallAborted, SocketRefused, place_call
-from agentcall.config import Config
 from agentcall.crypto import envelope
 from agentcall.crypto.pins import Pin, PinBook
 from agentcall.errors import (
@@ -36,9 +35,10 @@ from agentcall.errors import (
     IdentityChanged,
     KeyRecordExpired,
 )
-from agentcall.home import Home, LocalStateError
-from agentcall.keystore import LocalKeys, rotate_if_needed
-from agentcall.statedb import StateDb
+from agentcall.local.config import Config
+from agentcall.local.home import Home, LocalStateError
+from agentcall.local.keystore import LocalKeys, rotate_if_needed
+from agentcall.local.statedb import StateDb
 from agentcall.wire.frames import CallError, CallOutcome, CallRequest, CallStatus
 from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload

@@ -20,8 +20,8 @@ import attrs
 from agentcall import ids, limits
 from agentcall.caller.outboundstore import OpenConversation, SqliteOutboundStore
 from agentcall.errors import AgentCallError, CallErrorCode
-from agentcall.home import Home
-from agentcall.statedb import StateDb
+from agentcall.local.home import Home
+from agentcall.local.statedb import StateDb
 from agentcall.wire.payloads import Reply
 
 # The task a call without --task runs on the callee (its built-in one). Conversations are

@@ -2,7 +2,7 @@
 caller, per relay, so ``agentcall call --continue`` can find them again.
 
 Only storage lives here; what a follow-up means is decided in :mod:`agentcall.caller.outbound`. The
-state database (:mod:`agentcall.statedb`) builds this store on its connection, so this module
+state database (:mod:`agentcall.local.statedb`) builds this store on its connection, so this module
 imports neither of them.
 """
 

@@ -76,8 +76,8 @@ def _plain_handle(value: str) -> str:
         address = ids.parse_address(value)
     except ids.AddressError:
         raise CommandError(f"{value!r} is neither a handle nor an address @org/handle") from None
-    from agentcall.config import NotSetUp, load_config
-    from agentcall.home import Home, LocalStateError
+    from agentcall.local.config import NotSetUp, load_config
+    from agentcall.local.home import Home, LocalStateError
 
     try:
         org = load_config(Home.from_environ()).org

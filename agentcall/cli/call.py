@@ -28,8 +28,8 @@ from agentcall import ids, limits
 if TYPE_CHECKING:
     from agentcall.caller.call import CallResult
     from agentcall.caller.outbound import Continuation, Settled
-    from agentcall.config import Config
-    from agentcall.home import Home
+    from agentcall.local.config import Config
+    from agentcall.local.home import Home
     from agentcall.wire.frames import CallStatus
 
 T = TypeVar("T")
@@ -177,8 +177,8 @@ def run_on_reactor(work: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
 def load_installation() -> tuple[Home, Config]:
     """This installation's paths and config, or a CommandError saying what to do."""
     from agentcall.cli.main import CommandError
-    from agentcall.config import load_config
-    from agentcall.home import Home, LocalStateError
+    from agentcall.local.config import load_config
+    from agentcall.local.home import Home, LocalStateError
 
     try:
         home = Home.from_environ()
@@ -327,10 +327,10 @@ def run(args: argparse.Namespace) -> int:
 
     from agentcall.caller import call as caller
     from agentcall.caller import outbound
-    from agentcall.contacts import ContactBook
     from agentcall.errors import AgentCallError
-    from agentcall.home import LocalStateError
-    from agentcall.keystore import load_keys
+    from agentcall.local.contacts import ContactBook
+    from agentcall.local.home import LocalStateError
+    from agentcall.local.keystore import load_keys
 
     try:
         home, config = load_installation()

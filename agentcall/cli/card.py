@@ -52,7 +52,7 @@ def build_card() -> dict[str, Any]:
     from agentcall.cli import owner
     from agentcall.cli.main import CommandError
     from agentcall.cli.policy_report import build_report
-    from agentcall.config import NotSetUp
+    from agentcall.local.config import NotSetUp
 
     home = owner.home_or_fail()
     layers = owner.load_layers(home)

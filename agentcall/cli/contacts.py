@@ -74,8 +74,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def _own_org() -> str | None:
     """The organisation of this installation, or None before setup."""
-    from agentcall.config import NotSetUp, load_config
-    from agentcall.home import Home
+    from agentcall.local.config import NotSetUp, load_config
+    from agentcall.local.home import Home
 
     try:
         return load_config(Home.from_environ()).org
@@ -111,8 +111,8 @@ def _address(target: str, own_org: str | None) -> str:
 def run(args: argparse.Namespace) -> int:
     from agentcall.cli.main import CommandError
     from agentcall.cli.render import safe_cell, safe_json
-    from agentcall.contacts import ContactBook
-    from agentcall.home import Home, LocalStateError
+    from agentcall.local.contacts import ContactBook
+    from agentcall.local.home import Home, LocalStateError
 
     try:
         book = ContactBook(Home.from_environ())

@@ -15,9 +15,9 @@ from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
     from agentcall.cli.doctor_checks import Check, DoctorDeps
-    from agentcall.config import Config
-    from agentcall.home import Home
     from agentcall.listener.policy import Policy
+    from agentcall.local.config import Config
+    from agentcall.local.home import Home
 
 DESCRIPTION = """\
 Check this installation, in order: the installed program, private-file permissions, config,
@@ -149,8 +149,8 @@ def _limits(config: Config, shell: bool) -> Check:
 
 def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
     from agentcall.cli import doctor_checks as dc
-    from agentcall.config import NotSetUp, load_config
-    from agentcall.home import Home, LocalStateError
+    from agentcall.local.config import NotSetUp, load_config
+    from agentcall.local.home import Home, LocalStateError
 
     checks = [dc.installation(deps)]
     try:

@@ -24,9 +24,9 @@ from typing import TYPE_CHECKING, Any, Final
 import attrs
 
 if TYPE_CHECKING:
-    from agentcall.config import Config
-    from agentcall.home import Home
-    from agentcall.keystore import LocalKeys
+    from agentcall.local.config import Config
+    from agentcall.local.home import Home
+    from agentcall.local.keystore import LocalKeys
     from agentcall.wire.http import KeysResponse
 
 OK: Final = "pass"
@@ -148,8 +148,8 @@ def installation(deps: DoctorDeps) -> Check:
 
 def local_keys(home: Home, config: Config) -> tuple[Check, LocalKeys | None]:
     from agentcall.crypto.keys import fingerprint
-    from agentcall.home import LocalStateError
-    from agentcall.keystore import load_keys
+    from agentcall.local.home import LocalStateError
+    from agentcall.local.keystore import load_keys
 
     try:
         keys = load_keys(home)

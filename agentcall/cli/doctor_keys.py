@@ -17,7 +17,7 @@ from agentcall import limits
 from agentcall.cli.doctor_checks import FAIL, OK, WARN, Check
 
 if TYPE_CHECKING:
-    from agentcall.keystore import LocalKeys
+    from agentcall.local.keystore import LocalKeys
 
 NAME: Final = "key expiry"
 DAY_S: Final = 24 * 3600

@@ -14,8 +14,8 @@ import os
 from typing import TYPE_CHECKING, Any, Final
 
 if TYPE_CHECKING:
-    from agentcall.home import Home
     from agentcall.listener.calllog import LoggedCall
+    from agentcall.local.home import Home
 
 DEFAULT_LIMIT: Final = 20
 MAX_LIMIT: Final = 200

@@ -16,7 +16,7 @@ from agentcall import limits
 
 if TYPE_CHECKING:
     from agentcall.client.api import RelayApi
-    from agentcall.config import Config
+    from agentcall.local.config import Config
     from agentcall.wire.http import InviteInfo
 
 DESCRIPTION = """\

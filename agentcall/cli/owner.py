@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 import attrs
 
 if TYPE_CHECKING:
-    from agentcall.config import Config
-    from agentcall.home import Home
     from agentcall.listener.ceiling import Ceiling
     from agentcall.listener.policy import Policy
     from agentcall.listener.tasks import TaskSet
+    from agentcall.local.config import Config
+    from agentcall.local.home import Home
 
 APPLIES = "The listener reads policy.json for every call: this applies from the next call."
 
@@ -55,7 +55,7 @@ class Layers:
 
 def home_or_fail() -> Home:
     from agentcall.cli.main import CommandError
-    from agentcall.home import Home, LocalStateError
+    from agentcall.local.home import Home, LocalStateError
 
     try:
         return Home.from_environ()
@@ -66,10 +66,10 @@ def home_or_fail() -> Home:
 def load_layers(home: Home) -> Layers:
     """Config (for the read roots) and the tasks on disk; a broken config is a CommandError."""
     from agentcall.cli.main import CommandError
-    from agentcall.config import NotSetUp, load_config
-    from agentcall.home import LocalStateError
     from agentcall.listener.policy import PolicyError
     from agentcall.listener.tasks import load_tasks
+    from agentcall.local.config import NotSetUp, load_config
+    from agentcall.local.home import LocalStateError
 
     config: Config | None
     try:
@@ -119,9 +119,9 @@ def edit_policy(change: Callable[[Policy, Layers, Ceiling | None], Policy | None
     result is False.
     """
     from agentcall.cli.main import CommandError
-    from agentcall.home import LocalStateError
     from agentcall.listener.policy import PolicyError
     from agentcall.listener.policysave import save_policy
+    from agentcall.local.home import LocalStateError
 
     home = home_or_fail()
     policy = policy_or_fail(home, "change the policy")

@@ -27,9 +27,9 @@ import attrs
 from agentcall.cli.setup_finish import SetupDeps, finish, say
 
 if TYPE_CHECKING:
-    from agentcall.config import Config
-    from agentcall.home import Home
-    from agentcall.keystore import LocalKeys
+    from agentcall.local.config import Config
+    from agentcall.local.home import Home
+    from agentcall.local.keystore import LocalKeys
     from agentcall.wire.http import AgentKind
 
 INVITE_ENV = "AGENTCALL_INVITE"
@@ -197,7 +197,7 @@ def _agent_of(config: Config, which: Callable[[str], str | None]) -> str | None:
 
 def run(args: argparse.Namespace) -> int:
     from agentcall.cli.main import CommandError
-    from agentcall.home import Home, LocalStateError
+    from agentcall.local.home import Home, LocalStateError
 
     deps = DEPS or _real_deps()
     try:
@@ -230,9 +230,9 @@ def run(args: argparse.Namespace) -> int:
 
 def _resume(args: argparse.Namespace, home: Home, deps: SetupDeps) -> int:
     from agentcall.cli.main import CommandError
-    from agentcall.config import load_config
-    from agentcall.home import LocalStateError
-    from agentcall.keystore import load_keys
+    from agentcall.local.config import load_config
+    from agentcall.local.home import LocalStateError
+    from agentcall.local.keystore import load_keys
 
     try:
         config = load_config(home)
@@ -258,9 +258,9 @@ def _resume(args: argparse.Namespace, home: Home, deps: SetupDeps) -> int:
 def _enrol(args: argparse.Namespace, home: Home, deps: SetupDeps, invite_text: str | None) -> int:
     from agentcall import ids
     from agentcall.cli.main import CommandError
-    from agentcall.config import load_config
-    from agentcall.home import LocalStateError
     from agentcall.invites import InviteLinkError, parse_invite_url
+    from agentcall.local.config import load_config
+    from agentcall.local.home import LocalStateError
     from agentcall.relayurl import RelayUrl
 
     if invite_text is None:
@@ -307,7 +307,7 @@ def _enrol(args: argparse.Namespace, home: Home, deps: SetupDeps, invite_text: s
 def _keys_for(home: Home, origin: str, address: str, now: float) -> tuple[LocalKeys, bool]:
     """Keys for ``address``: fresh, or those a failed earlier attempt left (True if fresh)."""
     from agentcall.cli.main import CommandError
-    from agentcall.keystore import create_keys, load_keys
+    from agentcall.local.keystore import create_keys, load_keys
 
     if not os.path.lexists(home.keys_path):
         return create_keys(home, origin, address, now), True
@@ -332,8 +332,8 @@ async def _register(
     from agentcall import ids
     from agentcall.cli.main import CommandError
     from agentcall.client.api import RelayUnreachable
-    from agentcall.config import Config, save_config
     from agentcall.errors import AgentCallError, ApiError
+    from agentcall.local.config import Config, save_config
     from agentcall.relayurl import RelayUrl
     from agentcall.wire.http import RegisterRequest
 

@@ -18,9 +18,9 @@ from typing import TYPE_CHECKING, Any
 import attrs
 
 if TYPE_CHECKING:
-    from agentcall.config import Config
-    from agentcall.home import Home
-    from agentcall.keystore import LocalKeys
+    from agentcall.local.config import Config
+    from agentcall.local.home import Home
+    from agentcall.local.keystore import LocalKeys
     from agentcall.service_unit import Systemctl
 
 SELF_CHECK_MESSAGE = (

@@ -35,10 +35,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     from agentcall.cli.call import load_installation
     from agentcall.cli.main import CommandError
-    from agentcall.contacts import ContactBook
     from agentcall.crypto.pins import PinBook
     from agentcall.errors import AgentCallError
-    from agentcall.statedb import StateDb
+    from agentcall.local.contacts import ContactBook
+    from agentcall.local.statedb import StateDb
 
     home, config = load_installation()
     try:

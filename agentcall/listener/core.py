@@ -26,11 +26,9 @@ from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure as TwistedFailure
 
 from agentcall import ids, limits
-from agentcall.config import Config
 from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode
-from agentcall.keystore import LocalKeys
 from agentcall.listener import guardwire, planning, stages
 from agentcall.listener import prompt as prompt_module
 from agentcall.listener.admission import ASK_TASK, Admitted
@@ -39,6 +37,8 @@ from agentcall.listener.calllog import CallRecord, CallStatus
 from agentcall.listener.contexts import Binding, ContextRefusal, Conversations
 from agentcall.listener.guardwire import cross_check
 from agentcall.listener.runner import AgentRun, OutputParser, RunResult
+from agentcall.local.config import Config
+from agentcall.local.keystore import LocalKeys
 from agentcall.logevents import Logger
 from agentcall.wire.frames import (
     CallAccepted,

@@ -16,7 +16,6 @@ from typing import Final
 
 import attrs
 
-from agentcall.config import Config
 from agentcall.errors import CallErrorCode
 from agentcall.listener import connectors, guardwire
 from agentcall.listener.admission import Admitted
@@ -28,6 +27,7 @@ from agentcall.listener.ceiling import Ceiling
 from agentcall.listener.contexts import Binding, session_plan
 from agentcall.listener.prompt import PromptParts
 from agentcall.listener.runner import AgentRun
+from agentcall.local.config import Config
 from agentcall.wire.http import AgentKind
 from agentcall.wire.payloads import CallFailure
 

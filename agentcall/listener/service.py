@@ -27,12 +27,9 @@ from twisted.application import internet, service
 from twisted.internet import defer, error
 
 from agentcall.client.api import Credentials, RelayApi
-from agentcall.config import Config, load_config
 from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import AgentCallError, ApiError
-from agentcall.home import Home
-from agentcall.keystore import LocalKeys, load_keys, rotate_if_needed
 from agentcall.listener import guardwire
 from agentcall.listener.admission import check_assertions
 from agentcall.listener.calllog import CallLog
@@ -45,8 +42,11 @@ from agentcall.listener.policy import PolicyError, load_policy
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
 from agentcall.listener.stages import AdmissionInputs
 from agentcall.listener.tasks import load_tasks
+from agentcall.local.config import Config, load_config
+from agentcall.local.home import Home
+from agentcall.local.keystore import LocalKeys, load_keys, rotate_if_needed
+from agentcall.local.statedb import StateDb
 from agentcall.logevents import Logger
-from agentcall.statedb import StateDb
 from agentcall.wire.http import KeysResponse
 
 _log = Logger(namespace="agentcall.listener")

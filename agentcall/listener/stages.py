@@ -33,12 +33,10 @@ from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IReactorTime
 
 from agentcall import ids, limits
-from agentcall.config import Config
 from agentcall.crypto.envelope import open_request
 from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode, CryptoError, StoreError
-from agentcall.keystore import LocalKeys
 from agentcall.listener.admission import ASK_TASK, AdmissionDenied, Admitted, resolve
 from agentcall.listener.agents import AgentAdapter, AgentParser
 from agentcall.listener.agents.base import (
@@ -54,6 +52,8 @@ from agentcall.listener.policy import Policy, PolicyError
 from agentcall.listener.redact import redact
 from agentcall.listener.runner import RunResult
 from agentcall.listener.tasks import Task, TaskSet
+from agentcall.local.config import Config
+from agentcall.local.keystore import LocalKeys
 from agentcall.safetext import safe_text
 from agentcall.wire.frames import CallOutcome, IncomingCall, Terminal
 from agentcall.wire.http import EncryptionKeyRecord, KeysResponse

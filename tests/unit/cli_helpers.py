@@ -11,9 +11,9 @@ from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.python.failure import Failure
 
-from agentcall.config import Config, save_config
-from agentcall.home import Home
-from agentcall.keystore import LocalKeys, create_keys
+from agentcall.local.config import Config, save_config
+from agentcall.local.home import Home
+from agentcall.local.keystore import LocalKeys, create_keys
 from agentcall.wire.http import MemberRole
 
 T = TypeVar("T")

@@ -15,11 +15,11 @@ from agentcall import limits
 from agentcall.caller.call import CallRefused, CallResult, KeysConflict, ensure_published, place
 from agentcall.client.api import Credentials, RelayUnreachable
 from agentcall.client.ws import CallAborted
-from agentcall.config import Config
 from agentcall.crypto import envelope
 from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode
-from agentcall.home import Home
-from agentcall.keystore import LocalKeys, load_keys
+from agentcall.local.config import Config
+from agentcall.local.home import Home
+from agentcall.local.keystore import LocalKeys, load_keys
 from agentcall.relayurl import RelayUrl
 from agentcall.wire.frames import (
     CallError,

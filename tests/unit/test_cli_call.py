@@ -15,8 +15,8 @@ from agentcall.caller import call as caller
 from agentcall.caller.call import CallRefused, CallResult
 from agentcall.cli import call as call_cli
 from agentcall.cli.main import main
-from agentcall.contacts import ContactBook
 from agentcall.errors import CallErrorCode
+from agentcall.local.contacts import ContactBook
 from agentcall.wire.frames import CallState, CallStatus
 from agentcall.wire.payloads import Reply
 from tests.unit.cli_helpers import NOW, ORIGIN, TOKEN, install, isolate, run_with_clock
@@ -233,7 +233,7 @@ def test_targets_resolve_through_contacts(
     flow: FakeFlow, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
     """A contact name becomes its address; an address elsewhere is refused before calling."""
-    from agentcall.home import Home
+    from agentcall.local.home import Home
 
     ContactBook(Home.from_environ()).add("kenny", "@acme/ken")
     assert run(capsys, "Kenny", "hi")[0] == 0
@@ -286,8 +286,8 @@ def threaded(text: str, context_id: str | None, task: str | None = "ask") -> Cal
 
 def open_conversations() -> list[tuple[str, str, str]]:
     """What the caller's store holds, as (peer, task, context id)."""
-    from agentcall.home import Home
-    from agentcall.statedb import StateDb
+    from agentcall.local.home import Home
+    from agentcall.local.statedb import StateDb
 
     db = StateDb.open(Home.from_environ())
     try:
@@ -298,8 +298,8 @@ def open_conversations() -> list[tuple[str, str, str]]:
 
 
 def seed(peer: str, task: str, context_id: str, at: float = NOW) -> None:
-    from agentcall.home import Home
-    from agentcall.statedb import StateDb
+    from agentcall.local.home import Home
+    from agentcall.local.statedb import StateDb
 
     db = StateDb.open(Home.from_environ())
     try:
@@ -428,7 +428,7 @@ def test_a_store_failure_after_the_answer_costs_only_the_follow_up(
     flow: FakeFlow, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """If the answer's id cannot be remembered, the answer is still printed, with a warning."""
-    from agentcall.home import Home
+    from agentcall.local.home import Home
 
     state = Home.from_environ().state_db_path
     flow.result = threaded("fine", CTX)
@@ -468,7 +468,7 @@ def test_an_unreadable_store_stops_a_follow_up_before_calling(
     flow: FakeFlow, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """--continue cannot guess without the store: a local error, and nothing is sent."""
-    from agentcall.home import Home
+    from agentcall.local.home import Home
 
     seed("@acme/bob", "ask", CTX)
     Home.from_environ().state_db_path.chmod(0o644)

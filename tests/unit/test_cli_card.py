@@ -11,9 +11,9 @@ import pytest
 
 from agentcall.cli import owner
 from agentcall.cli.main import main
-from agentcall.config import load_config, save_config
-from agentcall.home import Home
 from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
+from agentcall.local.config import load_config, save_config
+from agentcall.local.home import Home
 from tests.unit.cli_helpers import install, isolate
 
 REVIEW = (

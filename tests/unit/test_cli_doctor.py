@@ -17,11 +17,11 @@ from agentcall.cli import doctor, owner
 from agentcall.cli.doctor_checks import DoctorDeps
 from agentcall.cli.main import main
 from agentcall.client.api import RelayUnreachable
-from agentcall.config import load_config, save_config
 from agentcall.guard.main import DENY_OUTPUT
-from agentcall.home import Home
-from agentcall.keystore import LocalKeys, create_keys
 from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
+from agentcall.local.config import load_config, save_config
+from agentcall.local.home import Home
+from agentcall.local.keystore import LocalKeys, create_keys
 from agentcall.wire.http import KeysResponse, PresenceResponse, StatusResponse
 from tests.unit.cli_helpers import NOW, ORIGIN, install, isolate, run_with_clock
 

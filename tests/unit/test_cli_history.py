@@ -14,8 +14,8 @@ import pytest
 from agentcall.cli.main import EXIT_OUTPUT_CLOSED, main
 from agentcall.guard.decide import Decision, HookCall
 from agentcall.guard.main import GuardConfig, append_log, log_entry
-from agentcall.home import Home
 from agentcall.listener.calllog import CallLog, CallRecord, CallStatus
+from agentcall.local.home import Home
 from tests.unit.cli_helpers import NOW, isolate
 
 

@@ -14,9 +14,9 @@ from agentcall import service_unit
 from agentcall.cli.listen import EXIT_REPLACED
 from agentcall.cli.main import main
 from agentcall.errors import AgentCallError
-from agentcall.home import Home
 from agentcall.listener import tap
 from agentcall.listener.service import make_listener_service
+from agentcall.local.home import Home
 from tests.unit.test_listener_core import fired, install
 
 REPO = Path(__file__).resolve().parents[2]

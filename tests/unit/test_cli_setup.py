@@ -19,10 +19,10 @@ from agentcall.cli.main import CommandError, main
 from agentcall.cli.setup import resolve_agent
 from agentcall.cli.setup_finish import SetupDeps
 from agentcall.client.api import RelayUnreachable
-from agentcall.config import load_config
 from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode
-from agentcall.home import Home
-from agentcall.keystore import load_keys
+from agentcall.local.config import load_config
+from agentcall.local.home import Home
+from agentcall.local.keystore import load_keys
 from agentcall.wire.http import (
     AgentKind,
     KeysResponse,

@@ -11,8 +11,8 @@ from agentcall.crypto import records
 from agentcall.crypto.keys import EncryptionKey, IdentityKey
 from agentcall.crypto.pins import PinBook, PinState
 from agentcall.errors import IdentityChanged
-from agentcall.home import Home
-from agentcall.statedb import StateDb
+from agentcall.local.home import Home
+from agentcall.local.statedb import StateDb
 from tests.unit.cli_helpers import install, isolate
 
 PEER = "@acme/ken"

@@ -11,8 +11,8 @@ import attrs
 import pytest
 
 from agentcall import limits
-from agentcall.config import Config, ConfigError, NotSetUp, load_config, save_config
-from agentcall.home import Home, PrivateFileError
+from agentcall.local.config import Config, ConfigError, NotSetUp, load_config, save_config
+from agentcall.local.home import Home, PrivateFileError
 from agentcall.wire.http import AgentKind, MemberRole
 
 TOKEN = "T" * 43

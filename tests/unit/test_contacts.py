@@ -9,8 +9,8 @@ from typing import Any
 
 import pytest
 
-from agentcall.contacts import Contact, ContactBook, ContactsError
-from agentcall.home import Home, PrivateFileError
+from agentcall.local.contacts import Contact, ContactBook, ContactsError
+from agentcall.local.home import Home, PrivateFileError
 
 
 @pytest.fixture

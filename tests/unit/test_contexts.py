@@ -28,7 +28,7 @@ from agentcall.listener.contexts import (
     next_turn,
     session_plan,
 )
-from agentcall.statedb import STATE_SCHEMA
+from agentcall.local.statedb import STATE_SCHEMA
 
 NOW = 1_750_000_000.0
 TTL = limits.CONTEXT_TTL_S

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcall.home import Home, HomeError, PrivateFileError
+from agentcall.local.home import Home, HomeError, PrivateFileError
 
 
 def mode_of(path: Path) -> int:

@@ -12,8 +12,8 @@ import pytest
 from agentcall import limits
 from agentcall.crypto import records
 from agentcall.crypto.keys import EncryptionKey, IdentityKey, b64url_encode
-from agentcall.home import Home, PrivateFileError
-from agentcall.keystore import (
+from agentcall.local.home import Home, PrivateFileError
+from agentcall.local.keystore import (
     MAX_EPOCHS,
     KeyStoreError,
     LocalKeys,

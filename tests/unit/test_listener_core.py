@@ -18,13 +18,10 @@ from twisted.logger import capturedLogs
 from zope.interface import implementer
 
 from agentcall import limits
-from agentcall.config import Config, save_config
 from agentcall.crypto import envelope as crypto_envelope
 from agentcall.crypto.pins import MemoryPinStorage, PinBook
 from agentcall.crypto.replay import MemoryReplayStorage, ReplayWindow
 from agentcall.errors import CallErrorCode
-from agentcall.home import Home
-from agentcall.keystore import create_keys
 from agentcall.listener import core, planning, stages
 from agentcall.listener.calllog import CallRecord, CallStatus
 from agentcall.listener.ceiling import Ceiling, CeilingError
@@ -35,6 +32,9 @@ from agentcall.listener.redact import REDACTED
 from agentcall.listener.runner import AgentRun, OutputParser, RunResult
 from agentcall.listener.service import ListenerStartError, make_listener_service
 from agentcall.listener.tasks import TaskSet
+from agentcall.local.config import Config, save_config
+from agentcall.local.home import Home
+from agentcall.local.keystore import create_keys
 from agentcall.wire.frames import (
     CallAccepted,
     CallCancelled,

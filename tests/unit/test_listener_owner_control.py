@@ -19,7 +19,6 @@ from twisted.internet.testing import MemoryReactorClock
 from agentcall import limits
 from agentcall.errors import CallErrorCode
 from agentcall.guard.main import DENY_OUTPUT
-from agentcall.home import Home
 from agentcall.listener import guardwire, stages
 from agentcall.listener import service as service_module
 from agentcall.listener.admission import Admitted
@@ -29,6 +28,7 @@ from agentcall.listener.contexts import Binding
 from agentcall.listener.policy import CallerRule, Policy
 from agentcall.listener.service import ListenerStartError, make_listener_service
 from agentcall.listener.tasks import load_tasks
+from agentcall.local.home import Home
 from agentcall.wire.frames import CallAccepted, CallOutcome, CallStarted
 from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.crypto_helpers import NOW

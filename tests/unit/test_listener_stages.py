@@ -20,13 +20,10 @@ from twisted.internet.task import Clock
 from twisted.python.failure import Failure as TwistedFailure
 
 from agentcall import ids, limits
-from agentcall.config import Config
 from agentcall.crypto import envelope as crypto_envelope
 from agentcall.crypto.pins import IPinStorage, MemoryPinStorage, Pin, PinBook
 from agentcall.crypto.replay import IReplayStorage, MemoryReplayStorage, ReplayWindow
 from agentcall.errors import CallErrorCode
-from agentcall.home import Home
-from agentcall.keystore import EpochKey, LocalKeys
 from agentcall.listener import guardwire, planning, stages
 from agentcall.listener.admission import Admitted
 from agentcall.listener.agent_env import CALL_ID_ENV, agent_environment
@@ -47,7 +44,10 @@ from agentcall.listener.prompt import PromptParts, build_prompt
 from agentcall.listener.redact import REDACTED
 from agentcall.listener.runner import RunResult
 from agentcall.listener.tasks import BUILTIN_ASK, Task, TaskSet
-from agentcall.statedb import StateDb
+from agentcall.local.config import Config
+from agentcall.local.home import Home
+from agentcall.local.keystore import EpochKey, LocalKeys
+from agentcall.local.statedb import StateDb
 from agentcall.wire.frames import IncomingCall, SealedEnvelope, Terminal
 from agentcall.wire.http import KeysResponse
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload

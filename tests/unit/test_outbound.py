@@ -19,7 +19,7 @@ from agentcall.caller.outbound import (
 from agentcall.caller.outboundstore import OpenConversation, SqliteOutboundStore
 from agentcall.db import open_database
 from agentcall.errors import CallErrorCode, StoreError
-from agentcall.statedb import STATE_SCHEMA
+from agentcall.local.statedb import STATE_SCHEMA
 from agentcall.wire.payloads import Reply
 
 NOW = 1_750_000_000.0

@@ -12,7 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from agentcall import service_unit
-from agentcall.home import Home
+from agentcall.local.home import Home
 from agentcall.service_unit import ServiceUnitError, UnitSpec
 
 PYTHON = "/usr/bin/python3"

@@ -18,9 +18,9 @@ from agentcall.crypto.pins import IPinStorage, Pin, PinBook
 from agentcall.crypto.replay import IReplayStorage, ReplayWindow
 from agentcall.db import open_database
 from agentcall.errors import IdentityChanged, ReplayDetected, StoreError
-from agentcall.home import Home, PrivateFileError
 from agentcall.listener.contexts import IContextStore, mint
-from agentcall.statedb import STATE_SCHEMA, SqlitePinStorage, SqliteReplayStorage, StateDb
+from agentcall.local.home import Home, PrivateFileError
+from agentcall.local.statedb import STATE_SCHEMA, SqlitePinStorage, SqliteReplayStorage, StateDb
 from tests.unit.crypto_helpers import NOW, ORIGIN, make_party
 from tests.unit.test_db_engine import fresh_snapshot, only_version, snapshot
 

@@ -19,7 +19,7 @@ import attrs
 
 from agentcall import ids
 from agentcall.errors import MalformedFrame
-from agentcall.home import Home, LocalStateError
+from agentcall.local.home import Home, LocalStateError
 from agentcall.wire import codec
 
 MAX_CONTACTS = 1_000

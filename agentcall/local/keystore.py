@@ -25,7 +25,7 @@ from agentcall import limits
 from agentcall.crypto import records
 from agentcall.crypto.keys import EncryptionKey, IdentityKey, b64url_decode, b64url_encode
 from agentcall.errors import CryptoError, MalformedFrame
-from agentcall.home import Home, LocalStateError
+from agentcall.local.home import Home, LocalStateError
 from agentcall.wire import codec
 from agentcall.wire.http import SignedEncryptionKeyRecord, SignedIdentityRecord
 

@@ -21,7 +21,7 @@ import attrs
 
 from agentcall import ids, limits
 from agentcall.errors import MalformedFrame
-from agentcall.home import Home, LocalStateError
+from agentcall.local.home import Home, LocalStateError
 from agentcall.relayurl import InvalidRelayUrl, RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.http import AgentKind, MemberRole

@@ -19,8 +19,8 @@ from agentcall.crypto.pins import IPinStorage, Pin
 from agentcall.crypto.replay import IReplayStorage
 from agentcall.db import open_database, packaged_schema
 from agentcall.errors import StoreError
-from agentcall.home import Home
 from agentcall.listener.contexts import SqliteContextStore
+from agentcall.local.home import Home
 
 STATE_SCHEMA = packaged_schema("state")
 
