@@ -67,6 +67,11 @@ def _clean(text: str, unsafe: re.Pattern[str]) -> str:
     return unsafe.sub(" ", text)
 
 
+def without_surrogates(text: str) -> str:
+    """Only lone surrogates replaced (U+FFFD): the text encodes as UTF-8, nothing else changes."""
+    return _SURROGATE.sub("\ufffd", text)
+
+
 def safe_text(text: str) -> str:
     """Multi-line text: keeps TAB and LF, removes or neutralises everything else unsafe."""
     return _clean(text, _TEXT_UNSAFE)

@@ -525,7 +525,8 @@ def test_agent_error_detail_is_a_short_clean_tail() -> None:
     stderr = b"early noise\n" * 1000 + b"\x1b[31mfatal:\x07 disk full\r\n"
     got = outcome([], exit_code=2, stderr=stderr)
     assert isinstance(got, AgentFailure)
-    assert got.detail.endswith("[31mfatal: disk full")
+    # The escape sequence goes whole (agentcall.safetext), not only its ESC byte.
+    assert got.detail.endswith(" | fatal: disk full")
     assert "\x1b" not in got.detail and "\x07" not in got.detail
     assert len(got.detail) <= 300
     assert got.detail.startswith("agent exited with code 2 without a result")

@@ -164,7 +164,8 @@ def test_cut_utf8_properties(text: str, max_bytes: int) -> None:
 
 def test_sanitize_detail_removes_controls_and_bounds_length() -> None:
     """Controls (C0, C1, bidi overrides, line breaks) become single spaces; long text is cut."""
-    assert sanitize_detail("a\x1b[31mb\x9b\u202ec\r\nd\x00e") == "a [31mb c d e"
+    # Whole escape sequences go (agentcall.safetext), not just their ESC.
+    assert sanitize_detail("a\x1b[31mb\x9b\u202ec\r\nd\x00e") == "ab c d e"
     long = sanitize_detail("x" * 1000)
     assert len(long) == MAX_DETAIL_CHARS and long.endswith("…")
 

@@ -13,7 +13,6 @@ import json
 import os
 import re
 import types
-import unicodedata
 from collections.abc import Iterable, Mapping
 from typing import Any, Protocol
 
@@ -21,11 +20,11 @@ import attrs
 
 from agentcall.listener.connectors import SERVER_NAME_RE
 from agentcall.listener.runner import RunResult
+from agentcall.safetext import safe_cell, without_surrogates
 
 CAPABILITIES = frozenset({"read", "write", "fetch", "exec"})
 MAX_DETAIL_CHARS = 300
 
-_SURROGATE = re.compile("[\ud800-\udfff]")
 # Session and thread ids go into argv: a value starting with "-" would be read as a flag.
 _SESSION_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
 
@@ -244,16 +243,12 @@ def cut_utf8(text: str, max_bytes: int) -> tuple[str, bool]:
 
 def clean_text(text: str) -> str:
     """Replace lone surrogates (JSON escapes can carry them) so the text encodes as UTF-8."""
-    return _SURROGATE.sub("\ufffd", text)
+    return without_surrogates(text)
 
 
 def sanitize_detail(text: str, limit: int = MAX_DETAIL_CHARS) -> str:
-    """One short line for a failure detail: control and format characters become spaces."""
-    chars = [
-        " " if unicodedata.category(ch) in ("Cc", "Cf", "Zl", "Zp") else ch
-        for ch in clean_text(text)
-    ]
-    line = " ".join("".join(chars).split())
+    """One short line for a failure detail, made safe by :func:`agentcall.safetext.safe_cell`."""
+    line = " ".join(safe_cell(text).split())
     if len(line) > limit:
         line = line[: limit - 1] + "…"
     return line
