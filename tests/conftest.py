@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import os
+
 from hypothesis import settings
 
-# Hypothesis fails any example slower than 200 ms by default: on a loaded machine that is a
-# wall-clock race, not a finding. Tests assert on behaviour; none may depend on speed.
-settings.register_profile("agentcall", deadline=None)
-settings.load_profile("agentcall")
+from tests.hypothesis_profiles import default_profile
+
+# ``--hypothesis-profile=NAME`` still wins: Hypothesis's plugin loads it after this file.
+settings.load_profile(default_profile(os.environ))

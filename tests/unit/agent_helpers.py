@@ -3,12 +3,10 @@ fake agent executable, the real CLI captures, and a RunResult builder."""
 
 from __future__ import annotations
 
-import os
 from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any, TypeVar
 
-import pytest
 import pytest_twisted  # type: ignore[import-untyped,unused-ignore]
 from twisted.internet import reactor as _reactor
 
@@ -21,18 +19,9 @@ REPO = Path(__file__).resolve().parents[2]
 FAKE_AGENT = REPO / "tests" / "fakes" / "fake_agent.py"
 
 
-def _samples_dir() -> Path:
-    """The real CLI captures in shared/, which sits beside the checkout (also in CI)."""
-    if override := os.environ.get("AGENTCALL_SAMPLES_DIR"):
-        return Path(override)
-    beside = REPO.parent / "shared" / "reference" / "agent-clis" / "samples"
-    return beside if beside.is_dir() else Path("/work/shared/reference/agent-clis/samples")
-
-
-SAMPLES = _samples_dir()
-needs_samples = pytest.mark.skipif(
-    not SAMPLES.is_dir(), reason=f"real CLI captures not found at {SAMPLES}"
-)
+# Captured output of the real Claude Code and Codex CLIs, kept in the repository so every clone
+# runs the parser and guard tests against it; a missing file is a test failure, never a skip.
+SAMPLES = REPO / "tests" / "fixtures" / "agent-clis"
 
 
 def twisted_test(f: F) -> F:

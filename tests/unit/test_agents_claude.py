@@ -1,6 +1,6 @@
 """The Claude adapter: argv per capability set, the stream-json parser, every failure mapping.
 
-Parsers are checked against the real captures in ``reference/agent-clis/samples`` (read at test
+Parsers are checked against the real captures in ``tests/fixtures/agent-clis`` (read at test
 time) and against inline lines; a few runs drive the fake ``claude`` through the real runner so
 the built argv must pass its hygiene checks.
 """
@@ -28,7 +28,6 @@ from agentcall.listener.runner import AgentRun, RunResult, run_agent
 from tests.unit.agent_helpers import (
     FAKE_AGENT,
     SAMPLES,
-    needs_samples,
     reactor,
     run_result,
     twisted_test,
@@ -289,7 +288,6 @@ def test_registry_knows_the_adapter() -> None:
 # --- parser on the real captures ------------------------------------------------------------------
 
 
-@needs_samples
 def test_sample_read_task_with_guard() -> None:
     """The guarded read task: the answer (escapes intact), session id and every tool_use id."""
     parser = feed(sample_lines("claude-stream-json-read-task-with-guard.jsonl"))
@@ -303,7 +301,6 @@ def test_sample_read_task_with_guard() -> None:
     assert parser.init_tools == ("Glob", "Grep", "Read")
 
 
-@needs_samples
 def test_sample_hook_events_are_ignored() -> None:
     """hook_started/hook_response frames do not disturb the answer."""
     parser = feed(sample_lines("claude-stream-json-include-hook-events.jsonl"))
@@ -313,7 +310,6 @@ def test_sample_hook_events_are_ignored() -> None:
     assert result.tool_use_ids == ("toolu_mock_00",)
 
 
-@needs_samples
 def test_sample_two_results_first_wins() -> None:
     """A background task makes two results: the first is the answer; the comment is ignored."""
     lines = sample_lines("claude-stream-json-background-task-two-results.jsonl.txt")
@@ -332,7 +328,6 @@ def test_sample_two_results_first_wins() -> None:
     assert result.text == "FINAL J"
 
 
-@needs_samples
 def test_sample_unauthenticated_stream() -> None:
     """Not logged in: subtype "success" with is_error true is unauthenticated, not an answer."""
     lines = sample_section("claude-unauthenticated.txt", "--output-format stream-json")
@@ -345,7 +340,6 @@ def test_sample_unauthenticated_stream() -> None:
     assert "Not logged in" in result.detail
 
 
-@needs_samples
 @pytest.mark.parametrize("heading", ['$ claude -p "hi" --output-format json', "claude 2.1.197"])
 def test_sample_unauthenticated_json(heading: str) -> None:
     """Both versions' json-mode "Not logged in" result map to unauthenticated."""
@@ -356,7 +350,6 @@ def test_sample_unauthenticated_json(heading: str) -> None:
     assert result.kind is FailureKind.UNAUTHENTICATED
 
 
-@needs_samples
 def test_sample_unauthenticated_text_mode_output() -> None:
     """Text-mode output (no JSON at all) saying Not logged in is unauthenticated."""
     lines = sample_section("claude-unauthenticated.txt", "--output-format text")
@@ -368,7 +361,6 @@ def test_sample_unauthenticated_text_mode_output() -> None:
     assert result.kind is FailureKind.UNAUTHENTICATED
 
 
-@needs_samples
 @pytest.mark.parametrize(
     ("heading", "expected"),
     [
@@ -402,7 +394,6 @@ def test_sample_json_results(heading: str, expected: Outcome | FailureKind) -> N
         assert result == expected
 
 
-@needs_samples
 def test_sample_529_detail_names_the_status() -> None:
     """The overload failure says what happened and which API status it was."""
     result = outcome([json_after_heading("claude-json-results.txt", "API 529")], exit_code=1)

@@ -1,6 +1,6 @@
 """The Codex adapter: argv per capability set, the ``--json`` event parser, failure mappings.
 
-Parsers run against the real captures in ``reference/agent-clis/samples`` (read at test time)
+Parsers run against the real captures in ``tests/fixtures/agent-clis`` (read at test time)
 and inline events; a few runs drive the fake ``codex`` through the real runner.
 """
 
@@ -27,7 +27,6 @@ from agentcall.listener.runner import AgentRun, RunResult, run_agent
 from tests.unit.agent_helpers import (
     FAKE_AGENT,
     SAMPLES,
-    needs_samples,
     reactor,
     run_result,
     twisted_test,
@@ -137,7 +136,6 @@ def test_prompt_never_in_argv_and_env_passes_through() -> None:
 # --- parser on the real captures ------------------------------------------------------------------
 
 
-@needs_samples
 def test_sample_read_only_answer() -> None:
     """The read-only run: the last agent_message, escapes intact, thread id and item ids."""
     parser = feed(sample_lines("codex-exec-json-read-only.jsonl"))
@@ -149,7 +147,6 @@ def test_sample_read_only_answer() -> None:
     )
 
 
-@needs_samples
 def test_sample_hook_trust_error_items_are_not_failures() -> None:
     """item.completed of type error (the hook-trust notice) does not fail the run."""
     parser = feed(sample_lines("codex-exec-json-hook-trust-bypass.jsonl"))
@@ -159,7 +156,6 @@ def test_sample_hook_trust_error_items_are_not_failures() -> None:
     assert got.tool_use_ids == ("item_2", "item_3")
 
 
-@needs_samples
 def test_sample_401_is_unauthenticated() -> None:
     """Five reconnect errors then turn.failed with 401: unauthenticated, errors counted."""
     parser = feed(sample_lines("codex-exec-json-error-401.jsonl"))
@@ -170,7 +166,6 @@ def test_sample_401_is_unauthenticated() -> None:
     assert got.detail.startswith("unexpected status 401 Unauthorized")
 
 
-@needs_samples
 def test_sample_400_is_agent_error() -> None:
     """A 400 turn.failed is an agent_error whose detail is the failure message."""
     got = outcome(sample_lines("codex-exec-json-error-400.jsonl"), exit_code=1)
@@ -179,7 +174,6 @@ def test_sample_400_is_agent_error() -> None:
     assert "bad request from mock" in got.detail
 
 
-@needs_samples
 def test_sample_no_network_run_is_a_timeout() -> None:
     """The no-DNS capture never completes a turn: killed by the timer, it is a timeout."""
     lines = sample_lines("codex-unauthenticated.txt")
@@ -191,7 +185,6 @@ def test_sample_no_network_run_is_a_timeout() -> None:
     assert got == AgentFailure(FailureKind.TIMEOUT, "no answer before the kill timer")
 
 
-@needs_samples
 def test_sample_not_logged_in_stderr() -> None:
     """`Not logged in` on stderr with no events is unauthenticated."""
     lines = sample_lines("codex-unauthenticated.txt")

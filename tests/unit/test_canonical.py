@@ -10,6 +10,7 @@ from hypothesis import strategies as st
 
 from agentcall.wire import canonical
 from agentcall.wire.canonical import CanonicalError, Item
+from tests.hypothesis_profiles import examples
 
 I64_MIN = -(2**63)
 I64_MAX = 2**63 - 1
@@ -78,14 +79,14 @@ def test_digest_is_sha256_of_the_encoding() -> None:
     assert canonical.hexdigest(value) == expected.hex()
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(value=item_lists)
 def test_round_trip(value: list[Item]) -> None:
     """decode(encode(x)) == x for any list of strings, i64 integers and nulls."""
     assert canonical.decode(canonical.encode(value)) == value
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(first=item_lists, second=item_lists)
 def test_encoding_is_concatenation(first: list[Item], second: list[Item]) -> None:
     """Each item encodes on its own: the encoding of a list is the join of its items'."""
@@ -93,7 +94,7 @@ def test_encoding_is_concatenation(first: list[Item], second: list[Item]) -> Non
     assert canonical.encode(first + second) == joined
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(first=tricky_lists, second=tricky_lists)
 def test_injective(first: list[Item], second: list[Item]) -> None:
     """Distinct item lists never encode to the same bytes."""
@@ -120,7 +121,7 @@ def test_classic_ambiguities_are_distinct(first: list[Item], second: list[Item])
     assert canonical.encode(first) != canonical.encode(second)
 
 
-@settings(max_examples=300)
+@settings(max_examples=examples(300))
 @given(data=st.binary(max_size=40) | tricky_lists.map(canonical.encode).map(lambda b: b[:-1]))
 def test_decode_accepts_only_canonical_bytes(data: bytes) -> None:
     """Any bytes fail with CanonicalError or are exactly the encoding of what they decode to."""

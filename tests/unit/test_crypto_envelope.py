@@ -23,6 +23,7 @@ from agentcall.errors import (
 from agentcall.wire import codec
 from agentcall.wire.frames import Direction, SealedEnvelope
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload, ResponsePayload
+from tests.hypothesis_profiles import examples
 from tests.unit.crypto_helpers import (
     NOW,
     ORIGIN,
@@ -170,7 +171,7 @@ def test_response_round_trip(world: World, outcome: Reply | CallFailure) -> None
     assert (got.from_, got.to) == (CALLEE, CALLER)
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(message=st.text(min_size=1).filter(lambda m: len(m.encode()) <= limits.MAX_MESSAGE_BYTES))
 def test_any_message_round_trips(world: World, message: str) -> None:
     """Any well-formed Unicode message within the limit comes out unchanged."""

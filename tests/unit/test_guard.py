@@ -1,6 +1,6 @@
 """The tool guard: real hook payloads through the decision, and the program as the CLIs run it.
 
-The payload table starts from the captures in ``reference/agent-clis/samples`` (the real
+The payload table starts from the captures in ``tests/fixtures/agent-clis`` (the real
 PreToolUse stdin of Claude Code 2.1.332 and Codex 0.171, read at test time) and adds
 hand-made payloads of the same shape for what the captures do not cover. A handful run through
 the real program as a subprocess; the rest call it in-process.
@@ -42,7 +42,8 @@ from agentcall.guard.main import (
 )
 from agentcall.guard.scope import Scope
 from agentcall.listener.guardwire import guard_argv, guard_env
-from tests.unit.agent_helpers import SAMPLES, needs_samples
+from tests.hypothesis_profiles import examples
+from tests.unit.agent_helpers import SAMPLES
 
 ALL_CAPS = frozenset({"read", "write", "exec", "fetch"})
 
@@ -160,7 +161,6 @@ def sample_payloads(box: Box, name: str) -> list[dict[str, Any]]:
     return [json.loads(box.subst(line)) for line in text.splitlines() if line.strip()]
 
 
-@needs_samples
 @pytest.mark.parametrize(("index", "caps", "expected"), CLAUDE_SAMPLE_TABLE)
 def test_claude_captured_payloads(box: Box, index: int, caps: set[str], expected: Decision) -> None:
     """Every captured Claude payload gets the verdict its task's capabilities call for."""
@@ -168,7 +168,6 @@ def test_claude_captured_payloads(box: Box, index: int, caps: set[str], expected
     assert judge(box, payload, frozenset(caps)) == expected
 
 
-@needs_samples
 @pytest.mark.parametrize(("index", "caps", "expected"), CODEX_SAMPLE_TABLE)
 def test_codex_captured_payloads(box: Box, index: int, caps: set[str], expected: Decision) -> None:
     """Codex Bash and apply_patch payloads: the patch's own paths decide."""
@@ -547,7 +546,9 @@ _PAYLOADS = st.fixed_dictionaries(
 
 
 @settings(
-    max_examples=300, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture]
+    max_examples=examples(300),
+    deadline=None,
+    suppress_health_check=[HealthCheck.function_scoped_fixture],
 )
 @given(payload=st.one_of(_PAYLOADS.map(lambda p: json.dumps(p).encode()), st.binary(max_size=64)))
 def test_output_never_says_allow(box: Box, payload: bytes) -> None:

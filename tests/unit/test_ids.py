@@ -12,10 +12,11 @@ from hypothesis import given, settings
 
 from agentcall import ids
 from agentcall.ids import Address, AddressError
+from tests.hypothesis_profiles import examples
 from tests.unit import wire_strategies as ws
 
 
-@settings(max_examples=200)
+@settings(max_examples=examples(200))
 @given(org=ws.orgs, handle=ws.handles)
 def test_address_round_trip(org: str, handle: str) -> None:
     """Formatting then parsing any valid org and handle gives the same address back."""

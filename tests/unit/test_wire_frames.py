@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from agentcall import limits
 from agentcall.errors import CallErrorCode, MalformedFrame
 from agentcall.wire import codec, frames, payloads
+from tests.hypothesis_profiles import examples
 from tests.unit import wire_strategies as ws
 
 FRAME_CLASSES = sorted(frames.FRAME_TYPES.values(), key=lambda cls: cls.type)
@@ -69,7 +70,7 @@ def test_every_frame_has_some_receiver() -> None:
 
 # pytest-twisted re-wraps a hypothesis test once per parametrized case and then fails, so each
 # property below draws one value of every class per example instead of being parametrized.
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(data=st.data())
 def test_frame_round_trip(data: st.DataObject) -> None:
     """decode_frame(encode(frame)) gives back an equal frame of the same class, for every type."""
@@ -83,7 +84,7 @@ def test_frame_round_trip(data: st.DataObject) -> None:
         assert codec.encode(decoded) == wire
 
 
-@settings(max_examples=100, deadline=None)
+@settings(max_examples=examples(100), deadline=None)
 @given(frame=ws.any_frame)
 def test_frame_wire_form(frame: Any) -> None:
     """A frame is one compact JSON object led by its ``type``, with wire names, not Python's."""
@@ -95,7 +96,7 @@ def test_frame_wire_form(frame: Any) -> None:
     assert wire == json.dumps(tree, ensure_ascii=False, separators=(",", ":")).encode()
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(frame=ws.FRAME_STRATEGIES[frames.IncomingCall])
 def test_incoming_call_carries_from_under_its_wire_name(frame: frames.IncomingCall) -> None:
     """``from_`` travels as ``from``, at the frame and inside its envelope."""
@@ -113,7 +114,7 @@ PAYLOAD_CASES: list[tuple[type[Any], Any]] = [
 ]
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_payload_round_trip(data: st.DataObject) -> None:
     """Sealed payloads (both outcome kinds) survive encode → decode, with wire names only."""
@@ -124,7 +125,7 @@ def test_payload_round_trip(data: st.DataObject) -> None:
         assert not any(key.endswith("_") for key in _keys(json.loads(wire)))
 
 
-@settings(max_examples=30, deadline=None)
+@settings(max_examples=examples(30), deadline=None)
 @given(signed=ws.PAYLOAD_STRATEGIES[payloads.SignedResponse])
 def test_signed_response_nests_the_same_payload_encoding(signed: payloads.SignedResponse) -> None:
     """The payload inside a SignedResponse is encoded exactly as a standalone ResponsePayload."""
@@ -133,7 +134,7 @@ def test_signed_response_nests_the_same_payload_encoding(signed: payloads.Signed
     assert codec.decode(json.dumps(tree["payload"]), payloads.ResponsePayload) == signed.payload
 
 
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(response=ws.any_response_payload)
 def test_outcome_is_tagged_by_kind(response: payloads.ResponsePayload) -> None:
     """The outcome object names its kind, which selects Reply or CallFailure on decode."""

@@ -15,6 +15,7 @@ from hypothesis import strategies as st
 from agentcall import limits
 from agentcall.errors import PEER_FAILURE_CODES, RELAY_CALL_ERRORS, CallErrorCode, MalformedFrame
 from agentcall.wire import codec, frames, payloads
+from tests.hypothesis_profiles import examples
 from tests.unit import wire_strategies as ws
 
 Path = tuple[str | int, ...]
@@ -82,21 +83,21 @@ def _tree_of(value: Any) -> Any:
 # --- random input ----------------------------------------------------------------------------
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.binary(max_size=200) | st.binary(max_size=40).map(lambda b: b'{"type":' + b))
 def test_random_bytes_to_decode_frame(data: bytes) -> None:
     """Random bytes never raise anything but MalformedFrame from decode_frame."""
     _only_malformed(lambda: codec.decode_frame(data))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(data=st.binary(max_size=200), cls=st.sampled_from(BODY_CLASSES))
 def test_random_bytes_to_decode(data: bytes, cls: type[Any]) -> None:
     """Random bytes never raise anything but MalformedFrame from decode, for any body class."""
     _only_malformed(lambda: codec.decode(data, cls))
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(text=ws.hostile_text, cls=st.sampled_from(BODY_CLASSES))
 def test_random_text_including_lone_surrogates(text: str, cls: type[Any]) -> None:
     """A str argument, lone surrogates included, only ever fails as MalformedFrame."""
@@ -104,7 +105,7 @@ def test_random_text_including_lone_surrogates(text: str, cls: type[Any]) -> Non
     _only_malformed(lambda: codec.decode(text, cls))
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(value=ws.json_values | ws.frame_shaped)
 def test_json_values_to_decode_frame(value: Any) -> None:
     """Any JSON value (NaN, lone-surrogate escapes too) fails only as MalformedFrame."""
@@ -112,7 +113,7 @@ def test_json_values_to_decode_frame(value: Any) -> None:
     assert result is None or type(result) in frames.FRAME_TYPES.values()
 
 
-@settings(max_examples=200, deadline=None)
+@settings(max_examples=examples(200), deadline=None)
 @given(
     value=ws.json_values | ws.frame_shaped,
     cls=st.sampled_from([*BODY_CLASSES, *frames.FRAME_TYPES.values()]),
@@ -126,7 +127,7 @@ def test_json_values_to_decode_and_structure(value: Any, cls: type[Any]) -> None
         assert result is None or type(result) is cls
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(shape=ws.frame_shaped, frame_type=st.sampled_from(sorted(frames.FRAME_TYPES)))
 def test_frame_shaped_objects_with_a_real_type(shape: dict[str, Any], frame_type: str) -> None:
     """Objects with a real ``type`` and plausible keys still only fail as MalformedFrame."""
@@ -148,7 +149,7 @@ def _decode_like(original: Any, tree: Any) -> Any:
     return codec.decode(_dumps(tree), type(original), max_bytes=BIG)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(original=_valid_wire_objects, data=st.data())
 def test_adding_an_unknown_field_anywhere_is_refused(original: Any, data: st.DataObject) -> None:
     """Every object on the wire has a closed set of keys: one more, at any depth, is refused."""
@@ -160,7 +161,7 @@ def test_adding_an_unknown_field_anywhere_is_refused(original: Any, data: st.Dat
         _decode_like(original, tree)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(original=_valid_wire_objects, data=st.data())
 def test_changing_a_value_to_another_json_kind_is_refused(
     original: Any, data: st.DataObject
@@ -178,7 +179,7 @@ def test_changing_a_value_to_another_json_kind_is_refused(
         _decode_like(original, tree)
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(original=_valid_wire_objects, data=st.data())
 def test_dropping_a_field(original: Any, data: st.DataObject) -> None:
     """A dropped top-level field is refused unless it has a default, which then fills it in;
@@ -205,7 +206,7 @@ def test_dropping_a_field(original: Any, data: st.DataObject) -> None:
         assert _decode_like(original, tree) == expected
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(frame=ws.any_frame, new_type=st.sampled_from(sorted(frames.FRAME_TYPES)))
 def test_swapping_the_frame_type(frame: Any, new_type: str) -> None:
     """A frame relabelled as another type either fails or decodes as exactly that type, with every
@@ -218,7 +219,7 @@ def test_swapping_the_frame_type(frame: Any, new_type: str) -> None:
         assert tree.items() <= _tree_of(result).items()
 
 
-@settings(max_examples=150, deadline=None)
+@settings(max_examples=examples(150), deadline=None)
 @given(body=st.sampled_from(BODY_CLASSES).flatmap(lambda c: BODY_STRATEGIES[c]), data=st.data())
 def test_decoding_a_body_as_another_class(body: Any, data: st.DataObject) -> None:
     """A body read as the wrong class either fails or keeps every key it carried."""
@@ -532,7 +533,7 @@ RECEIVER_SETS = {
 }
 
 
-@settings(max_examples=25, deadline=None)
+@settings(max_examples=examples(25), deadline=None)
 @given(data=st.data())
 def test_frame_accepted_only_when_its_class_is_in_accept(data: st.DataObject) -> None:
     """decode_frame with ``accept`` takes exactly the listed classes, for every frame and set."""

@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 from agentcall import limits
 from agentcall.errors import ApiErrorCode, MalformedFrame
 from agentcall.wire import codec, http
+from tests.hypothesis_profiles import examples
 from tests.unit import wire_strategies as ws
 
 HTTP_CLASSES = sorted(ws.HTTP_STRATEGIES, key=lambda cls: cls.__name__)
@@ -59,7 +60,7 @@ def test_every_http_class_has_a_strategy() -> None:
 
 
 # One draw of every class per example (pytest-twisted breaks parametrized hypothesis tests).
-@settings(max_examples=40, deadline=None)
+@settings(max_examples=examples(40), deadline=None)
 @given(data=st.data())
 def test_http_body_round_trip(data: st.DataObject) -> None:
     """decode(encode(body), cls) == body for every body and key record class."""
