@@ -212,7 +212,7 @@ class CallPipeline:
 
     async def _pipeline(self, incoming: IncomingCall, call: _Call) -> None:
         fx = self._fx
-        # b. open: keys fetched and pinned, envelope opened and verified, id reserved.
+        # Step 2 (docs/architecture.md): open. Keys pinned, envelope verified, id reserved.
         try:
             opened = await stages.open_envelope(
                 incoming,
@@ -234,7 +234,7 @@ class CallPipeline:
         if call.cancel_requested:
             self._cancelled(call, CancelPhase.PENDING)
             return
-        # c. admission, from the verified caller and local files; the message is not an input.
+        # Step 3: admission, from the verified caller and local files; the message is not an input.
         loaded: list[stages.AdmissionInputs] = []
 
         def load_admission() -> stages.AdmissionInputs:
@@ -248,7 +248,7 @@ class CallPipeline:
             self._refuse(call, opened, decision)
             return
         call.task = decision.task_id
-        # c'. the conversation, if one is named: it can only narrow an admitted call.
+        # Step 4: the conversation, if one is named: it can only narrow an admitted call.
         workdir = stages.choose_workdir(self.config, decision.task, fx.is_dir)
         if isinstance(workdir, CallFailure):
             self._answer(call, opened, workdir, CallStatus.AGENT_ERROR, error=workdir.detail)
@@ -266,7 +266,7 @@ class CallPipeline:
             _log.info("context_refused", call_id=call.call_id, reason=str(binding.reason))
             self._refuse(call, opened, stages.context_refusal())
             return
-        # d. one running, none waiting.
+        # Step 5: one running, none waiting.
         if self._running is not None or self._stopping:
             _log.info("call_busy", call_id=call.call_id, running=self.running_call_id)
             detail = STOPPING_DETAIL if self._stopping else BUSY_DETAIL
@@ -274,7 +274,7 @@ class CallPipeline:
             self._answer(call, opened, busy, CallStatus.BUSY)
             return
         self._running = call
-        # e. accepted, started, and only now does the message go into a prompt.
+        # Step 6: accepted, started, and only now does the message go into a prompt.
         self._deliver(CallAccepted(call_id=call.call_id), keep=False)
         self._deliver(CallStarted(call_id=call.call_id), keep=False)
         plan = planning.plan_run(
@@ -293,7 +293,7 @@ class CallPipeline:
         if isinstance(plan, CallFailure):
             self._answer(call, opened, plan, CallStatus.AGENT_ERROR, error=plan.detail)
             return
-        # e'. Codex runs a tool whose hook crashed: its hook must refuse a must-deny call first.
+        # Step 6, Codex: it runs a tool whose hook crashed, so the hook must refuse a test call.
         if plan.preflight is not None and await self._guard_preflight(call, opened, plan.preflight):
             _remove(plan.private_files)
             return
@@ -310,7 +310,7 @@ class CallPipeline:
             result = await done
         finally:
             _remove(plan.private_files)
-        # f. what the run means.
+        # Step 7: what the run means, then the sealed answer.
         if call.cancel_requested:
             self._agent_finished(call, CallStatus.CANCELED, result)
             self._cancelled(call, CancelPhase.RUNNING)

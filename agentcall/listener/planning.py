@@ -1,4 +1,4 @@
-"""Stage 4 of an inbound call: the prompt and the process to run, for an admitted caller.
+"""Step 6 of an inbound call (docs/architecture.md): the prompt and the process to run.
 
 Only here does the caller's message go into a prompt. The plan carries the task's tools (as
 admission and the admin ceiling left them), its working directory, the tool guard's settings

@@ -1,22 +1,17 @@
 """The stages of one inbound call, each a function whose effects are passed in.
 
-:mod:`agentcall.listener.core` runs them in this order, which is the security invariant:
+:mod:`agentcall.listener.core` runs them in the order of the listener's pipeline in
+``docs/architecture.md``, which is the security invariant; the step numbers are that page's:
 
-1. :func:`open_envelope`: fetch and pin the caller's keys, open and verify the request, reserve
-   its id against replay. Any failure is :class:`EnvelopeRejected`. What comes out is an
-   :class:`OpenedCall`: the verified :class:`CallFacts`, and the caller's text closed in a
-   :class:`~agentcall.listener.callermessage.CallerMessage` that only planning opens.
-2. :func:`admit_call`: may this caller run this task? Decided from the relay-verified caller,
-   the requested task id and local files only. The caller's message is not a parameter, so it
-   cannot influence the decision.
-   (then the core checks a named conversation, :mod:`agentcall.listener.contexts`: it can only
-   narrow an admitted call, never select a task)
-3. (the core's one-call slot: ``busy``)
-4. :func:`agentcall.listener.planning.plan_run`: only now does the message go into a prompt,
-   for an admitted caller.
-5. :func:`judge_run`: the agent's result becomes a reply (made terminal-safe, redacted, then
-   cut) or a failure.
-6. :func:`seal_outcome`: sign and seal it to the caller's pinned encryption key.
+- step 2, :func:`open_envelope`: fetch and pin the caller's keys, open and verify the request,
+  reserve its id against replay. Any failure is :class:`EnvelopeRejected`. What comes out is an
+  :class:`OpenedCall`: the verified :class:`CallFacts`, and the caller's text closed in a
+  :class:`~agentcall.listener.callermessage.CallerMessage` that only planning opens;
+- step 3, :func:`admit_call`: may this caller run this task? Decided from the relay-verified
+  caller, the requested task id and local files only; the message is not a parameter;
+- step 7, :func:`judge_run` (the agent's result becomes a reply, made terminal-safe, redacted,
+  then cut, or a failure) and :func:`seal_outcome` (signed and sealed to the caller's pinned
+  encryption key).
 
 Nothing here reads a clock or the environment of the process: time comes from a clock the
 caller passes, and the environment is a mapping.
