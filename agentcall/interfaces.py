@@ -26,18 +26,3 @@ class IDirectory(Interface):
 
     def handle_exists(org: str, handle: str) -> bool:
         """True when ``@org/handle`` is an enrolled identity."""
-
-
-class IAuditSink(Interface):
-    """Where the relay writes audit rows: metadata only, never message content."""
-
-    def record(
-        event: str,
-        org: str,
-        actor: str | None,
-        target: str | None,
-        call_id: str | None,
-        at: float,
-        detail: str | None,
-    ) -> None:
-        """Append one audit row. ``event`` is from ``agentcall.relay.audit.EVENTS``."""

@@ -1,10 +1,15 @@
-"""The fixed vocabulary of relay audit events.
+"""The relay's audit trail: the fixed vocabulary of events, one entry, and where it is written.
 
 An audit row is metadata: who did what to whom and when. It never carries message content,
 bearer tokens or invite secrets; the store refuses any event not named here.
 """
 
 from __future__ import annotations
+
+from typing import Protocol
+
+import attrs
+from zope.interface import Interface
 
 INVITE_ISSUE = "invite.issue"
 INVITE_REDEEM = "invite.redeem"
@@ -41,3 +46,29 @@ EVENTS = frozenset(
         AUTH_FAILED,
     }
 )
+
+
+@attrs.frozen
+class AuditEntry:
+    """One audit row as a core writes it (the store adds its id)."""
+
+    event: str
+    org: str
+    actor: str | None
+    target: str | None
+    call_id: str | None
+    at: float
+    detail: str | None = None
+
+
+class IAuditSink(Interface):
+    """Where the relay writes audit rows: metadata only, never message content."""
+
+    def record(entry: AuditEntry) -> None:
+        """Append one row; its event is from :data:`EVENTS`."""
+
+
+class AuditSink(Protocol):
+    """The structural twin of :class:`IAuditSink` for the type checker."""
+
+    def record(self, entry: AuditEntry) -> None: ...

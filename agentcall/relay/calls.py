@@ -28,6 +28,7 @@ from agentcall import ids, limits
 from agentcall.errors import CallErrorCode
 from agentcall.logevents import Logger
 from agentcall.relay import audit as events
+from agentcall.relay.audit import AuditEntry, AuditSink
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store_interface import Submission
 from agentcall.relay.switchboard import Channel, Switchboard
@@ -47,21 +48,6 @@ class Directory(Protocol):
     """Structural twin of :class:`agentcall.interfaces.IDirectory` (mypy cannot see zope)."""
 
     def handle_exists(self, org: str, handle: str) -> bool: ...
-
-
-class AuditSink(Protocol):
-    """Structural twin of :class:`agentcall.interfaces.IAuditSink`."""
-
-    def record(
-        self,
-        event: str,
-        org: str,
-        actor: str | None,
-        target: str | None,
-        call_id: str | None,
-        at: float,
-        detail: str | None,
-    ) -> None: ...
 
 
 class SubmissionLog(Protocol):
@@ -470,7 +456,8 @@ class CallBook:
     ) -> None:
         try:
             at = self._clock.seconds()
-            self._audit_sink.record(event, call.org, actor, target, call.call_id, at, detail)
+            entry = AuditEntry(event, call.org, actor, target, call.call_id, at, detail)
+            self._audit_sink.record(entry)
         except Exception:
             # Routing has already moved on; a failed audit write must not leave a call
             # half-finished or tear down the connection whose frame triggered it.

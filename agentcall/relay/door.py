@@ -21,9 +21,9 @@ from twisted.web import http, resource, server
 from zope.interface import directlyProvidedBy, directlyProvides
 
 from agentcall.errors import ApiError, ApiErrorCode
-from agentcall.interfaces import IAuditSink
 from agentcall.logevents import Logger
 from agentcall.relay import audit
+from agentcall.relay.audit import IAuditSink
 from agentcall.relay.gate import (
     ConnectionGate,
     GateLimits,
@@ -121,13 +121,15 @@ class Door:
             for row in rows:
                 # Relay-wide (no organisation was proven); the source and a count, nothing else.
                 self._sink.record(
-                    audit.AUTH_FAILED,
-                    audit.RELAY_WIDE,
-                    None,
-                    row.source,
-                    None,
-                    row.minute,
-                    f"{row.count} failed authentications in this minute",
+                    audit.AuditEntry(
+                        audit.AUTH_FAILED,
+                        audit.RELAY_WIDE,
+                        actor=None,
+                        target=row.source,
+                        call_id=None,
+                        at=row.minute,
+                        detail=f"{row.count} failed authentications in this minute",
+                    )
                 )
             self._register.prune(now)
             self._auth.prune(now)

@@ -22,6 +22,7 @@ from agentcall import ids, limits
 from agentcall.db import open_database, packaged_schema, transaction
 from agentcall.errors import ApiError, ApiErrorCode, StoreError
 from agentcall.relay import audit, store_keys
+from agentcall.relay.audit import AuditEntry
 from agentcall.relay.auth import hash_secret, secret_matches
 from agentcall.relay.store_interface import (
     AuditRow,
@@ -387,19 +388,16 @@ class SqliteRelayStore:
 
     # --- audit --------------------------------------------------------------------------
 
-    def record(
-        self,
-        event: str,
-        org: str,
-        actor: str | None,
-        target: str | None,
-        call_id: str | None,
-        at: float,
-        detail: str | None,
-    ) -> None:
+    def record(self, entry: AuditEntry) -> None:
         try:
             self._audit(
-                event, org, actor=actor, target=target, at=at, detail=detail, call_id=call_id
+                entry.event,
+                entry.org,
+                actor=entry.actor,
+                target=entry.target,
+                at=entry.at,
+                detail=entry.detail,
+                call_id=entry.call_id,
             )
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc

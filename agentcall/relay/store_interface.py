@@ -14,7 +14,8 @@ from typing import Protocol
 import attrs
 
 from agentcall import ids
-from agentcall.interfaces import IAuditSink, IDirectory
+from agentcall.interfaces import IDirectory
+from agentcall.relay.audit import AuditEntry, IAuditSink
 from agentcall.wire.http import (
     AgentKind,
     InviteInfo,
@@ -148,16 +149,7 @@ class RelayStore(Protocol):
 
     def handle_exists(self, org: str, handle: str) -> bool: ...
 
-    def record(
-        self,
-        event: str,
-        org: str,
-        actor: str | None,
-        target: str | None,
-        call_id: str | None,
-        at: float,
-        detail: str | None,
-    ) -> None: ...
+    def record(self, entry: AuditEntry) -> None: ...
 
     def ensure_org(self, org: str, now: float) -> bool: ...
 

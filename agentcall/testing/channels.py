@@ -5,10 +5,10 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
-import attrs
 from zope.interface import implementer
 
-from agentcall.interfaces import IAuditSink, IChannel, IDirectory
+from agentcall.interfaces import IChannel, IDirectory
+from agentcall.relay.audit import AuditEntry, IAuditSink
 
 T = TypeVar("T")
 
@@ -66,35 +66,15 @@ class MemoryDirectory:
         self.members.discard((org, handle))
 
 
-@attrs.frozen
-class AuditRow:
-    event: str
-    org: str
-    actor: str | None
-    target: str | None
-    call_id: str | None
-    at: float
-    detail: str | None
-
-
 @implementer(IAuditSink)
 class RecordingAudit:
     """An audit sink that keeps its rows in a list."""
 
     def __init__(self) -> None:
-        self.rows: list[AuditRow] = []
+        self.rows: list[AuditEntry] = []
 
-    def record(
-        self,
-        event: str,
-        org: str,
-        actor: str | None,
-        target: str | None,
-        call_id: str | None,
-        at: float,
-        detail: str | None,
-    ) -> None:
-        self.rows.append(AuditRow(event, org, actor, target, call_id, at, detail))
+    def record(self, entry: AuditEntry) -> None:
+        self.rows.append(entry)
 
     def events(self, call_id: str | None = None) -> list[str]:
         """Event names in order, optionally only those of one call."""

@@ -13,12 +13,12 @@ from twisted.internet.task import Clock
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode
+from agentcall.relay.audit import AuditEntry
 from agentcall.relay.calls import CallBook, Phase, restored_limiter
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import open_relay_store
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import (
-    AuditRow,
     MemoryDirectory,
     RecordingAudit,
     RecordingChannel,
@@ -164,7 +164,7 @@ def test_submit_rings_caller_and_delivers_to_listener(relay: Relay) -> None:
     call = relay.book.get(call_id)
     assert call is not None
     assert (call.org, call.caller, call.target, call.phase) == ("acme", "ana", "ken", Phase.RINGING)
-    assert relay.audit.rows == [AuditRow("call.submit", "acme", "ana", "ken", call_id, T0, None)]
+    assert relay.audit.rows == [AuditEntry("call.submit", "acme", "ana", "ken", call_id, T0, None)]
 
 
 def test_accepted_then_started_then_outcome(relay: Relay) -> None:
@@ -186,9 +186,9 @@ def test_accepted_then_started_then_outcome(relay: Relay) -> None:
     assert caller.sent[-1] is outcome
     assert caller.events[-1] == ("close", (1000, "done"))
     assert relay.audit.rows == [
-        AuditRow("call.submit", "acme", "ana", "ken", call_id, T0, None),
-        AuditRow("call.accept", "acme", "ken", "ana", call_id, T0 + 1, None),
-        AuditRow("call.complete", "acme", "ken", "ana", call_id, T0 + 3, "completed"),
+        AuditEntry("call.submit", "acme", "ana", "ken", call_id, T0, None),
+        AuditEntry("call.accept", "acme", "ken", "ana", call_id, T0 + 1, None),
+        AuditEntry("call.complete", "acme", "ken", "ana", call_id, T0 + 3, "completed"),
     ]
     assert relay.book.active_count() == 0
     assert relay.book.get(call_id) is None
@@ -242,7 +242,7 @@ def test_deadline_times_out_cancels_and_audits(relay: Relay) -> None:
     assert caller.sent[-1] == CallError(code=CallErrorCode.TIMEOUT, call_id=call_id)
     assert caller.closes == [(1000, "timeout")]
     assert relay.ken.sent[-1] == CancelCall(call_id=call_id)
-    assert relay.audit.rows[-1] == AuditRow(
+    assert relay.audit.rows[-1] == AuditEntry(
         "call.timeout", "acme", None, "ken", call_id, T0 + DEADLINE, "answered"
     )
     assert relay.book.active_count() == 0
@@ -422,7 +422,7 @@ def test_rejected_call_fails_with_protocol_error(relay: Relay) -> None:
     relay.from_ken(CallRejected(call_id=call_id))
     assert caller.sent[-1] == CallError(code=CallErrorCode.PROTOCOL_ERROR, call_id=call_id)
     assert caller.closes == [(1000, "protocol_error")]
-    assert relay.audit.rows[-1] == AuditRow(
+    assert relay.audit.rows[-1] == AuditEntry(
         "call.fail", "acme", "ken", "ana", call_id, T0, "rejected"
     )
     assert relay.clock.getDelayedCalls() == []
@@ -434,7 +434,7 @@ def test_cancelled_call_gives_caller_canceled(relay: Relay) -> None:
     relay.from_ken(CallCancelled(call_id=call_id, phase=CancelPhase.RUNNING))
     assert caller.sent[-1] == CallError(code=CallErrorCode.CANCELED, call_id=call_id)
     assert caller.closes == [(1000, "canceled")]
-    assert relay.audit.rows[-1] == AuditRow(
+    assert relay.audit.rows[-1] == AuditEntry(
         "call.cancel", "acme", "ken", "ana", call_id, T0, "running"
     )
     assert relay.book.active_count() == 0

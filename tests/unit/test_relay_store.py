@@ -13,6 +13,7 @@ from zope.interface.verify import verifyObject
 from agentcall import ids, limits
 from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.relay import audit
+from agentcall.relay.audit import AuditEntry
 from agentcall.relay.auth import hash_secret, secret_matches
 from agentcall.relay.store import (
     RESERVED_HANDLES,
@@ -491,9 +492,9 @@ def test_changes_write_audit_rows_without_secrets(store: SqliteRelayStore) -> No
 def test_record_accepts_only_the_vocabulary(store: SqliteRelayStore) -> None:
     """record() writes call events and refuses anything outside EVENTS."""
     call_id = ids.mint_call_id()
-    store.record(audit.CALL_SUBMIT, "acme", "amy", "ken", call_id, T0, "bytes=12")
+    store.record(AuditEntry(audit.CALL_SUBMIT, "acme", "amy", "ken", call_id, T0, "bytes=12"))
     with pytest.raises(ValueError, match="not an audit event"):
-        store.record("call.peek", "acme", "amy", "ken", call_id, T0, None)
+        store.record(AuditEntry("call.peek", "acme", "amy", "ken", call_id, T0, None))
     rows = store.audit_rows("acme")
     assert [(r.event, r.call_id, r.at, r.detail) for r in rows] == [
         (audit.CALL_SUBMIT, call_id, T0, "bytes=12")
@@ -503,8 +504,8 @@ def test_record_accepts_only_the_vocabulary(store: SqliteRelayStore) -> None:
 def test_audit_rows_page_by_id_and_cap_details(store: SqliteRelayStore) -> None:
     """Pages continue after an id, are per organisation, and details are truncated."""
     for n in range(5):
-        store.record(audit.CALL_FAIL, "acme", "amy", "ken", None, T0 + n, "x" * 1000)
-    store.record(audit.CALL_FAIL, "beta", "amy", "ken", None, T0, None)
+        store.record(AuditEntry(audit.CALL_FAIL, "acme", "amy", "ken", None, T0 + n, "x" * 1000))
+    store.record(AuditEntry(audit.CALL_FAIL, "beta", "amy", "ken", None, T0, None))
     first = store.audit_rows("acme", limit=2)
     rest = store.audit_rows("acme", after_id=first[-1].id)
     assert [r.at for r in first + rest] == [T0 + n for n in range(5)]
@@ -537,10 +538,10 @@ def test_submissions_since_lists_the_calls_that_rang_in_every_org(store: SqliteR
     """Only call.submit rows at or after ``since``, oldest first, across organisations."""
     store.ensure_org("acme", T0)
     store.ensure_org("beta", T0)
-    store.record(audit.CALL_SUBMIT, "acme", "ana", "ken", "c1", T0 - 10, None)
-    store.record(audit.CALL_SUBMIT, "beta", "bo", "al", "c2", T0 + 5, None)
-    store.record(audit.CALL_SUBMIT, "acme", "ana", "ken", "c3", T0 + 1, None)
-    store.record(audit.CALL_COMPLETE, "acme", "ken", "ana", "c3", T0 + 2, "completed")
+    store.record(AuditEntry(audit.CALL_SUBMIT, "acme", "ana", "ken", "c1", T0 - 10, None))
+    store.record(AuditEntry(audit.CALL_SUBMIT, "beta", "bo", "al", "c2", T0 + 5, None))
+    store.record(AuditEntry(audit.CALL_SUBMIT, "acme", "ana", "ken", "c3", T0 + 1, None))
+    store.record(AuditEntry(audit.CALL_COMPLETE, "acme", "ken", "ana", "c3", T0 + 2, "completed"))
     assert store.submissions_since(T0) == [
         Submission("acme", "ana", "ken", T0 + 1),
         Submission("beta", "bo", "al", T0 + 5),

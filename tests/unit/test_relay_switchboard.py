@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from zope.interface.verify import verifyObject
 
-from agentcall.interfaces import IAuditSink, IChannel, IDirectory
+from agentcall.interfaces import IChannel, IDirectory
+from agentcall.relay.audit import IAuditSink
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import MemoryDirectory, RecordingAudit, RecordingChannel
 from agentcall.wire.closecodes import CLOSE_REPLACED
