@@ -43,7 +43,6 @@ def _handle(text: str) -> str:
 def _add(parser: argparse.ArgumentParser, command: str, description: str, example: str) -> None:
     parser.description = description
     parser.epilog = f"example:\n  {example}"
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.set_defaults(access_command=command)
 
 

@@ -94,9 +94,6 @@ def _timeout(text: str) -> float:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = DESCRIPTION
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("target", metavar="TARGET", help="contact name, @org/handle, or handle")
     parser.add_argument(
         "message", metavar="MESSAGE", nargs="+", help="the question; `-` reads it from stdin"

@@ -31,9 +31,6 @@ examples:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = DESCRIPTION
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--json", action="store_true", help="print one JSON object")
 
 

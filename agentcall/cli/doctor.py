@@ -49,9 +49,6 @@ DEPS: DoctorDeps | None = None
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = DESCRIPTION
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument(
         "--json",
         action="store_true",

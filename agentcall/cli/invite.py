@@ -72,9 +72,6 @@ def _sub(sub: Any, name: str, summary: str, description: str, example: str) -> A
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = DESCRIPTION
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="invite_command", metavar="SUBCOMMAND", required=True)
     create = _sub(
         sub,

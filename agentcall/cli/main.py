@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from collections.abc import Sequence
 
 # command name → (module, one-line summary). Each module has `add_arguments(parser)` and
-# `run(args) -> int`; nested commands use their own subparsers inside add_arguments.
+# `run(args) -> int`, and may name its help's DESCRIPTION and EPILOG (printed as written);
+# nested commands use their own subparsers inside add_arguments.
 COMMANDS: dict[str, tuple[str, str]] = {
     "setup": (
         "agentcall.cli.setup",
@@ -80,8 +81,14 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentcall {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
-        command = sub.add_parser(name, help=summary, description=summary)
         module = importlib.import_module(module_name)
+        command = sub.add_parser(
+            name,
+            help=summary,
+            description=getattr(module, "DESCRIPTION", summary),
+            epilog=getattr(module, "EPILOG", None),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
         module.add_arguments(command)
         command.set_defaults(_module=module_name)
     return parser

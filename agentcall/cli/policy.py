@@ -65,7 +65,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     description, example = _FORMS[command]
     parser.description = description
     parser.epilog = f"example:\n  {example}"
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.set_defaults(policy_command=command)
     if command == "policy":
         parser.add_argument("--json", action="store_true", help="print one JSON object")

@@ -70,9 +70,6 @@ def _handle(text: str) -> str:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-    parser.description = DESCRIPTION
-    parser.epilog = EPILOG
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     parser.add_argument("--invite", metavar="INVITE", help="the invite link from your admin")
     parser.add_argument("--handle", type=_handle, metavar="HANDLE", help="your name, e.g. ken")
     parser.add_argument(

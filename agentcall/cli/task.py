@@ -28,7 +28,6 @@ def _task(text: str) -> str:
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.description = DESCRIPTION
     parser.epilog = "example:\n  agentcall task new release-notes"
-    parser.formatter_class = argparse.RawDescriptionHelpFormatter
     sub = parser.add_subparsers(dest="task_command", metavar="ACTION", required=True)
     new = sub.add_parser(
         "new",
