@@ -17,7 +17,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = pytest.mark.packaging
+pytestmark = [pytest.mark.packaging, pytest.mark.slow]
 
 REPO = Path(__file__).resolve().parents[2]
 

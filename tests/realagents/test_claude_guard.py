@@ -33,7 +33,7 @@ from tests.realagents.harness import (
 from tests.realagents.install import InstalledAgent
 from tests.realagents.mock_anthropic import Final, MockAnthropic, ToolResult, ToolUse
 
-pytestmark = pytest.mark.realagent
+pytestmark = [pytest.mark.realagent, pytest.mark.slow]
 
 F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, None]])
 # How a hook's refusal reaches the model: 2.1.332 says "PreToolUse:<Tool> hook error: <reason>",

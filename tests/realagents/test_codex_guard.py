@@ -39,7 +39,7 @@ from tests.realagents.mock_openai import (
     shell,
 )
 
-pytestmark = pytest.mark.realagent
+pytestmark = [pytest.mark.realagent, pytest.mark.slow]
 
 F = TypeVar("F", bound=Callable[..., Coroutine[Any, Any, None]])
 # What the model sees when a PreToolUse hook refused a nested call (ANALYSIS.md §2.4).

@@ -41,7 +41,7 @@ from tests.realagents.mock_openai import MockResponses, add_file_patch, patch, s
 from tests.realagents.test_claude_guard import refused_by_hook
 from tests.realagents.test_codex_guard import HOOK_BLOCKED
 
-pytestmark = pytest.mark.realagent
+pytestmark = [pytest.mark.realagent, pytest.mark.slow]
 
 ANSWER_WAIT_S = 120.0
 MOCK_LIFETIME_S = 600.0

@@ -575,6 +575,7 @@ async def run_fake(
     return ADAPTER.interpret(result, parser), result, entries
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_happy_run_end_to_end(fake_claude: Path, tmp_path: Path) -> None:
     """The built argv passes the fake's checks; the caller's line reaches the agent and back."""
@@ -592,6 +593,7 @@ async def test_fake_happy_run_end_to_end(fake_claude: Path, tmp_path: Path) -> N
     assert entry["argv"][0] == "-p"
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_run_with_connectors_passes_the_argv_checks(
     fake_claude: Path, tmp_path: Path
@@ -607,6 +609,7 @@ async def test_fake_run_with_connectors_passes_the_argv_checks(
     assert entry["prompt"] == PROMPT
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario", "kind"),
     [
@@ -634,6 +637,7 @@ async def test_fake_failures_end_to_end(
     assert got.kind is kind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     "name", ["happy_old", "warning_first", "crlf", "ignore_stdin", "escapes", "secrets"]
 )
@@ -649,6 +653,7 @@ async def test_fake_answers_end_to_end(fake_claude: Path, tmp_path: Path, name: 
         assert "ghp_FAKE" in got.text
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_huge_result_comes_back_whole(fake_claude: Path, tmp_path: Path) -> None:
     """A 1.5 MB answer on one line is parsed whole (the reply cap is applied later)."""
@@ -658,6 +663,7 @@ async def test_fake_huge_result_comes_back_whole(fake_claude: Path, tmp_path: Pa
     assert not result.stdout_truncated
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_hang_times_out(fake_claude: Path, tmp_path: Path) -> None:
     """A silent agent is ended by the kill timer and reported as timeout."""
@@ -666,6 +672,7 @@ async def test_fake_hang_times_out(fake_claude: Path, tmp_path: Path) -> None:
     assert got == AgentFailure(FailureKind.TIMEOUT, "no answer before the kill timer")
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_linger_answers_after_the_first_result(
     fake_claude: Path, tmp_path: Path
@@ -690,6 +697,7 @@ def test_fake_agent_is_executable() -> None:
     assert FAKE_AGENT.read_text().startswith("#!/usr/bin/env python3\n")
 
 
+@pytest.mark.slow
 def test_fake_probes(fake_claude: Path, tmp_path: Path) -> None:
     """--version prints the CLI version (old on request); auth status exits 1 when logged out."""
 
@@ -707,6 +715,7 @@ def test_fake_probes(fake_claude: Path, tmp_path: Path) -> None:
     assert probe("auth", "status").returncode == 0
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_scenario_file_wins_and_can_change(
     fake_claude: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
@@ -722,6 +731,7 @@ async def test_fake_scenario_file_wins_and_can_change(
     assert isinstance(second, AgentAnswer) and second.text == "changed"
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_slow_answer_just_inside_the_timer(fake_claude: Path, tmp_path: Path) -> None:
     """An answer that takes a while but lands before the kill timer is an answer."""

@@ -329,6 +329,7 @@ async def run_fake(
     return ADAPTER.interpret(result, parser), result, entries
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_happy_run_end_to_end(fake_codex: Path, tmp_path: Path) -> None:
     """The built argv passes the fake's checks and the caller's line comes back."""
@@ -343,6 +344,7 @@ async def test_fake_happy_run_end_to_end(fake_codex: Path, tmp_path: Path) -> No
     assert entry["argv"][-1] == "-"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("scenario", "kind"),
     [
@@ -364,6 +366,7 @@ async def test_fake_failures_end_to_end(
     assert got.kind is kind
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", ["warning_first", "crlf", "escapes", "secrets", "huge_result"])
 @twisted_test
 async def test_fake_answers_end_to_end(fake_codex: Path, tmp_path: Path, name: str) -> None:
@@ -373,6 +376,7 @@ async def test_fake_answers_end_to_end(fake_codex: Path, tmp_path: Path, name: s
     assert got.text.startswith("MK: What do the notes say?")
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_slow_answer_inside_the_timer(fake_codex: Path, tmp_path: Path) -> None:
     """Reconnect notices while slow are progress: the late answer still counts."""
@@ -381,6 +385,7 @@ async def test_fake_slow_answer_inside_the_timer(fake_codex: Path, tmp_path: Pat
     assert b"Reconnecting" in result.stdout
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_slow_answer_past_the_timer(fake_codex: Path, tmp_path: Path) -> None:
     """The same agent with a shorter kill timer is a timeout."""
@@ -388,6 +393,7 @@ async def test_fake_slow_answer_past_the_timer(fake_codex: Path, tmp_path: Path)
     assert isinstance(got, AgentFailure) and got.kind is FailureKind.TIMEOUT
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_ignoring_stdin_still_finishes(fake_codex: Path, tmp_path: Path) -> None:
     """An agent that never reads stdin is not blocked by the prompt the runner wrote."""
@@ -396,6 +402,7 @@ async def test_fake_ignoring_stdin_still_finishes(fake_codex: Path, tmp_path: Pa
     assert (got.text, got.tool_use_ids) == ("FAKE-AGENT-ANSWER", ("item_0",))
 
 
+@pytest.mark.slow
 def test_fake_probes(fake_codex: Path) -> None:
     """--version names the CLI version; login status says Not logged in and exits 1."""
 
@@ -411,6 +418,7 @@ def test_fake_probes(fake_codex: Path) -> None:
     assert probe("login", "status").returncode == 0
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_linger_after_turn_completed_ends_early(
     fake_codex: Path, tmp_path: Path
@@ -428,6 +436,7 @@ async def test_fake_linger_after_turn_completed_ends_early(
     assert isinstance(got, AgentAnswer)
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_fake_rejects_a_prompt_in_argv(fake_codex: Path, tmp_path: Path) -> None:
     """The fake itself fails loudly when handed a positional prompt (the hygiene check works)."""

@@ -102,6 +102,7 @@ def test_parser_never_finishes_early() -> None:
     assert (parser.session_id, parser.tool_use_ids) == (None, ())
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_a_script_as_command_agent(tmp_path: Path) -> None:
     """A small script reading stdin answers through the runner and the adapter."""

@@ -187,6 +187,7 @@ def one(report: dict[str, Any], name: str) -> dict[str, Any]:
 # --- the whole run -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_a_healthy_installation_passes_every_check_in_order(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -211,6 +212,7 @@ def test_a_healthy_installation_passes_every_check_in_order(
     assert lines[-1] == "doctor: all checks passed, 0 warning(s)"
 
 
+@pytest.mark.slow
 def test_text_output_marks_failures_with_their_fix_and_exits_one(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -255,6 +257,7 @@ def test_a_readable_config_is_a_private_file_failure(
     assert one(report, "config")["status"] == "fail"
 
 
+@pytest.mark.slow
 def test_several_agentcall_programs_on_path_are_a_warning(
     world: World,
     monkeypatch: pytest.MonkeyPatch,
@@ -277,6 +280,7 @@ def test_several_agentcall_programs_on_path_are_a_warning(
     )
 
 
+@pytest.mark.slow
 def test_keys_of_another_identity_fail(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -292,6 +296,7 @@ def test_keys_of_another_identity_fail(
 # --- the relay -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_an_unreachable_relay_fails_and_leaves_presence_unproven(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -304,6 +309,7 @@ def test_an_unreachable_relay_fails_and_leaves_presence_unproven(
     assert one(report, "listener connected")["status"] == "warn"
 
 
+@pytest.mark.slow
 def test_published_keys_must_be_the_local_ones(
     world: World,
     monkeypatch: pytest.MonkeyPatch,
@@ -330,6 +336,7 @@ def test_published_keys_must_be_the_local_ones(
     assert "agentcall setup --resume" in one(report, "published keys")["hint"]
 
 
+@pytest.mark.slow
 def test_a_relay_at_another_origin_fails(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -342,6 +349,7 @@ def test_a_relay_at_another_origin_fails(
 # --- the listener --------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_listener_states(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -368,6 +376,7 @@ def test_listener_states(
 # --- the agent -----------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_agent_missing_unauthenticated_or_silent(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -380,6 +389,7 @@ def test_agent_missing_unauthenticated_or_silent(
     assert by_name(report, "agent login") == []
 
 
+@pytest.mark.slow
 def test_codex_is_asked_with_login_status_and_its_limits_warn(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -419,6 +429,7 @@ def test_a_command_agent_has_no_guard(
 _LOGS_NOTHING = f"import sys; print({DENY_OUTPUT!r} if 'id_ed25519' in sys.stdin.read() else '')"
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("program", "expected"),
     [
@@ -455,6 +466,7 @@ def test_a_missing_read_root_fails_the_guard_check(
     assert "none of the read roots exists" in one(report, "tool guard")["detail"]
 
 
+@pytest.mark.slow
 def test_claude_settings_that_switch_hooks_off(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -476,6 +488,7 @@ def test_claude_settings_that_switch_hooks_off(
 # --- owner control -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 def test_task_policy_and_assertion_problems_fail(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -499,6 +512,7 @@ def test_task_policy_and_assertion_problems_fail(
     assert limits["status"] == "warn" and "Bash is recorded, not bounded" in limits["detail"]
 
 
+@pytest.mark.slow
 def test_unusable_policy_or_ceiling_fail(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -513,6 +527,7 @@ def test_unusable_policy_or_ceiling_fail(
     assert code == 1 and "no call is answered" in ceiling["detail"]
 
 
+@pytest.mark.slow
 def test_files_others_could_have_written_name_the_fix(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -539,6 +554,7 @@ def expiry_of(world: World) -> int:
     return world.keys.current_record.record.not_after
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("left", "status", "shown"),
     [
@@ -586,6 +602,7 @@ def test_an_expired_key_of_a_caller_only_installation_is_a_warning(
     assert check["hint"] == "your next `agentcall call` mints and publishes a fresh one"
 
 
+@pytest.mark.slow
 def test_key_expiry_in_the_text_report(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
@@ -624,6 +641,7 @@ SKIPPED_WHEN_CALLER_ONLY = {
 }
 
 
+@pytest.mark.slow
 def test_what_others_say_is_made_terminal_safe(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -57,6 +57,7 @@ def test_block_unblock_and_access_have_their_own_forms(capsys: pytest.CaptureFix
     assert "--default" in forms["access"] and "HANDLE" not in forms["access"].split("\n")[0]
 
 
+@pytest.mark.slow
 def test_help_and_version_load_no_twisted_or_crypto() -> None:
     """Building the whole parser (for help) imports no reactor, Twisted or crypto module."""
     probe = (

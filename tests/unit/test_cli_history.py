@@ -195,6 +195,7 @@ def run_into_closed_pipe(argv: list[str], home: Path) -> subprocess.CompletedPro
         os.close(write_end)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["history", "--json"], ["history"]])
 def test_history_into_a_closed_pipe_exits_quietly(home: Home, argv: list[str]) -> None:
     """`agentcall history --json | head -n1`: no BrokenPipeError traceback, status 141."""
@@ -205,6 +206,7 @@ def test_history_into_a_closed_pipe_exits_quietly(home: Home, argv: list[str]) -
     assert done.returncode == EXIT_OUTPUT_CLOSED == 141
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("argv", [["--version"], ["--help"], ["call", "--help"]])
 def test_every_command_exits_quietly_into_a_closed_pipe(home: Home, argv: list[str]) -> None:
     """The fix sits at the entry point, so the fast path and argparse's own exit get it too."""

@@ -68,6 +68,7 @@ def start(*extra: str) -> subprocess.Popen[str]:
     )
 
 
+@pytest.mark.slow
 def test_sigterm_stops_the_service_and_exits_zero() -> None:
     """The service starts on the reactor; SIGTERM runs stopService and exits cleanly."""
     process = start()
@@ -83,6 +84,7 @@ def test_sigterm_stops_the_service_and_exits_zero() -> None:
     assert "STOPPED" in rest
 
 
+@pytest.mark.slow
 def test_a_service_that_refuses_to_start_is_one_line() -> None:
     """startService raising ends the command with exit 1 and the reason."""
     process = start("--refuse")
@@ -112,6 +114,7 @@ def test_a_tap_that_cannot_build_the_service_is_one_line(
     assert err.startswith("agentcall: the listener cannot start:") and "not set up here" in err
 
 
+@pytest.mark.slow
 def test_a_listener_replaced_by_another_exits_with_the_no_restart_status() -> None:
     """Another listener took over: the service is stopped and the exit status is 78."""
     process = start("--replaced")

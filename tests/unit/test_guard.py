@@ -575,6 +575,7 @@ def run_program(
     )
 
 
+@pytest.mark.slow
 def test_subprocess_deny_shape_is_exact(box: Box) -> None:
     """The deny JSON, byte for byte, with a fixed reason that names no path; exit 0."""
     payload = box.payload("Read", {"file_path": str(box.home / ".ssh" / "id_ed25519")})
@@ -594,6 +595,7 @@ def test_subprocess_deny_shape_is_exact(box: Box) -> None:
     assert stat.S_IMODE(box.log.stat().st_mode) == 0o600
 
 
+@pytest.mark.slow
 def test_subprocess_allow_and_garbage(box: Box) -> None:
     """Allowed: empty stdout, exit 0. Garbage: exit 2 and a reason on stderr (Codex needs one)."""
     payload = box.payload("Read", {"file_path": "notes.txt"})
@@ -604,6 +606,7 @@ def test_subprocess_allow_and_garbage(box: Box) -> None:
     assert b"could not be checked" in done.stderr
 
 
+@pytest.mark.slow
 def test_subprocess_crash_fails_closed_without_leaking(box: Box) -> None:
     """An exception inside the decision is exit 2; its message (a path) is not echoed."""
     code = (
@@ -622,6 +625,7 @@ def test_subprocess_crash_fails_closed_without_leaking(box: Box) -> None:
     assert b"/home/secret/path" not in done.stderr
 
 
+@pytest.mark.slow
 def test_console_script_runs_the_guard(box: Box) -> None:
     """``agentcall guard`` (the console script) behaves as ``python -m agentcall.guard``."""
     script = Path(sys.executable).parent / "agentcall"
@@ -632,6 +636,7 @@ def test_console_script_runs_the_guard(box: Box) -> None:
     assert (done.returncode, done.stdout.decode()) == (0, DENY_OUTPUT + "\n")
 
 
+@pytest.mark.slow
 def test_start_up_imports_stay_small(box: Box) -> None:
     """No Twisted, autobahn, crypto, attrs or argparse on either start-up path, even after
     a Bash call pulls in redaction."""

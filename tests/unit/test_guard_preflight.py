@@ -253,6 +253,7 @@ def real_harness(tmp_path: Path, guard_argv: tuple[str, ...]) -> RealHarness:
     )
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_the_real_guard_passes_and_logs_the_preflight(tmp_path: Path) -> None:
     h = real_harness(tmp_path, tuple(guardwire.guard_argv()))
@@ -267,6 +268,7 @@ async def test_the_real_guard_passes_and_logs_the_preflight(tmp_path: Path) -> N
     ]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize(
     ("hook", "reason"),
     [

@@ -66,6 +66,7 @@ def test_claude_settings_round_trip_and_pass_the_spec_check() -> None:
     assert spec.settings_json == text
 
 
+@pytest.mark.slow
 def test_command_survives_the_shell(tmp_path: Path) -> None:
     """Claude runs the command through /bin/sh -c; every argument arrives unchanged."""
     argv = [sys.executable, "-c", "import sys, json; print(json.dumps(sys.argv[1:]))"]
@@ -113,6 +114,7 @@ def test_guard_argv_is_absolute_and_isolated() -> None:
     assert argv[1:] == ["-I", "-m", "agentcall.guard"]
 
 
+@pytest.mark.slow
 def test_a_planted_package_in_the_workdir_does_not_replace_the_guard(tmp_path: Path) -> None:
     """The hook runs in the task workdir; an ``agentcall`` package the agent wrote there is
     ignored by the isolated interpreter, where a plain ``-m`` would run it."""

@@ -177,6 +177,7 @@ PROBE = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_the_type_checker_refuses_every_other_way_to_the_text(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -166,6 +166,7 @@ needs_proc = pytest.mark.skipif(
 # --- real processes -------------------------------------------------------------------------------
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_normal_exit_reports_code_and_output(workdir: Path) -> None:
     """A child that prints and exits non-zero: its code, stdout and stderr come back whole."""
@@ -179,6 +180,7 @@ async def test_normal_exit_reports_code_and_output(workdir: Path) -> None:
     assert not (result.stdout_truncated or result.stderr_truncated)
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_prompt_is_written_to_stdin_and_closed(workdir: Path) -> None:
     """A child reading stdin to EOF finishes: the prompt arrives whole and stdin is closed."""
@@ -190,6 +192,7 @@ async def test_prompt_is_written_to_stdin_and_closed(workdir: Path) -> None:
     assert result.stdout == prompt[::-1]
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_child_leads_its_own_session_and_carries_the_marker(workdir: Path) -> None:
     """The pid the handle reports is the agent's, and it leads a new session and group."""
@@ -206,6 +209,7 @@ async def test_child_leads_its_own_session_and_carries_the_marker(workdir: Path)
     assert cwd == str(workdir)
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_kill_timer_terminates_a_hanging_child(workdir: Path) -> None:
     """A child that never answers gets SIGTERM when timeout_s runs out."""
@@ -217,6 +221,7 @@ async def test_kill_timer_terminates_a_hanging_child(workdir: Path) -> None:
     assert 0.4 < result.duration_s < 45
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_child_ignoring_sigterm_is_sigkilled_after_the_grace(
     fake_bin: Path, workdir: Path, tmp_path: Path
@@ -241,6 +246,7 @@ async def test_child_ignoring_sigterm_is_sigkilled_after_the_grace(
     assert b"still thinking" in result.stdout
 
 
+@pytest.mark.slow
 @needs_proc
 @twisted_test
 async def test_detached_grandchildren_are_swept(
@@ -261,6 +267,7 @@ async def test_detached_grandchildren_are_swept(
     assert all(gone(pid) for pid in pids)
 
 
+@pytest.mark.slow
 @needs_proc
 @twisted_test
 async def test_unmarked_grandchild_holding_stdout_does_not_hang_the_run(
@@ -284,6 +291,7 @@ async def test_unmarked_grandchild_holding_stdout_does_not_hang_the_run(
                 os.kill(pid, signal.SIGKILL)
 
 
+@pytest.mark.slow
 @needs_proc
 @twisted_test
 async def test_wrapper_and_worker_die_together_on_a_stop(
@@ -303,6 +311,7 @@ async def test_wrapper_and_worker_die_together_on_a_stop(
     assert gone(worker)
 
 
+@pytest.mark.slow
 @needs_proc
 @twisted_test
 async def test_worker_left_behind_by_an_exited_wrapper_is_swept(
@@ -321,6 +330,7 @@ async def test_worker_left_behind_by_an_exited_wrapper_is_swept(
     assert gone(worker)
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_stdout_beyond_the_cap_is_drained_not_stored(workdir: Path) -> None:
     """Twelve MiB of stdout: the first 10 MiB are kept, the child is never blocked."""
@@ -332,6 +342,7 @@ async def test_stdout_beyond_the_cap_is_drained_not_stored(workdir: Path) -> Non
     assert result.stdout_truncated
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_stderr_keeps_its_tail(workdir: Path) -> None:
     """Three MiB of stderr then an exit: the last MiB is kept, ending with the final line."""
@@ -347,6 +358,7 @@ async def test_stderr_keeps_its_tail(workdir: Path) -> None:
     assert result.stderr.endswith(b"END\n")
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_a_stderr_flood_is_capped(fake_bin: Path, workdir: Path, tmp_path: Path) -> None:
     """An agent flooding stderr (2 MB here) keeps only stderr_cap bytes of it, and answers."""
@@ -360,6 +372,7 @@ async def test_a_stderr_flood_is_capped(fake_bin: Path, workdir: Path, tmp_path:
     assert result.stderr_truncated
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_early_finish_after_the_parser_is_done(
     fake_bin: Path, workdir: Path, tmp_path: Path
@@ -378,6 +391,7 @@ async def test_early_finish_after_the_parser_is_done(
     assert result.duration_s < 10
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_cancel_ends_a_running_child(workdir: Path) -> None:
     """cancel() once the child is running: SIGTERM, and the result says cancelled."""
@@ -398,6 +412,7 @@ async def test_cancel_ends_a_running_child(workdir: Path) -> None:
     assert result.signal == signal.SIGTERM
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_logs_carry_sizes_and_ids_never_text(workdir: Path) -> None:
     """Run events are structured; neither the prompt nor any output appears in them."""
@@ -418,6 +433,7 @@ async def test_logs_carry_sizes_and_ids_never_text(workdir: Path) -> None:
         assert secret not in text
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_missing_binary_exits_127(workdir: Path) -> None:
     """An agent binary that does not exist: exit 127 with a short reason on stderr."""
@@ -433,6 +449,7 @@ async def test_missing_binary_exits_127(workdir: Path) -> None:
     assert b"cannot execute the agent" in result.stderr
 
 
+@pytest.mark.slow
 @twisted_test
 async def test_a_failing_parser_does_not_break_the_run(workdir: Path) -> None:
     """A parser that raises is dropped; the run still completes with all of stdout."""
@@ -448,6 +465,7 @@ async def test_a_failing_parser_does_not_break_the_run(workdir: Path) -> None:
     assert result.stdout == b"a\nb\n"
 
 
+@pytest.mark.slow
 @needs_proc
 def test_sweep_kills_only_marked_processes() -> None:
     """sweep_marked SIGKILLs a process carrying the marker and leaves an unmarked one."""

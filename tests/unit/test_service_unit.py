@@ -144,6 +144,7 @@ def test_relative_paths_and_bad_names_are_refused(tmp_path: Path) -> None:
         service_unit.quote_environment("BAD NAME", "x")
 
 
+@pytest.mark.slow
 @pytest.mark.skipif(shutil.which("systemd-analyze") is None, reason="needs systemd-analyze")
 def test_systemd_accepts_the_rendered_unit(tmp_path: Path) -> None:
     """systemd's own parser finds no error in a unit full of characters that need escaping."""
