@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import resource as rlimits
+import sys
 from typing import TYPE_CHECKING, Any
 
 from twisted.application import internet, service
@@ -223,7 +224,11 @@ class ListeningService(service.Service):
 
     def _failed(self, failure: Any) -> None:
         _log.failure("relay_listen_failed", failure=failure)
-        self._reactor.stop()
+        # A relay that cannot listen must not linger: the bind usually fails before the
+        # reactor runs, where stop() would do nothing. Exit 1 once it is down, so a supervisor
+        # sees a failure and may retry (twistd itself would exit 0).
+        self._reactor.addSystemEventTrigger("after", "shutdown", _exit_failed)
+        self._reactor.callWhenRunning(self._reactor.stop)
 
     def stopService(self) -> Any:
         super().stopService()
@@ -245,6 +250,12 @@ def settings_from(config: Options) -> RelaySettings:
         calls_per_hour=config["calls-per-hour"],
         door=config["door"],
     )
+
+
+def _exit_failed() -> None:
+    for stream in (sys.stdout, sys.stderr):
+        stream.flush()
+    os._exit(1)
 
 
 def makeService(config: Options, reactor: Any = None) -> service.IService:

@@ -170,11 +170,43 @@ def start_relay(
     port: int | None = None,
     orgs: Sequence[str] = ("acme",),
 ) -> tuple[RelayProcess, dict[str, str]]:
-    """Bootstrap and start a TLS relay; returns it and the first admin invite of each org."""
+    """Bootstrap and start a TLS relay; returns it and the first admin invite of each org.
+
+    Without a ``port`` a free one is picked; the relay's URL (in every invite) names it, so it
+    is chosen before the relay binds it. Another process (a parallel test worker) can take it in
+    between; then the relay is started again on a fresh port, in a fresh directory.
+    """
+    if port is not None:
+        return _start_relay(workdir, extra_args=extra_args, ca=ca, port=port, orgs=orgs)
+    for attempt in range(3):
+        try:
+            return _start_relay(
+                workdir if attempt == 0 else workdir / f"retry-{attempt}",
+                extra_args=extra_args,
+                ca=ca,
+                port=free_port(),
+                orgs=orgs,
+            )
+        except PortTaken:
+            continue
+    raise RuntimeError("three free ports in a row were taken before the relay could bind one")
+
+
+class PortTaken(Exception):
+    """The relay could not bind its port: someone else has it."""
+
+
+def _start_relay(
+    workdir: Path,
+    *,
+    extra_args: Sequence[str],
+    ca: CA | None,
+    port: int,
+    orgs: Sequence[str],
+) -> tuple[RelayProcess, dict[str, str]]:
     workdir.mkdir(parents=True, exist_ok=True)
     ca = ca or make_ca(workdir / "ca")
     cert = ca.issue_server(workdir / "tls", hostnames=("localhost",), ips=("127.0.0.1",))
-    port = port or free_port()
     url = RelayUrl.parse(f"https://localhost:{port}")
     database = workdir / "relay.sqlite"
     invites = {}
@@ -211,5 +243,7 @@ def start_relay(
         log.wait_for(r"relay_listening port=")
     except Exception:
         relay.stop()
+        if "Address already in use" in log.text():
+            raise PortTaken(port) from None
         raise
     return relay, invites
