@@ -403,6 +403,11 @@ def start_relay(
             str(url),
             "--calls-per-hour",
             str(MAX_CALLS_PER_HOUR),
+            # Every bench socket comes from 127.0.0.1: lift the per-source cap (64 by default)
+            # that would otherwise turn the idle listeners away. bench/flood_bench.py measures
+            # the caps themselves.
+            "--max-per-source",
+            "100000",
         ],
         workdir,
         extra_env,
