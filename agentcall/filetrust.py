@@ -294,13 +294,43 @@ def owned_file_problem(path: Path) -> PrivateFileProblem | None:
 _DATABASE_SIDE_FILES = ("-wal", "-shm", "-journal")
 
 
+def database_directory_problem(
+    directory: Path, *, mode: int, uid: int, my_uid: int
+) -> PrivateFileProblem | None:
+    """Whether the directory holding a database lets someone else swap its files. Pure.
+
+    Whoever can write the directory can replace the database, or plant its -wal or -journal
+    file before SQLite makes it, so it must be ours (or root's) and writable by nobody else.
+    A sticky world-writable directory such as /tmp is refused too: others can still create
+    the side files there first.
+    """
+    if not stat.S_ISDIR(mode):
+        return PrivateFileProblem(directory, "is not a directory", f"move it away ({directory})")
+    if uid not in (my_uid, 0):
+        return PrivateFileProblem(
+            directory,
+            f"holds the database but is owned by uid {uid}, not by you (uid {my_uid}) or root",
+            f"keep the database in a directory of your own, or run `sudo chown {my_uid} "
+            f"{directory}`",
+        )
+    permissions = stat.S_IMODE(mode)
+    if permissions & 0o022:
+        return PrivateFileProblem(
+            directory,
+            f"holds the database but group or others can add files to it (mode {permissions:04o})",
+            f"run `chmod go-w {directory}`, or keep the database in a directory of your own",
+        )
+    return None
+
+
 def prepare_database_file(path: str | os.PathLike[str]) -> None:
     """Create a SQLite database file 0600 before SQLite does, or check the existing one.
 
     SQLite gives its -wal, -shm and -journal files the database file's own mode, so a 0600
     database keeps them 0600 too. An existing database (or side file) that group or others
     could write, that someone else owns, or that is a symlink is refused: whoever can write it
-    can rewrite every member, token hash and invite in it. ``:memory:`` is left alone.
+    can rewrite every member, token hash and invite in it. So is a directory that others can
+    add files to (:func:`database_directory_problem`). ``:memory:`` is left alone.
 
     :raises PrivateFileError: naming the file and the command that fixes it.
     """
@@ -308,6 +338,13 @@ def prepare_database_file(path: str | os.PathLike[str]) -> None:
     if name in ("", ":memory:"):
         return
     database = Path(name)
+    directory = Path(os.path.abspath(database)).parent
+    st = os.stat(directory)
+    problem = database_directory_problem(
+        directory, mode=st.st_mode, uid=st.st_uid, my_uid=os.getuid()
+    )
+    if problem is not None:
+        raise PrivateFileError(problem.path, problem.problem, problem.fix)
     create_owned_file(database)
     for suffix in _DATABASE_SIDE_FILES:
         problem = owned_file_problem(database.with_name(database.name + suffix))

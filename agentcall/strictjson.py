@@ -10,6 +10,7 @@ can name the problem in its own terms.
 from __future__ import annotations
 
 import json
+import math
 from typing import Any, NoReturn
 
 
@@ -42,12 +43,22 @@ def _no_constants(name: str) -> NoReturn:
     raise NotJsonConstant(name)
 
 
+def _finite(literal: str) -> float:
+    value = float(literal)
+    # A literal past the float range (1e999) reads as an infinity: refused like Infinity.
+    if math.isinf(value):
+        raise NotJsonConstant(literal)
+    return value
+
+
 def loads(text: str) -> Any:
     """Parse ``text`` as strict JSON.
 
     :raises DuplicateKey: an object repeats a key.
-    :raises NotJsonConstant: the text holds NaN or an infinity.
+    :raises NotJsonConstant: the text holds NaN or an infinity, or a number that reads as one.
     :raises ValueError: any other problem (:class:`json.JSONDecodeError` for bad syntax).
     :raises RecursionError: the nesting is too deep for the parser.
     """
-    return json.loads(text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants)
+    return json.loads(
+        text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite
+    )

@@ -107,13 +107,15 @@ class PinBook:
             raise IdentityChanged(
                 _changed_message(requested_address, pin.fingerprint, keys.fingerprint(served))
             )
-        trusted_pub = served.identity_pub if pin is None else pin.identity_pub
-        records.verify_encryption_record(encryption, trusted_pub, now=now)
+        # A rollback before expiry: a relay replaying an old epoch that has since expired must
+        # be reported as the attack it is, not blamed on the callee as "offline too long".
         if pin is not None and encryption.record.epoch < pin.highest_epoch:
             raise EpochRollback(
                 f"encryption epoch {encryption.record.epoch} of {requested_address} is below "
                 f"the highest seen ({pin.highest_epoch})"
             )
+        trusted_pub = served.identity_pub if pin is None else pin.identity_pub
+        records.verify_encryption_record(encryption, trusted_pub, now=now)
         if pin is None:
             pin = Pin(
                 relay_origin=served.relay_origin,

@@ -119,6 +119,15 @@ def test_epoch_rollback_is_refused(book: PinBook, storage: MemoryPinStorage) -> 
     assert got is not None and got.highest_epoch == 2
 
 
+def test_a_replayed_expired_epoch_is_a_rollback_not_an_expiry(book: PinBook) -> None:
+    """A relay replaying an old epoch that has since expired is reported as the rollback it
+    is, not as a callee who has been offline too long."""
+    ken = make_party(KEN)
+    pin(book, rotate(ken))
+    with pytest.raises(EpochRollback, match="below the highest seen"):
+        pin(book, ken, now=NOW + 60 * DAY)
+
+
 def test_changed_identity_is_a_hard_error(book: PinBook, storage: MemoryPinStorage) -> None:
     """A new identity key (e.g. a reinstall, back at epoch 1) is refused, with instructions."""
     old, new = make_party(KEN), make_party(KEN)

@@ -12,6 +12,7 @@ import pytest
 from agentcall.filetrust import (
     FileTrust,
     PrivateFileError,
+    database_directory_problem,
     link_problem,
     mode_problem,
     prepare_database_file,
@@ -229,3 +230,29 @@ def test_a_database_others_can_write_is_refused(base: Path, suffix: str) -> None
     side = a_file(base / f"relay.sqlite{suffix}", 0o666, "")
     with pytest.raises(PrivateFileError, match=f"chmod go-w {side}"):
         prepare_database_file(path)
+
+
+@pytest.mark.parametrize("mode", [0o777, 0o1777, 0o775, 0o757])
+def test_a_database_in_a_directory_others_can_add_files_to_is_refused(
+    base: Path, mode: int
+) -> None:
+    """Whoever can add files there can swap the database or plant its -wal before SQLite;
+    a sticky directory such as /tmp does not stop the planting."""
+    base.chmod(mode)
+    with pytest.raises(PrivateFileError, match=f"chmod go-w {base}"):
+        prepare_database_file(base / "relay.sqlite")
+    assert not (base / "relay.sqlite").exists()
+
+
+def test_the_database_directory_rule() -> None:
+    """Ours or root's, and writable by nobody else; the fix is named."""
+    here = Path("/srv/relay")
+    directory = stat.S_IFDIR
+    assert database_directory_problem(here, mode=directory | 0o755, uid=7, my_uid=7) is None
+    assert database_directory_problem(here, mode=directory | 0o700, uid=0, my_uid=7) is None
+    other = database_directory_problem(here, mode=directory | 0o700, uid=8, my_uid=7)
+    assert other is not None and "uid 8" in other.problem and "chown 7" in other.fix
+    loose = database_directory_problem(here, mode=directory | 0o1777, uid=0, my_uid=7)
+    assert loose is not None and "mode 1777" in loose.problem
+    not_dir = database_directory_problem(here, mode=stat.S_IFREG | 0o700, uid=7, my_uid=7)
+    assert not_dir is not None and "not a directory" in not_dir.problem

@@ -32,7 +32,16 @@ def test_non_finite_numbers_are_refused(constant: str) -> None:
     assert caught.value.name == constant
 
 
-@pytest.mark.parametrize("text", ['{"a": 1, "a": 2}', '{"a": NaN}'])
+@pytest.mark.parametrize("literal", ["1e999", "-1e400", "123e456789"])
+def test_numbers_that_read_as_infinities_are_refused(literal: str) -> None:
+    """Past the float range a literal reads as an infinity; it is refused like Infinity."""
+    with pytest.raises(strictjson.NotJsonConstant) as caught:
+        strictjson.loads(f'{{"n": {literal}}}')
+    assert caught.value.name == literal
+    assert strictjson.loads('{"n": 1.5e300}') == {"n": 1.5e300}
+
+
+@pytest.mark.parametrize("text", ['{"a": 1, "a": 2}', '{"a": NaN}', '{"a": 1e999}'])
 def test_the_wire_decoder_still_refuses_both(text: str) -> None:
     with pytest.raises(MalformedFrame, match="not valid JSON"):
         codec.parse_json(text.encode(), max_bytes=1000)
