@@ -319,6 +319,9 @@ def load_tasks(tasks_dir: str | os.PathLike[str], read_roots: Iterable[str]) -> 
     roots = tuple(read_roots)
     if os.path.isdir(base):
         # Anything else at that path is reported below as a directory that cannot be listed.
+        # Its parent (~/AgentCall) too: whoever can write it can swap the whole tasks tree
+        # between this check and the reads below.
+        _check_owned(base.parent, base.parent.parent)
         _check_owned(base, base.parent)
     tasks: dict[str, Task] = {ASK_ID: BUILTIN_ASK}
     problems: list[TaskProblem] = []

@@ -408,13 +408,14 @@ def test_a_skill_others_can_write_is_a_policy_error(
     assert caught.value.fix == f"run `chmod go-w {path.resolve()}`"
 
 
-@pytest.mark.parametrize("which", ["tasks", "task"])
+@pytest.mark.parametrize("which", ["parent", "tasks", "task"])
 def test_a_directory_others_can_write_is_a_policy_error(
     tasks_dir: Path, roots: list[str], which: str
 ) -> None:
-    """The tasks directory and each task directory count too: others could add or swap a task."""
+    """The tasks directory, its parent (~/AgentCall) and each task directory count too: others
+    could add or swap a task, or the whole tasks tree."""
     put(tasks_dir, "shell", EXEC_TASK)
-    loose = tasks_dir if which == "tasks" else tasks_dir / "shell"
+    loose = {"parent": tasks_dir.parent, "tasks": tasks_dir, "task": tasks_dir / "shell"}[which]
     loose.chmod(0o777)
     with pytest.raises(PolicyError, match=f"run `chmod go-w {loose.resolve()}`"):
         load_tasks(tasks_dir, roots)
