@@ -228,8 +228,11 @@ def _finish(request: server.Request, gone: list[Failure], status: int, body: obj
     if gone:
         _log.info("api_client_gone", path=_path(request), status=status)
         return
+    data = codec.encode(body)
     request.setResponseCode(status)
-    request.write(codec.encode(body))
+    # As twisted.web sets it for a body returned from render (rather than chunked encoding).
+    request.setHeader(b"content-length", b"%d" % len(data))
+    request.write(data)
     request.finish()
 
 

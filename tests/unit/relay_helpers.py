@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import attrs
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -21,6 +22,36 @@ from agentcall.wire.frames import Direction, SealedEnvelope
 from agentcall.wire.http import MemberRole
 
 ORIGIN = "relay.example"
+
+T = TypeVar("T")
+
+
+def fired(deferred: Deferred[T]) -> T:
+    """The result of a Deferred that has already fired; its failure is raised here.
+
+    The SQLite store answers at once, so tests read its answers like return values (and
+    ``pytest.raises`` its refusals); a Deferred still pending is a test failure.
+    """
+    results: list[object] = []
+    deferred.addBoth(results.append)
+    assert results, "the Deferred has not fired"
+    result = results[0]
+    if isinstance(result, Failure):
+        result.raiseException()
+    return result  # type: ignore[return-value]
+
+
+class Fired:
+    """A store whose every method hands back its Deferred's result (see :func:`fired`)."""
+
+    def __init__(self, store: SqliteRelayStore) -> None:
+        self.wrapped = store
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.wrapped, name)
+        if name == "close":
+            return method
+        return lambda *args, **kwargs: fired(method(*args, **kwargs))
 
 
 def sealed_looking(
@@ -70,10 +101,12 @@ class MemoryRelay:
     def enrol(self, handle: str, role: MemberRole = MemberRole.MEMBER) -> str:
         """Enrol ``@acme/<handle>`` straight through the store; its bearer token."""
         now = self.reactor.seconds()
-        secret, _ = self.store.create_invite(
-            "acme", created_by=None, role=role, expires_in_days=7, description=None, now=now
+        secret, _ = fired(
+            self.store.create_invite(
+                "acme", created_by=None, role=role, expires_in_days=7, description=None, now=now
+            )
         )
-        _, token = self.store.register("acme", secret, handle, None, now)
+        _, token = fired(self.store.register("acme", secret, handle, None, now))
         return token
 
     def request(
@@ -139,7 +172,7 @@ def memory_relay(
     reactor = reactor or MemoryReactorClock()
     reactor.advance(now - reactor.seconds())
     store = open_relay_store(tmp_path / "relay.sqlite")
-    store.ensure_org("acme", reactor.seconds())
+    fired(store.ensure_org("acme", reactor.seconds()))
     settings = RelaySettings(
         relay_origin=ORIGIN,
         ws_url=f"ws://{ORIGIN}/v1/ws",

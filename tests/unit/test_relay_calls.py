@@ -9,12 +9,13 @@ from typing import Any
 
 import attrs
 import pytest
+from twisted.internet.defer import Deferred
 from twisted.internet.task import Clock
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode
 from agentcall.relay.audit import AuditEntry
-from agentcall.relay.calls import CallBook, Phase, restored_limiter
+from agentcall.relay.calls import CallBook, Phase, restore_windows
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import open_relay_store
 from agentcall.relay.switchboard import Switchboard
@@ -43,7 +44,7 @@ from agentcall.wire.frames import (
     SealedEnvelope,
     Terminal,
 )
-from tests.unit.relay_helpers import sealed_looking
+from tests.unit.relay_helpers import fired, sealed_looking
 
 ORIGIN = "relay.example.test"
 T0 = 1_700_000_000.0
@@ -589,7 +590,7 @@ def test_audit_failure_does_not_break_routing() -> None:
     """A failing audit sink is logged; the caller still gets its outcome."""
 
     class Broken(RecordingAudit):
-        def record(self, *args: object) -> None:
+        def record(self, entry: AuditEntry) -> Deferred[None]:
             raise OSError("disk full")
 
     relay = Relay(audit=Broken())
@@ -604,7 +605,7 @@ def test_call_ids_never_collide() -> None:
     relay = Relay(mint_call_id=lambda: "00000000-0000-4000-8000-000000000001")
     relay.ring()
     with pytest.raises(RuntimeError, match="minter"):
-        relay.call(request())
+        fired(relay.book.submit("acme", "ana", "ken", RecordingChannel("ana-caller"), request()))
 
 
 def test_rate_windows_are_pruned_as_calls_flow(relay: Relay) -> None:
@@ -629,7 +630,7 @@ def test_a_relay_restart_does_not_grant_a_fresh_hour(tmp_path: Path) -> None:
     """Thirty calls audited in the store; the call book built after a restart, with its
     limiter rebuilt from that store, refuses the thirty-first until the hour has slid."""
     store = open_relay_store(tmp_path / "relay.sqlite")
-    store.ensure_org("acme", T0)
+    fired(store.ensure_org("acme", T0))
     directory = MemoryDirectory({("acme", "ana"), ("acme", "ken")})
     clock = Clock()
     clock.advance(T0)
@@ -637,9 +638,8 @@ def test_a_relay_restart_does_not_grant_a_fresh_hour(tmp_path: Path) -> None:
     def start_relay() -> tuple[CallBook, Switchboard]:
         board = Switchboard()
         board.attach_listener("acme", "ken", RecordingChannel("ken-listener"))
-        limiter = restored_limiter(
-            store, limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S, clock.seconds()
-        )
+        limiter = SlidingWindowLimiter(limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S)
+        fired(restore_windows(store, limiter, clock.seconds()))
         return CallBook(clock, board, directory, store, limiter, ORIGIN), board
 
     def call(book: CallBook) -> RecordingChannel:

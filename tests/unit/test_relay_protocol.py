@@ -43,7 +43,7 @@ from agentcall.wire.frames import (
     Terminal,
 )
 from tests.unit.crypto_helpers import NOW
-from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay, sealed_looking
+from tests.unit.relay_helpers import ORIGIN, MemoryRelay, fired, memory_relay, sealed_looking
 
 txaio: Any = _txaio  # txaio's config is untyped
 CORRELATION = "c0ffee" + "0" * 26
@@ -202,7 +202,7 @@ def test_a_bad_token_is_closed_unauthorized_and_counted(switch: Switch) -> None:
     assert caller.close_code == CLOSE_UNAUTHORIZED
     switch.relay.reactor.advance(60.0)
     switch.relay.relay.door.flush()
-    [row] = switch.relay.store.audit_rows(audit.RELAY_WIDE)
+    [row] = fired(switch.relay.store.audit_rows(audit.RELAY_WIDE))
     assert row.detail == "2 failed authentications in this minute"
 
 

@@ -11,7 +11,7 @@ from agentcall import limits
 from agentcall.wire import codec
 from agentcall.wire.http import KeysResponse, MemberRole
 from tests.unit.crypto_helpers import NOW, make_party, rotate
-from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay
+from tests.unit.relay_helpers import ORIGIN, MemoryRelay, fired, memory_relay
 
 INVITE_ID = "ab" * 32
 
@@ -29,13 +29,15 @@ def test_status_needs_no_credentials(relay: MemoryRelay) -> None:
 
 
 def test_register_hands_out_a_token_that_then_authenticates(relay: MemoryRelay) -> None:
-    secret, _ = relay.store.create_invite(
-        "acme",
-        created_by=None,
-        role=MemberRole.MEMBER,
-        expires_in_days=7,
-        description=None,
-        now=NOW,
+    secret, _ = fired(
+        relay.store.create_invite(
+            "acme",
+            created_by=None,
+            role=MemberRole.MEMBER,
+            expires_in_days=7,
+            description=None,
+            now=NOW,
+        )
     )
     body = json.dumps({"org": "acme", "invite": secret, "handle": "ann"}).encode()
     answer = relay.request("POST", "/v1/register", body=body)
@@ -95,7 +97,7 @@ def test_a_record_for_someone_else_or_another_relay_is_refused(relay: MemoryRela
             "PUT", "/v1/keys/identity", body=codec.encode(party.identity), token=ann, handle="ann"
         )
         assert (answer.status, answer.json()["error"]) == (400, "record_invalid")
-    assert relay.store.fetch_keys("acme", "ann") is None
+    assert fired(relay.store.fetch_keys("acme", "ann")) is None
 
 
 def test_keys_of_a_handle_that_published_none_are_404(relay: MemoryRelay) -> None:
