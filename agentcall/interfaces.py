@@ -19,10 +19,3 @@ class IChannel(Interface):
 
     def close(code: int, reason: str) -> None:
         """Close the connection with a WebSocket close code and a short reason."""
-
-
-class IDirectory(Interface):
-    """Who exists in an organisation (the relay's registry, read-only view)."""
-
-    def handle_exists(org: str, handle: str) -> bool:
-        """True when ``@org/handle`` is an enrolled identity."""

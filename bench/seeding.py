@@ -1,8 +1,8 @@
 """Benchmark setup: a fresh relay database holding N enrolled identities with published keys.
 
-Seeding goes straight through :class:`SqliteRelayStore` (invites in batches under the active
-invite cap, one registration per invite, real signed identity and encryption records): it is
-setup, not the thing measured, and the HTTP path would only make it slower.
+Seeding goes straight through the synchronous :class:`SqliteRegistry` (invites in batches under
+the active invite cap, one registration per invite, real signed identity and encryption
+records): it is setup, not the thing measured, and the HTTP path would only make it slower.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ def seed_identities(
     database: Path, org: str, relay_origin: str, handles: Sequence[str]
 ) -> list[Identity]:
     """Create ``database`` (if needed), ``org``, and one enrolled identity per handle."""
-    store = open_relay_store(database)
+    store = open_relay_store(database).registry
     enrolled: list[Identity] = []
     try:
         store.ensure_org(org, time.time())

@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import Protocol
 
 import attrs
-from zope.interface import Interface
+from twisted.internet.defer import Deferred
 
 INVITE_ISSUE = "invite.issue"
 INVITE_REDEEM = "invite.redeem"
@@ -61,14 +61,13 @@ class AuditEntry:
     detail: str | None = None
 
 
-class IAuditSink(Interface):
-    """Where the relay writes audit rows: metadata only, never message content."""
-
-    def record(entry: AuditEntry) -> None:
-        """Append one row; its event is from :data:`EVENTS`."""
-
-
 class AuditSink(Protocol):
-    """The structural twin of :class:`IAuditSink` for the type checker."""
+    """Where the relay writes audit rows: metadata only, never message content.
 
-    def record(self, entry: AuditEntry) -> None: ...
+    Writers fire and forget: they add an errback that logs, so a failed write is never
+    unhandled and never stops what was being audited.
+    """
+
+    def record(self, entry: AuditEntry) -> Deferred[None]:
+        """Append one row; its event is from :data:`EVENTS`."""
+        ...

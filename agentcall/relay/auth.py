@@ -6,7 +6,10 @@ from __future__ import annotations
 import hashlib
 import hmac
 
-from agentcall.relay.store_interface import IRelayStore, Member
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
+
+from agentcall.relay.store_interface import Member, RelayStore
 
 
 def hash_secret(secret: str) -> str:
@@ -22,7 +25,7 @@ def secret_matches(secret: str, stored_hex: str) -> bool:
     return hmac.compare_digest(hash_secret(secret).encode("ascii"), stored_hex.encode("ascii"))
 
 
-def authenticate_headers(store: IRelayStore, headers: dict[str, str]) -> Member | None:
+def authenticate_headers(store: RelayStore, headers: dict[str, str]) -> Deferred[Member | None]:
     """Bearer token plus org and handle headers → the enrolled member, or None.
 
     Shared by the WebSocket upgrade and the HTTP API, so both read credentials the same way.
@@ -32,6 +35,5 @@ def authenticate_headers(store: IRelayStore, headers: dict[str, str]) -> Member 
     handle = headers.get("x-agentcall-handle", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token or not org or not handle:
-        return None
-    member: Member | None = store.authenticate(org, handle, token.strip())
-    return member
+        return defer.succeed(None)
+    return store.authenticate(org, handle, token.strip())

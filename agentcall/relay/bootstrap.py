@@ -16,7 +16,7 @@ from agentcall.db import open_database
 from agentcall.errors import StoreError
 from agentcall.filetrust import PrivateFileError, prepare_database_file
 from agentcall.invites import make_invite_url
-from agentcall.relay.store import RELAY_SCHEMA, SqliteRelayStore
+from agentcall.relay.store import RELAY_SCHEMA, SqliteRegistry
 from agentcall.relayurl import RelayUrl
 from agentcall.wire.http import MemberRole
 
@@ -54,7 +54,7 @@ def bootstrap(
     except PrivateFileError as exc:
         raise StoreError(f"relay database {exc}") from None
     opened = open_database(database_path, RELAY_SCHEMA)
-    store = SqliteRelayStore(opened.connection)
+    store = SqliteRegistry(opened.connection)
     try:
         org_created = store.ensure_org(org, now)
         secret, info = store.create_invite(

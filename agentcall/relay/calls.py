@@ -11,18 +11,21 @@ for ``call.accept``/``call.complete``/``call.fail``/``call.cancel``, and None (t
 for ``call.timeout``; ``target`` is the other party.
 
 The rate windows are rebuilt from those ``call.submit`` rows when the relay starts
-(:func:`restored_limiter`): every call that rang was audited the moment its hit was recorded, so
+(:func:`restore_windows`): every call that rang was audited the moment its hit was recorded, so
 a restart grants no fresh hour.
 """
 
 from __future__ import annotations
 
 import enum
+import functools
 import math
 from collections.abc import Callable
 from typing import Protocol
 
 import attrs
+from twisted.internet import defer
+from twisted.python.failure import Failure
 
 from agentcall import ids, limits
 from agentcall.errors import CallErrorCode
@@ -30,7 +33,7 @@ from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.audit import AuditEntry, AuditSink
 from agentcall.relay.ratelimit import SlidingWindowLimiter
-from agentcall.relay.store_interface import Submission
+from agentcall.relay.store_interface import Directory, Submission, SubmissionLog
 from agentcall.relay.switchboard import Channel, Switchboard
 from agentcall.wire import frames as fr
 from agentcall.wire.closecodes import CLOSE_NORMAL
@@ -43,28 +46,23 @@ _log = Logger(namespace="agentcall.relay.calls")
 # (code sent to the caller, detail sent to the caller, reason for the log)
 Refusal = tuple[CallErrorCode, str, str]
 
-
-class Directory(Protocol):
-    """Structural twin of :class:`agentcall.interfaces.IDirectory` (mypy cannot see zope)."""
-
-    def handle_exists(self, org: str, handle: str) -> bool: ...
-
-
-class SubmissionLog(Protocol):
-    """What :func:`restored_limiter` needs of the store."""
-
-    def submissions_since(self, since: float) -> list[Submission]: ...
+_UNKNOWN_HANDLE: Refusal = (
+    CallErrorCode.UNKNOWN_HANDLE,
+    "no such handle in your org",
+    "unknown_handle",
+)
 
 
-def restored_limiter(
-    log: SubmissionLog, limit: int, window_s: float, now: float
-) -> SlidingWindowLimiter:
-    """The per-pair call budget with the calls of the last window already counted."""
-    limiter = SlidingWindowLimiter(limit, window_s)
-    submissions = log.submissions_since(now - window_s)
-    kept = limiter.restore((((s.org, s.caller, s.callee), s.at) for s in submissions), now)
-    _log.info("rate_windows_restored", calls=kept, pairs=limiter.tracked_keys())
-    return limiter
+def restore_windows(
+    log: SubmissionLog, limiter: SlidingWindowLimiter, now: float
+) -> defer.Deferred[None]:
+    """Count the calls of ``limiter``'s last window into it, from the store's audit rows."""
+
+    def restore(submissions: list[Submission]) -> None:
+        kept = limiter.restore((((s.org, s.caller, s.callee), s.at) for s in submissions), now)
+        _log.info("rate_windows_restored", calls=kept, pairs=limiter.tracked_keys())
+
+    return log.submissions_since(now - limiter.window_s).addCallback(restore)
 
 
 class Pending(Protocol):
@@ -182,6 +180,8 @@ class CallBook:
         # the request was refused). Kept until caller_gone, so a second request on the same
         # connection is refused even after the first call has ended.
         self._caller_channels: dict[Channel, str | None] = {}
+        # Caller connections whose request waits for the directory, with what they sent since.
+        self._held: dict[Channel, list[Callable[[], object]]] = {}
         self._last_prune: float | None = None
         self.ignored_frames = 0
 
@@ -201,16 +201,55 @@ class CallBook:
         target_handle: str,
         channel: Channel,
         request: fr.CallRequest,
-    ) -> None:
-        """Route one authenticated caller's request to the target's listener, or refuse it."""
+    ) -> defer.Deferred[None]:
+        """Route one authenticated caller's request to the target's listener, or refuse it.
+
+        The directory answers asynchronously; until it has, whatever else arrives on this
+        connection waits behind the request (see :meth:`_hold`).
+        """
         org, caller, target = caller_org, caller_handle, target_handle
+        if self._hold(channel, self.submit, org, caller, target, channel, request):
+            return defer.succeed(None)
+        if channel in self._caller_channels:
+            reused = (CallErrorCode.PROTOCOL_ERROR, "one call per connection", "channel_reused")
+            self._refuse(channel, org, caller, reused)
+            return defer.succeed(None)
+        self._caller_channels[channel] = None
+        if not ids.is_handle(target):
+            self._refuse(channel, org, caller, _UNKNOWN_HANDLE)
+            return defer.succeed(None)
+        self._held[channel] = []
+
+        def ring(exists: bool) -> None:
+            self._ring(exists, org, caller, target, channel, request)
+
+        def lookup_failed(failure: Failure) -> None:
+            # Nothing is said about the target; the caller may try again.
+            _log.failure("directory_failed", failure=failure, org=org, caller=caller)
+            channel.close(CLOSE_NORMAL, "internal error")
+
+        def release(result: object) -> object:
+            self._release(channel)
+            return result
+
+        routed = self._directory.handle_exists(org, target).addCallbacks(ring, lookup_failed)
+        # A failure of the routing itself (a bug, not the directory) goes to the caller of submit.
+        return routed.addBoth(release)
+
+    def _ring(
+        self,
+        exists: bool,
+        org: str,
+        caller: str,
+        target: str,
+        channel: Channel,
+        request: fr.CallRequest,
+    ) -> None:
+        """The directory has answered: run the remaining checks, then ring the listener."""
         now = self._clock.seconds()
-        admitted = self._admit(org, caller, target, channel, request, now=now)
+        admitted = self._admit(org, caller, target, request, now=now) if exists else _UNKNOWN_HANDLE
         if isinstance(admitted, tuple):
-            code, detail, reason = admitted
-            _log.info("call_refused", code=str(code), org=org, caller=caller, reason=reason)
-            channel.send(fr.CallError(code=code, detail=detail))
-            channel.close(CLOSE_NORMAL, str(code))
+            self._refuse(channel, org, caller, admitted)
             return
         listener = admitted
         call_id = self._new_call_id()
@@ -239,22 +278,43 @@ class CallBook:
         )
         self._audit(events.CALL_SUBMIT, call, actor=caller, target=target)
 
+    def _refuse(self, channel: Channel, org: str, caller: str, refusal: Refusal) -> None:
+        code, detail, reason = refusal
+        _log.info("call_refused", code=str(code), org=org, caller=caller, reason=reason)
+        channel.send(fr.CallError(code=code, detail=detail))
+        channel.close(CLOSE_NORMAL, str(code))
+
+    def _hold(self, channel: Channel, method: Callable[..., object], *args: object) -> bool:
+        """Keep what a caller connection sends while its request waits for the directory.
+
+        A request is refused or rung before anything that followed it on the same connection
+        is looked at: a second request, a cancel or a close never overtakes it.
+        """
+        held = self._held.get(channel)
+        if held is None:
+            return False
+        held.append(functools.partial(method, *args))
+        return True
+
+    def _release(self, channel: Channel) -> None:
+        """Replay, in order, what the connection sent while its request was pending."""
+        for step in self._held.pop(channel, []):
+            try:
+                step()
+            except Exception:
+                _log.failure("held_frame_failed")
+
     def _admit(
         self,
         org: str,
         caller: str,
         target: str,
-        channel: Channel,
         request: fr.CallRequest,
         *,
         now: float,
     ) -> Refusal | Channel:
-        """Run the routing checks in order; the target's listener, or why not."""
-        if channel in self._caller_channels:
-            return (CallErrorCode.PROTOCOL_ERROR, "one call per connection", "channel_reused")
-        self._caller_channels[channel] = None
-        if not ids.is_handle(target) or not self._directory.handle_exists(org, target):
-            return (CallErrorCode.UNKNOWN_HANDLE, "no such handle in your org", "unknown_handle")
+        """The routing checks after the directory's, in order; the target's listener, or why
+        not."""
         problem = _route_problem(
             request.envelope,
             fr.Direction.REQUEST,
@@ -282,6 +342,8 @@ class CallBook:
 
     def from_caller(self, channel: Channel, frame: fr.Frame) -> None:
         """A caller's frame after its request: only a cancel of its own call means anything."""
+        if self._hold(channel, self.from_caller, channel, frame):
+            return
         call_id = self._caller_channels.get(channel)
         if not isinstance(frame, fr.CancelCall) or call_id is None or frame.call_id != call_id:
             _log.info("caller_frame_ignored", call_id=call_id, frame_type=frame.type)
@@ -293,6 +355,8 @@ class CallBook:
 
     def caller_gone(self, channel: Channel) -> None:
         """The caller's connection closed; stop the listener's work if the call is still on."""
+        if self._hold(channel, self.caller_gone, channel):
+            return
         call_id = self._caller_channels.pop(channel, None)
         call = self._calls.get(call_id) if call_id is not None else None
         if call is None:
@@ -454,11 +518,13 @@ class CallBook:
     def _audit(
         self, event: str, call: Call, *, actor: str | None, target: str, detail: str | None = None
     ) -> None:
-        try:
-            at = self._clock.seconds()
-            entry = AuditEntry(event, call.org, actor, target, call.call_id, at, detail)
-            self._audit_sink.record(entry)
-        except Exception:
-            # Routing has already moved on; a failed audit write must not leave a call
-            # half-finished or tear down the connection whose frame triggered it.
-            _log.failure("audit_failed", event=event, call_id=call.call_id)
+        # Fire and forget: routing has already moved on, and a failed audit write must not
+        # leave a call half-finished or tear down the connection whose frame triggered it.
+        at = self._clock.seconds()
+        entry = AuditEntry(event, call.org, actor, target, call.call_id, at, detail)
+        written = defer.maybeDeferred(self._audit_sink.record, entry)
+        written.addErrback(
+            lambda failure: _log.failure(
+                "audit_failed", failure=failure, event=event, call_id=call.call_id
+            )
+        )

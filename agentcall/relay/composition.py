@@ -11,14 +11,15 @@ from typing import Any
 
 import attrs
 from autobahn.twisted.resource import WebSocketResource
+from twisted.internet.defer import Deferred
 from twisted.web import resource
 
 from agentcall import limits
-from agentcall.relay.calls import CallBook, restored_limiter
+from agentcall.relay.calls import CallBook, restore_windows
 from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
 from agentcall.relay.protocol import RelayWebSocketFactory
 from agentcall.relay.ratelimit import SlidingWindowLimiter
-from agentcall.relay.store import SqliteRelayStore
+from agentcall.relay.store_interface import RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.web import ApiWithSocket, CappedRequest, RelayApi
 
@@ -47,15 +48,16 @@ class Relay:
     calls: CallBook
     switchboard: Switchboard
     limiter: SlidingWindowLimiter
+    # Fires once the rate windows hold the calls of the last hour; the relay listens after.
+    windows_restored: Deferred[None] = attrs.field(eq=False, repr=False)
 
 
-def compose(settings: RelaySettings, store: SqliteRelayStore, reactor: Any) -> Relay:
+def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     """Wire one relay over ``store``, with ``reactor`` for its clock and autobahn's timers."""
     switchboard = Switchboard()
     # The windows start from the calls of the last hour, so a restart grants no fresh hour.
-    limiter = restored_limiter(
-        store, settings.calls_per_hour, limits.RATE_WINDOW_S, reactor.seconds()
-    )
+    limiter = SlidingWindowLimiter(settings.calls_per_hour, limits.RATE_WINDOW_S)
+    windows_restored = restore_windows(store, limiter, reactor.seconds())
     calls = CallBook(
         reactor,
         switchboard,
@@ -87,4 +89,4 @@ def compose(settings: RelaySettings, store: SqliteRelayStore, reactor: Any) -> R
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
     site = RelaySite(root, door, reactor)
     site.requestFactory = CappedRequest
-    return Relay(GatedFactory(site), door, calls, switchboard, limiter)
+    return Relay(GatedFactory(site), door, calls, switchboard, limiter, windows_restored)

@@ -23,7 +23,7 @@ from zope.interface import directlyProvidedBy, directlyProvides
 from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.logevents import Logger
 from agentcall.relay import audit
-from agentcall.relay.audit import IAuditSink
+from agentcall.relay.audit import AuditSink
 from agentcall.relay.gate import (
     ConnectionGate,
     GateLimits,
@@ -61,7 +61,7 @@ class Throttled(ApiError):
 class Door:
     """The front door's state for one relay: counters, throttles and what is due to be logged."""
 
-    def __init__(self, config: DoorConfig, clock: IReactorTime, sink: IAuditSink) -> None:
+    def __init__(self, config: DoorConfig, clock: IReactorTime, sink: AuditSink) -> None:
         self.config = config
         self.clock = clock
         self.gate = ConnectionGate(config.caps)
@@ -120,7 +120,8 @@ class Door:
             rows = self._failures.drain() if final else self._failures.due(now)
             for row in rows:
                 # Relay-wide (no organisation was proven); the source and a count, nothing else.
-                self._sink.record(
+                # Fire and forget, like every audit write: a failure is logged, never raised.
+                written = self._sink.record(
                     audit.AuditEntry(
                         audit.AUTH_FAILED,
                         audit.RELAY_WIDE,
@@ -131,10 +132,15 @@ class Door:
                         detail=f"{row.count} failed authentications in this minute",
                     )
                 )
+                written.addErrback(_log_flush_failure)
             self._register.prune(now)
             self._auth.prune(now)
         except Exception:
             _log.failure("front_door_flush_failed")
+
+
+def _log_flush_failure(failure: Failure) -> None:
+    _log.failure("front_door_flush_failed", failure=failure)
 
 
 def source_of(address: IAddress | None) -> str:

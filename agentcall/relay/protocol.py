@@ -14,7 +14,9 @@ from typing import Any
 
 import txaio
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
-from autobahn.websocket.types import ConnectionRequest
+from autobahn.websocket.protocol import WebSocketProtocol
+from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
+from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
 from zope.interface import implementer
 
@@ -26,7 +28,7 @@ from agentcall.relay.auth import authenticate_headers
 from agentcall.relay.calls import CallBook
 from agentcall.relay.door import Door, source_of
 from agentcall.relay.gate import TurnedAway
-from agentcall.relay.store import IRelayStore, Member
+from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.wire import codec, frames
 from agentcall.wire.closecodes import (
@@ -75,10 +77,23 @@ class RelayWebSocket(WebSocketServerProtocol):
         # The identity whose caller-socket count this socket holds, until it closes.
         self._counted_caller: str | None = None
         self._call_request_deadline: IDelayedCall | None = None
+        # True while the store checks the upgrade's credentials.
+        self._authenticating = False
 
     # --- handshake ---------------------------------------------------------------------------
 
-    def onConnect(self, request: ConnectionRequest) -> None:
+    def processHandshake(self) -> None:
+        # Bytes that arrive while the credentials are checked stay buffered (autobahn reads
+        # them as frames once open); they must not be parsed as a second upgrade request.
+        if not self._authenticating:
+            super().processHandshake()
+
+    # autobahn runs onConnect through txaio.as_future and answers the upgrade once a returned
+    # Deferred fires; its annotation does not say so.
+    def onConnect(  # type: ignore[override]
+        self, request: ConnectionRequest
+    ) -> Deferred[None] | None:
+        """Check the upgrade; autobahn answers it once the returned Deferred has fired."""
         headers: dict[str, str] = request.headers
         params: dict[str, list[str]] = request.params
         role_values = params.get("role", [])
@@ -88,11 +103,23 @@ class RelayWebSocket(WebSocketServerProtocol):
             self.role = None
         if self.role is None:
             self._refusal = (CLOSE_BAD_REQUEST, CallErrorCode.PROTOCOL_ERROR, "role missing")
-            return
+            return None
         if self.role is frames.Role.CALL:
             to = params.get("to", [])
             self.target = to[0] if len(to) == 1 else None
-        self.member = self.factory.authenticate(headers)
+        self._authenticating = True
+
+        def checked(result: object) -> object:
+            self._authenticating = False
+            return result
+
+        return self.factory.authenticate(headers).addCallback(self._authenticated).addBoth(checked)
+
+    def _authenticated(self, member: Member | None) -> None:
+        if self.state == WebSocketProtocol.STATE_CLOSED:
+            # The client left while the store answered: nothing to count, nothing to open.
+            raise ConnectionDeny(ConnectionDeny.BAD_REQUEST, "gone")
+        self.member = member
         if self.member is None:
             peer = self.transport.getPeer() if self.transport is not None else None
             self.factory.door.auth_failed(source_of(peer))
@@ -256,7 +283,7 @@ class RelayWebSocketFactory(WebSocketServerFactory):
         self,
         url: str,
         *,
-        store: IRelayStore,
+        store: RelayStore,
         switchboard: Switchboard,
         calls: CallBook,
         relay_origin: str,
@@ -286,5 +313,5 @@ class RelayWebSocketFactory(WebSocketServerFactory):
             utf8validateIncoming=False,
         )
 
-    def authenticate(self, headers: dict[str, str]) -> Member | None:
+    def authenticate(self, headers: dict[str, str]) -> Deferred[Member | None]:
         return authenticate_headers(self.store, headers)

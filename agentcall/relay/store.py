@@ -1,8 +1,14 @@
 """The relay's registry: orgs, members, invites, published keys and audit rows.
 
 This module (with :mod:`agentcall.relay.store_keys`) holds every SQL statement of the relay.
-It is synchronous ``sqlite3``: the relay calls it from the reactor thread and every query is
-small and indexed. It never reads the clock; callers pass ``now`` in seconds.
+:class:`SqliteRegistry` is synchronous ``sqlite3``; :class:`SqliteRelayStore` is the relay's
+asynchronous :class:`~agentcall.relay.store_interface.RelayStore` over it. The queries run on
+the reactor thread and their Deferreds have fired when they are returned (``defer.execute``):
+every query is small, indexed and local, and the connection belongs to one thread, so a thread
+pool would add a thread hop and a shutdown order to get right, for no gain. Callers never rely
+on that: a PostgreSQL store answers later, and the tests drive the relay's cores with a store
+whose Deferreds fire later. One-shot tools (``agentcall relay bootstrap``, the bench's seeding)
+use :class:`SqliteRegistry` directly. Neither reads the clock; callers pass ``now`` in seconds.
 
 Refusals that the API shows to people are :class:`~agentcall.errors.ApiError` with their own
 codes, so a wrong, used, revoked or expired invite can each be told apart. The store writes the
@@ -16,7 +22,8 @@ import sqlite3
 from typing import Any
 
 import attrs
-from zope.interface import implementer
+from twisted.internet import defer
+from twisted.internet.defer import Deferred
 
 from agentcall import ids, limits
 from agentcall.db import open_database, packaged_schema, transaction
@@ -26,7 +33,6 @@ from agentcall.relay.audit import AuditEntry
 from agentcall.relay.auth import hash_secret, secret_matches
 from agentcall.relay.store_interface import (
     AuditRow,
-    IRelayStore,
     Member,
     RelayStore,
     Submission,
@@ -44,9 +50,9 @@ from agentcall.wire.http import (
 __all__ = [
     "RELAY_SCHEMA",
     "AuditRow",
-    "IRelayStore",
     "Member",
     "RelayStore",
+    "SqliteRegistry",
     "SqliteRelayStore",
     "Submission",
     "open_relay_store",
@@ -122,7 +128,7 @@ def open_relay_store(path: str | os.PathLike[str]) -> SqliteRelayStore:
         prepare_database_file(path)
     except PrivateFileError as exc:
         raise StoreError(f"relay database {exc}") from None
-    return SqliteRelayStore(open_database(path, RELAY_SCHEMA).connection)
+    return SqliteRelayStore(SqliteRegistry(open_database(path, RELAY_SCHEMA).connection))
 
 
 def _member(row: Any) -> Member:
@@ -160,9 +166,10 @@ def _invite_info(row: Any, now: float) -> InviteInfo:
     )
 
 
-@implementer(IRelayStore)
-class SqliteRelayStore:
-    """:class:`IRelayStore` on one connection from :func:`agentcall.db.open_database`."""
+class SqliteRegistry:
+    """The relay's registry, synchronously, on one connection from
+    :func:`agentcall.db.open_database`: the methods of
+    :class:`~agentcall.relay.store_interface.RelayStore` returning their values (or raising)."""
 
     def __init__(self, conn: sqlite3.Connection) -> None:
         if conn.isolation_level is not None:
@@ -459,3 +466,89 @@ class SqliteRelayStore:
             " VALUES (?, ?, ?, ?, ?, ?, ?)",
             (at, org, event, actor, target, call_id, detail),
         )
+
+
+class SqliteRelayStore:
+    """:class:`~agentcall.relay.store_interface.RelayStore` over a :class:`SqliteRegistry`.
+
+    Each method runs its query at once and returns an already-fired Deferred: the value, or
+    the ``ApiError``/``StoreError``/``ValueError`` as a failure.
+    """
+
+    def __init__(self, registry: SqliteRegistry) -> None:
+        self.registry = registry
+
+    def close(self) -> None:
+        self.registry.close()
+
+    def ensure_org(self, org: str, now: float) -> Deferred[bool]:
+        return defer.execute(self.registry.ensure_org, org, now)
+
+    def org_exists(self, org: str) -> Deferred[bool]:
+        return defer.execute(self.registry.org_exists, org)
+
+    def handle_exists(self, org: str, handle: str) -> Deferred[bool]:
+        return defer.execute(self.registry.handle_exists, org, handle)
+
+    def get_member(self, org: str, handle: str) -> Deferred[Member | None]:
+        return defer.execute(self.registry.get_member, org, handle)
+
+    def authenticate(self, org: str, handle: str, token: str) -> Deferred[Member | None]:
+        return defer.execute(self.registry.authenticate, org, handle, token)
+
+    def create_invite(
+        self,
+        org: str,
+        *,
+        created_by: str | None,
+        role: MemberRole,
+        expires_in_days: int,
+        description: str | None,
+        now: float,
+    ) -> Deferred[tuple[str, InviteInfo]]:
+        return defer.execute(
+            self.registry.create_invite,
+            org,
+            created_by=created_by,
+            role=role,
+            expires_in_days=expires_in_days,
+            description=description,
+            now=now,
+        )
+
+    def list_invites(self, org: str, now: float) -> Deferred[list[InviteInfo]]:
+        return defer.execute(self.registry.list_invites, org, now)
+
+    def revoke_invite(
+        self, org: str, invite_id: str, *, actor: str | None, now: float
+    ) -> Deferred[InviteInfo]:
+        return defer.execute(self.registry.revoke_invite, org, invite_id, actor=actor, now=now)
+
+    def register(
+        self, org: str, secret: str, handle: str, agent_kind: AgentKind | None, now: float
+    ) -> Deferred[tuple[Member, str]]:
+        return defer.execute(self.registry.register, org, secret, handle, agent_kind, now)
+
+    def publish_identity(
+        self, org: str, handle: str, signed: SignedIdentityRecord, now: float
+    ) -> Deferred[None]:
+        return defer.execute(self.registry.publish_identity, org, handle, signed, now)
+
+    def publish_encryption(
+        self, org: str, handle: str, signed: SignedEncryptionKeyRecord, now: float
+    ) -> Deferred[None]:
+        return defer.execute(self.registry.publish_encryption, org, handle, signed, now)
+
+    def fetch_keys(self, org: str, handle: str) -> Deferred[KeysResponse | None]:
+        return defer.execute(self.registry.fetch_keys, org, handle)
+
+    def record(self, entry: AuditEntry) -> Deferred[None]:
+        return defer.execute(self.registry.record, entry)
+
+    def audit_rows(
+        self, org: str, *, limit: int = 100, after_id: int = 0
+    ) -> Deferred[list[AuditRow]]:
+        return defer.execute(self.registry.audit_rows, org, limit=limit, after_id=after_id)
+
+    def submissions_since(self, since: float) -> Deferred[list[Submission]]:
+        return defer.execute(self.registry.submissions_since, since)

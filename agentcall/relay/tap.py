@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 
 from twisted.application import internet, service
 from twisted.internet import endpoints
+from twisted.internet.defer import Deferred, succeed
 from twisted.internet.interfaces import IListeningPort
 from twisted.python import usage
 
@@ -199,8 +200,17 @@ def _bounded(value: str, name: str, lo: float, hi: float, kind: type[Any]) -> An
 class ListeningService(service.Service):
     """Listen on an endpoint; once bound, log it and optionally write a ready file."""
 
-    def __init__(self, reactor: Any, description: str, site: Any, ready_file: str | None) -> None:
+    def __init__(
+        self,
+        reactor: Any,
+        description: str,
+        site: Any,
+        ready_file: str | None,
+        after: Deferred[None] | None = None,
+    ) -> None:
         self._reactor = reactor
+        # Listening waits for this (the relay's rate windows, read from the store).
+        self._after = after if after is not None else succeed(None)
         self._description = description
         self._site = site
         self._ready_file = ready_file
@@ -209,7 +219,7 @@ class ListeningService(service.Service):
     def startService(self) -> None:
         super().startService()
         endpoint = endpoints.serverFromString(self._reactor, self._description)
-        d = endpoint.listen(self._site)
+        d = self._after.addCallback(lambda _: endpoint.listen(self._site))
         d.addCallback(self._bound)
         d.addErrback(self._failed)
 
@@ -277,7 +287,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
 
     top = service.MultiService()
     ListeningService(
-        reactor, config["listen"], relay.factory, config["ready-file"]
+        reactor, config["listen"], relay.factory, config["ready-file"], relay.windows_restored
     ).setServiceParent(top)
     internet.TimerService(600, lambda: _prune(relay.limiter, reactor)).setServiceParent(top)
     _DoorFlush(relay.door).setServiceParent(top)

@@ -14,7 +14,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
+from twisted.python.failure import Failure
 from twisted.web import resource, server
 
 from agentcall import limits
@@ -32,7 +34,7 @@ from agentcall.relay.door import (
     throttled_page,
     upgrade_required,
 )
-from agentcall.relay.store import IRelayStore, Member
+from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
@@ -77,7 +79,7 @@ class RelayApi(resource.Resource):
     def __init__(
         self,
         *,
-        store: IRelayStore,
+        store: RelayStore,
         switchboard: Switchboard,
         clock: IReactorTime,
         relay_origin: str,
@@ -92,26 +94,25 @@ class RelayApi(resource.Resource):
         self._origin = relay_origin
         self._public_url = public_url.rstrip("/")
 
-    def render(self, request: server.Request) -> bytes:
+    def render(self, request: server.Request) -> int:
+        """Answer once the store has: the body, or the refusal as the same JSON error body."""
         request.setHeader(b"content-type", b"application/json")
         request.setHeader(b"cache-control", b"no-store")
-        try:
-            status, body = 200, self._answer(request)
-        except ApiError as exc:
-            status, body = exc.status, http.ApiErrorBody(error=exc.code, message=exc.message)
-            if isinstance(exc, Throttled):
-                request.setHeader(b"retry-after", retry_after_header(exc.retry_after_s))
-            else:
-                # Throttled refusals are counted by the door and logged in aggregate instead.
-                _log.info("api_refused", path=_path(request), status=status, code=str(exc.code))
-        except Exception:
-            _log.failure("api_internal_error", path=_path(request))
-            status = 500
-            body = http.ApiErrorBody(error=ApiErrorCode.INTERNAL, message="internal error")
-        request.setResponseCode(status)
-        return codec.encode(body)
+        gone: list[Failure] = []
+        # A client that went away before the store answered gets nothing written.
+        request.notifyFinish().addErrback(gone.append)
+        written = defer.ensureDeferred(self._respond(request, gone))
+        written.addErrback(lambda f: _log.failure("api_write_failed", failure=f))
+        return server.NOT_DONE_YET
 
-    def _answer(self, request: server.Request) -> object:
+    async def _respond(self, request: server.Request, gone: list[Failure]) -> None:
+        try:
+            status, body = 200, await self._answer(request)
+        except Exception:
+            status, body = _refusal(request, Failure())
+        _finish(request, gone, status, body)
+
+    async def _answer(self, request: server.Request) -> object:
         if getattr(request, "too_large", False):
             raise ApiError(413, ApiErrorCode.BODY_TOO_LARGE, "request body too large")
         found = rules.match(request.method.decode("ascii", "replace"), _path(request))
@@ -120,12 +121,14 @@ class RelayApi(resource.Resource):
             return http.StatusResponse(ok=True, relay_origin=self._origin)
         if found.route is Route.REGISTER:
             self._door.check_register(source_of(request.getClientAddress()))
-            return self._register(request)
-        member = self._authenticated(request)
+            return await self._register(request)
+        member = await self._authenticated(request)
         rules.authorize(found.route, member)
-        return self._as_member(found, request, member)
+        return await self._as_member(found, request, member)
 
-    def _as_member(self, found: RouteMatch, request: server.Request, member: Member) -> object:
+    async def _as_member(
+        self, found: RouteMatch, request: server.Request, member: Member
+    ) -> object:
         now = self._clock.seconds()
         match found.route:
             case Route.ME:
@@ -144,7 +147,7 @@ class RelayApi(resource.Resource):
                 )
             case Route.CREATE_INVITE:
                 wanted = _body(request, http.InviteCreateRequest)
-                secret, info = self._store.create_invite(
+                secret, info = await self._store.create_invite(
                     member.org,
                     created_by=member.handle,
                     role=wanted.role,
@@ -155,28 +158,29 @@ class RelayApi(resource.Resource):
                 url = make_invite_url(self._public_url, member.org, secret)
                 return http.InviteCreated(invite=url, info=info)
             case Route.LIST_INVITES:
-                return http.InviteList(invites=tuple(self._store.list_invites(member.org, now)))
+                invites = await self._store.list_invites(member.org, now)
+                return http.InviteList(invites=tuple(invites))
             case Route.REVOKE_INVITE:
-                return self._store.revoke_invite(
+                return await self._store.revoke_invite(
                     member.org, _argument(found), actor=member.handle, now=now
                 )
             case Route.PUBLISH_IDENTITY:
                 identity = _body(request, http.SignedIdentityRecord)
                 rules.check_identity_record(member, identity, self._origin)
-                self._store.publish_identity(member.org, member.handle, identity, now)
-                return rules.published(self._store.fetch_keys(member.org, member.handle))
+                await self._store.publish_identity(member.org, member.handle, identity, now)
+                return rules.published(await self._store.fetch_keys(member.org, member.handle))
             case Route.PUBLISH_ENCRYPTION:
                 encryption = _body(request, http.SignedEncryptionKeyRecord)
-                current = self._store.fetch_keys(member.org, member.handle)
+                current = await self._store.fetch_keys(member.org, member.handle)
                 rules.check_encryption_record(member, encryption, current, self._origin, now)
-                self._store.publish_encryption(member.org, member.handle, encryption, now)
-                return rules.published(self._store.fetch_keys(member.org, member.handle))
+                await self._store.publish_encryption(member.org, member.handle, encryption, now)
+                return rules.published(await self._store.fetch_keys(member.org, member.handle))
             case Route.FETCH_KEYS:
                 # Within the member's own organisation only.
-                return rules.published(self._store.fetch_keys(member.org, _argument(found)))
+                return rules.published(await self._store.fetch_keys(member.org, _argument(found)))
         raise AssertionError(f"no handler for {found.route}")  # pragma: no cover
 
-    def _authenticated(self, request: server.Request) -> Member:
+    async def _authenticated(self, request: server.Request) -> Member:
         source = source_of(request.getClientAddress())
         # Before the token is looked at: a throttled source learns nothing from a guess.
         self._door.check_auth_allowed(source)
@@ -184,15 +188,15 @@ class RelayApi(resource.Resource):
             name: (request.getHeader(name) or "")
             for name in ("authorization", "x-agentcall-org", "x-agentcall-handle")
         }
-        member = authenticate_headers(self._store, headers)
+        member = await authenticate_headers(self._store, headers)
         if member is None:
             self._door.auth_failed(source)
             raise ApiError(401, ApiErrorCode.UNAUTHORIZED, "missing or invalid credentials")
         return member
 
-    def _register(self, request: server.Request) -> http.RegisterResponse:
+    async def _register(self, request: server.Request) -> http.RegisterResponse:
         body = _body(request, http.RegisterRequest)
-        member, token = self._store.register(
+        member, token = await self._store.register(
             body.org, body.invite, body.handle, body.agent_kind, self._clock.seconds()
         )
         _log.info("member_registered", org=member.org, handle=member.handle, role=str(member.role))
@@ -204,6 +208,32 @@ class RelayApi(resource.Resource):
             token=token,
             relay_origin=self._origin,
         )
+
+
+def _refusal(request: server.Request, failure: Failure) -> tuple[int, object]:
+    """The status and JSON error body of a refusal; anything but an ApiError is a 500."""
+    exc = failure.value
+    if isinstance(exc, ApiError):
+        if isinstance(exc, Throttled):
+            request.setHeader(b"retry-after", retry_after_header(exc.retry_after_s))
+        else:
+            # Throttled refusals are counted by the door and logged in aggregate instead.
+            _log.info("api_refused", path=_path(request), status=exc.status, code=str(exc.code))
+        return exc.status, http.ApiErrorBody(error=exc.code, message=exc.message)
+    _log.failure("api_internal_error", failure=failure, path=_path(request))
+    return 500, http.ApiErrorBody(error=ApiErrorCode.INTERNAL, message="internal error")
+
+
+def _finish(request: server.Request, gone: list[Failure], status: int, body: object) -> None:
+    if gone:
+        _log.info("api_client_gone", path=_path(request), status=status)
+        return
+    data = codec.encode(body)
+    request.setResponseCode(status)
+    # As twisted.web sets it for a body returned from render (rather than chunked encoding).
+    request.setHeader(b"content-length", b"%d" % len(data))
+    request.write(data)
+    request.finish()
 
 
 def _argument(found: RouteMatch) -> str:
@@ -246,6 +276,6 @@ class ApiWithSocket(resource.Resource):
             return self._socket
         return self._api  # a leaf that routes on the full request path itself
 
-    def render(self, request: server.Request) -> bytes:
-        body: bytes = self._api.render(request)
+    def render(self, request: server.Request) -> bytes | int:
+        body: bytes | int = self._api.render(request)
         return body

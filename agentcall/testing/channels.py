@@ -5,10 +5,11 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import TypeVar
 
+from twisted.internet.defer import Deferred, succeed
 from zope.interface import implementer
 
-from agentcall.interfaces import IChannel, IDirectory
-from agentcall.relay.audit import AuditEntry, IAuditSink
+from agentcall.interfaces import IChannel
+from agentcall.relay.audit import AuditEntry
 
 T = TypeVar("T")
 
@@ -49,15 +50,15 @@ class RecordingChannel:
         return f"<RecordingChannel {self.peer}>"
 
 
-@implementer(IDirectory)
 class MemoryDirectory:
-    """An organisation registry held in a set of (org, handle) pairs."""
+    """A :class:`~agentcall.relay.store_interface.Directory` held in a set of (org, handle)
+    pairs; it answers at once."""
 
     def __init__(self, members: Iterable[tuple[str, str]] = ()) -> None:
         self.members: set[tuple[str, str]] = set(members)
 
-    def handle_exists(self, org: str, handle: str) -> bool:
-        return (org, handle) in self.members
+    def handle_exists(self, org: str, handle: str) -> Deferred[bool]:
+        return succeed((org, handle) in self.members)
 
     def add(self, org: str, handle: str) -> None:
         self.members.add((org, handle))
@@ -66,15 +67,15 @@ class MemoryDirectory:
         self.members.discard((org, handle))
 
 
-@implementer(IAuditSink)
 class RecordingAudit:
-    """An audit sink that keeps its rows in a list."""
+    """An :class:`~agentcall.relay.audit.AuditSink` that keeps its rows in a list."""
 
     def __init__(self) -> None:
         self.rows: list[AuditEntry] = []
 
-    def record(self, entry: AuditEntry) -> None:
+    def record(self, entry: AuditEntry) -> Deferred[None]:
         self.rows.append(entry)
+        return succeed(None)
 
     def events(self, call_id: str | None = None) -> list[str]:
         """Event names in order, optionally only those of one call."""

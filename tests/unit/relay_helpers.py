@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar, cast
 
 import attrs
 from twisted.internet.address import IPv4Address
+from twisted.internet.defer import Deferred
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
@@ -17,10 +19,41 @@ from agentcall.relay.composition import Relay, RelaySettings, compose
 from agentcall.relay.door import DoorConfig
 from agentcall.relay.gate import GateLimits
 from agentcall.relay.store import SqliteRelayStore, open_relay_store
+from agentcall.relay.store_interface import RelayStore
 from agentcall.wire.frames import Direction, SealedEnvelope
 from agentcall.wire.http import MemberRole
 
 ORIGIN = "relay.example"
+
+T = TypeVar("T")
+
+
+def fired(deferred: Deferred[T]) -> T:
+    """The result of a Deferred that has already fired; its failure is raised here.
+
+    The SQLite store answers at once, so tests read its answers like return values (and
+    ``pytest.raises`` its refusals); a Deferred still pending is a test failure.
+    """
+    results: list[object] = []
+    deferred.addBoth(results.append)
+    assert results, "the Deferred has not fired"
+    result = results[0]
+    if isinstance(result, Failure):
+        result.raiseException()
+    return result  # type: ignore[return-value]
+
+
+class Fired:
+    """A store whose every method hands back its Deferred's result (see :func:`fired`)."""
+
+    def __init__(self, store: SqliteRelayStore) -> None:
+        self.wrapped = store
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self.wrapped, name)
+        if name == "close":
+            return method
+        return lambda *args, **kwargs: fired(method(*args, **kwargs))
 
 
 def sealed_looking(
@@ -70,10 +103,12 @@ class MemoryRelay:
     def enrol(self, handle: str, role: MemberRole = MemberRole.MEMBER) -> str:
         """Enrol ``@acme/<handle>`` straight through the store; its bearer token."""
         now = self.reactor.seconds()
-        secret, _ = self.store.create_invite(
-            "acme", created_by=None, role=role, expires_in_days=7, description=None, now=now
+        secret, _ = fired(
+            self.store.create_invite(
+                "acme", created_by=None, role=role, expires_in_days=7, description=None, now=now
+            )
         )
-        _, token = self.store.register("acme", secret, handle, None, now)
+        _, token = fired(self.store.register("acme", secret, handle, None, now))
         return token
 
     def request(
@@ -88,17 +123,7 @@ class MemoryRelay:
     ) -> Answer:
         """One request on a fresh connection through the whole front door and Site; with a
         ``token``, the credentials of ``@acme/<handle>``."""
-        lines = [f"{method} {path} HTTP/1.1", "Host: relay.example", "Connection: close"]
-        if token is not None:
-            lines += [
-                f"Authorization: Bearer {token}",
-                "X-AgentCall-Org: acme",
-                f"X-AgentCall-Handle: {handle}",
-            ]
-        if body is not None:
-            lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
-        raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
-        return self.send(raw, host)
+        return self.send(raw_request(method, path, body=body, token=token, handle=handle), host)
 
     def connect(self, host: str = "10.0.0.1") -> tuple[Any, StringTransport]:
         """A fresh connection from ``host`` through the front door: (protocol, transport)."""
@@ -118,6 +143,23 @@ class MemoryRelay:
         return parse_answer(transport.value())
 
 
+def raw_request(
+    method: str, path: str, *, body: bytes | None = None, token: str | None = None, handle: str = ""
+) -> bytes:
+    """The bytes of one HTTP/1.1 request (see :meth:`MemoryRelay.request`)."""
+    lines = [f"{method} {path} HTTP/1.1", "Host: relay.example", "Connection: close"]
+    if token is not None:
+        lines += [
+            f"Authorization: Bearer {token}",
+            "X-AgentCall-Org: acme",
+            f"X-AgentCall-Handle: {handle}",
+        ]
+    if body is not None:
+        lines += ["Content-Type: application/json", f"Content-Length: {len(body)}"]
+    raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
+    return raw
+
+
 def parse_answer(data: bytes) -> Answer:
     head, _, body = data.partition(b"\r\n\r\n")
     lines = head.decode("latin-1").split("\r\n")
@@ -134,12 +176,14 @@ def memory_relay(
     now: float,
     reactor: MemoryReactorClock | None = None,
     door: DoorConfig | None = None,
+    wrap: Callable[[SqliteRelayStore], RelayStore] | None = None,
 ) -> MemoryRelay:
-    """A relay for organisation ``acme`` on a fresh database, its clock at ``now``."""
+    """A relay for organisation ``acme`` on a fresh database, its clock at ``now``; with
+    ``wrap``, the relay reaches its store through what ``wrap`` makes of it."""
     reactor = reactor or MemoryReactorClock()
     reactor.advance(now - reactor.seconds())
     store = open_relay_store(tmp_path / "relay.sqlite")
-    store.ensure_org("acme", reactor.seconds())
+    fired(store.ensure_org("acme", reactor.seconds()))
     settings = RelaySettings(
         relay_origin=ORIGIN,
         ws_url=f"ws://{ORIGIN}/v1/ws",
@@ -148,4 +192,44 @@ def memory_relay(
         calls_per_hour=limits.CALLS_PER_HOUR_PER_PAIR,
         door=door or roomy_door(),
     )
-    return MemoryRelay(reactor, store, compose(settings, store, reactor))
+    seen_by_relay = store if wrap is None else wrap(store)
+    return MemoryRelay(reactor, store, compose(settings, seen_by_relay, reactor))
+
+
+class HeldStore:
+    """A store whose named methods answer only when :meth:`release` is called, as a remote
+    database would; every other method goes straight to the wrapped store."""
+
+    def __init__(self, store: RelayStore, *holding: str) -> None:
+        self._store = store
+        self._holding = set(holding)
+        self.pending: list[tuple[Deferred[Any], Callable[[], Deferred[Any]]]] = []
+
+    def __getattr__(self, name: str) -> Any:
+        method = getattr(self._store, name)
+        if name not in self._holding:
+            return method
+
+        def later(*args: Any, **kwargs: Any) -> Deferred[Any]:
+            answer: Deferred[Any] = Deferred()
+            self.pending.append((answer, lambda: method(*args, **kwargs)))
+            return answer
+
+        return later
+
+    def release(self) -> None:
+        """Answer every held call, in the order they were made."""
+        pending, self.pending = self.pending, []
+        for answer, call in pending:
+            call().chainDeferred(answer)
+
+    def fail(self, exc: Exception) -> None:
+        """Fail every held call with ``exc``."""
+        pending, self.pending = self.pending, []
+        for answer, _call in pending:
+            answer.errback(exc)
+
+
+def holding(*names: str) -> Callable[[SqliteRelayStore], RelayStore]:
+    """For ``memory_relay(wrap=...)``: hold the named store methods (see :class:`HeldStore`)."""
+    return lambda store: cast(RelayStore, HeldStore(store, *names))

@@ -14,6 +14,7 @@ from agentcall.invites import parse_invite_url
 from agentcall.relay.bootstrap import bootstrap
 from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
 from agentcall.wire.http import InviteStatus, MemberRole
+from tests.unit.relay_helpers import Fired
 
 T0 = 1_700_000_000.0
 URL = "https://relay.example.com/"
@@ -29,7 +30,7 @@ def test_first_run_creates_everything(tmp_path: Path) -> None:
 
     link = parse_invite_url(result.invite_url)
     assert (link.relay_url, link.org) == ("https://relay.example.com", "acme")
-    store = open_relay_store(path)
+    store = Fired(open_relay_store(path))
     member, _token = store.register("acme", link.secret, "ken", None, T0 + 60)
     assert member.role is MemberRole.ADMIN
     store.close()
@@ -42,7 +43,7 @@ def test_second_run_keeps_state_and_mints_another_invite(tmp_path: Path) -> None
     second = bootstrap(path, "acme", URL, T0 + 10)
     assert (second.database_created, second.org_created) == (False, False)
     assert second.invite_url != first.invite_url and second.invite_id != first.invite_id
-    store = open_relay_store(path)
+    store = Fired(open_relay_store(path))
     statuses = {info.id: info.status for info in store.list_invites("acme", T0 + 20)}
     assert statuses == {first.invite_id: InviteStatus.ACTIVE, second.invite_id: InviteStatus.ACTIVE}
     store.close()
@@ -52,7 +53,7 @@ def test_invite_is_one_time(tmp_path: Path) -> None:
     """The bootstrap invite enrols exactly one person."""
     path = tmp_path / "relay.db"
     secret = parse_invite_url(bootstrap(path, "acme", URL, T0).invite_url).secret
-    store = open_relay_store(path)
+    store = Fired(open_relay_store(path))
     store.register("acme", secret, "ken", None, T0 + 1)
     with pytest.raises(ApiError) as exc:
         store.register("acme", secret, "amy", None, T0 + 2)
@@ -103,7 +104,7 @@ def test_the_database_and_its_wal_are_0600_whatever_the_umask(tmp_path: Path) ->
     old = os.umask(0)
     try:
         bootstrap(path, "acme", URL, T0)
-        store = open_relay_store(path)
+        store = Fired(open_relay_store(path))
         store.ensure_org("beta", T0)
         sides = [p for p in tmp_path.iterdir() if p.name.startswith("relay.db-")]
         modes = {p.name: stat.S_IMODE(os.stat(p).st_mode) for p in [path, *sides]}

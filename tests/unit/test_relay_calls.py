@@ -9,12 +9,14 @@ from typing import Any
 
 import attrs
 import pytest
+from twisted.internet.defer import Deferred, fail
 from twisted.internet.task import Clock
+from twisted.logger import capturedLogs
 
 from agentcall import limits
-from agentcall.errors import CallErrorCode
+from agentcall.errors import CallErrorCode, StoreError
 from agentcall.relay.audit import AuditEntry
-from agentcall.relay.calls import CallBook, Phase, restored_limiter
+from agentcall.relay.calls import CallBook, Phase, restore_windows
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import open_relay_store
 from agentcall.relay.switchboard import Switchboard
@@ -43,12 +45,13 @@ from agentcall.wire.frames import (
     SealedEnvelope,
     Terminal,
 )
-from tests.unit.relay_helpers import sealed_looking
+from tests.unit.relay_helpers import fired, sealed_looking
 
 ORIGIN = "relay.example.test"
 T0 = 1_700_000_000.0
 CORRELATION = "c0ffee" + "0" * 26
 DEADLINE = limits.CALL_DEADLINE_S
+MEMBERS = {("acme", "ana"), ("acme", "ken"), ("acme", "bob"), ("other", "ken"), ("other", "oz")}
 
 
 def envelope(
@@ -86,13 +89,12 @@ class Relay:
         deadline_s: float = DEADLINE,
         audit: RecordingAudit | None = None,
         mint_call_id: Callable[[], str] | None = None,
+        directory: MemoryDirectory | None = None,
     ) -> None:
         self.clock = Clock()
         self.clock.advance(T0)
         self.board = Switchboard()
-        self.directory = MemoryDirectory(
-            {("acme", "ana"), ("acme", "ken"), ("acme", "bob"), ("other", "ken"), ("other", "oz")}
-        )
+        self.directory = directory or MemoryDirectory(MEMBERS)
         self.audit = audit or RecordingAudit()
         self.limiter = SlidingWindowLimiter(limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S)
         serial = itertools.count(1)
@@ -589,7 +591,7 @@ def test_audit_failure_does_not_break_routing() -> None:
     """A failing audit sink is logged; the caller still gets its outcome."""
 
     class Broken(RecordingAudit):
-        def record(self, *args: object) -> None:
+        def record(self, entry: AuditEntry) -> Deferred[None]:
             raise OSError("disk full")
 
     relay = Relay(audit=Broken())
@@ -604,7 +606,7 @@ def test_call_ids_never_collide() -> None:
     relay = Relay(mint_call_id=lambda: "00000000-0000-4000-8000-000000000001")
     relay.ring()
     with pytest.raises(RuntimeError, match="minter"):
-        relay.call(request())
+        fired(relay.book.submit("acme", "ana", "ken", RecordingChannel("ana-caller"), request()))
 
 
 def test_rate_windows_are_pruned_as_calls_flow(relay: Relay) -> None:
@@ -629,7 +631,7 @@ def test_a_relay_restart_does_not_grant_a_fresh_hour(tmp_path: Path) -> None:
     """Thirty calls audited in the store; the call book built after a restart, with its
     limiter rebuilt from that store, refuses the thirty-first until the hour has slid."""
     store = open_relay_store(tmp_path / "relay.sqlite")
-    store.ensure_org("acme", T0)
+    fired(store.ensure_org("acme", T0))
     directory = MemoryDirectory({("acme", "ana"), ("acme", "ken")})
     clock = Clock()
     clock.advance(T0)
@@ -637,9 +639,8 @@ def test_a_relay_restart_does_not_grant_a_fresh_hour(tmp_path: Path) -> None:
     def start_relay() -> tuple[CallBook, Switchboard]:
         board = Switchboard()
         board.attach_listener("acme", "ken", RecordingChannel("ken-listener"))
-        limiter = restored_limiter(
-            store, limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S, clock.seconds()
-        )
+        limiter = SlidingWindowLimiter(limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S)
+        fired(restore_windows(store, limiter, clock.seconds()))
         return CallBook(clock, board, directory, store, limiter, ORIGIN), board
 
     def call(book: CallBook) -> RecordingChannel:
@@ -662,3 +663,89 @@ def test_a_relay_restart_does_not_grant_a_fresh_hour(tmp_path: Path) -> None:
     assert not call(book).closed
     assert call(book).closed
     store.close()
+
+
+# --- a directory that answers later --------------------------------------------------------
+
+
+class LateDirectory(MemoryDirectory):
+    """Answers ``handle_exists`` only when the test says so, as a remote database would."""
+
+    def __init__(self) -> None:
+        super().__init__(MEMBERS)
+        self.pending: list[tuple[Deferred[bool], bool]] = []
+
+    def handle_exists(self, org: str, handle: str) -> Deferred[bool]:
+        answer: Deferred[bool] = Deferred()
+        self.pending.append((answer, (org, handle) in self.members))
+        return answer
+
+    def release(self) -> None:
+        pending, self.pending = self.pending, []
+        for answer, exists in pending:
+            answer.callback(exists)
+
+    def fail(self, exc: Exception) -> None:
+        pending, self.pending = self.pending, []
+        for answer, _exists in pending:
+            answer.errback(exc)
+
+
+def test_frames_behind_a_pending_request_wait_for_it() -> None:
+    """A cancel, a second request and the close that follow a request on its connection are
+    looked at only once the directory has answered and the call rang, in the order sent."""
+    late = LateDirectory()
+    relay = Relay(directory=late)
+    req = request()
+    caller = relay.call(req)
+    call_id = "00000000-0000-4000-8000-000000000001"
+    relay.book.from_caller(caller, CancelCall(call_id=call_id))
+    relay.book.submit("acme", "ana", "ken", caller, request())
+    relay.book.caller_gone(caller)
+    assert caller.events == [] and relay.ken.sent == []
+    # Another connection's request is not held behind this one's.
+    other = relay.call(request(from_="@acme/bob"), caller="bob")
+    assert len(late.pending) == 2
+    late.release()
+    assert caller.sent == [
+        status(call_id, CallState.RINGING),
+        CallError(code=CallErrorCode.PROTOCOL_ERROR, detail="one call per connection"),
+    ]
+    assert relay.ken.sent[:2] == [
+        IncomingCall(
+            call_id=call_id, from_="ana", envelope=req.envelope, correlation_id=CORRELATION
+        ),
+        CancelCall(call_id=call_id),
+    ]
+    call = relay.book.get(call_id)
+    assert call is not None and call.caller_channel is None and call.cancel_sent
+    assert other.sent == [status("00000000-0000-4000-8000-000000000002", CallState.RINGING)]
+
+
+def test_a_failing_directory_closes_the_caller_and_rings_nobody() -> None:
+    """A store failure during the lookup is logged; the caller's socket closes, no call rings."""
+    late = LateDirectory()
+    relay = Relay(directory=late)
+    caller = relay.call()
+    relay.book.caller_gone(caller)
+    with capturedLogs() as captured:
+        late.fail(StoreError("database error: disk I/O error"))
+    assert caller.sent == [] and caller.closes == [(1000, "internal error")]
+    assert relay.ken.sent == [] and relay.book.active_count() == 0
+    assert [e for e in captured if e.get("event") == "directory_failed"]
+
+
+def test_a_failed_audit_deferred_is_logged_not_unhandled() -> None:
+    """An audit write that fails later (a failed Deferred) is logged; routing goes on."""
+
+    class Failing(RecordingAudit):
+        def record(self, entry: AuditEntry) -> Deferred[None]:
+            return fail(OSError("disk full"))
+
+    relay = Relay(audit=Failing())
+    with capturedLogs() as captured:
+        caller, call_id = relay.ring()
+        relay.from_ken(reply(call_id))
+    assert caller.closes == [(1000, "done")]
+    # Both writes (call.submit, call.complete) failed, and each failure was logged.
+    assert len([e for e in captured if "log_failure" in e]) == 2

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import pytest
 import txaio as _txaio
@@ -21,6 +21,7 @@ from twisted.test import iosim
 from agentcall import limits
 from agentcall.errors import CallErrorCode
 from agentcall.relay import audit
+from agentcall.relay.store_interface import RelayStore
 from agentcall.wire import codec
 from agentcall.wire.closecodes import (
     CLOSE_BAD_REQUEST,
@@ -43,7 +44,14 @@ from agentcall.wire.frames import (
     Terminal,
 )
 from tests.unit.crypto_helpers import NOW
-from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay, sealed_looking
+from tests.unit.relay_helpers import (
+    ORIGIN,
+    HeldStore,
+    MemoryRelay,
+    fired,
+    memory_relay,
+    sealed_looking,
+)
 
 txaio: Any = _txaio  # txaio's config is untyped
 CORRELATION = "c0ffee" + "0" * 26
@@ -202,7 +210,7 @@ def test_a_bad_token_is_closed_unauthorized_and_counted(switch: Switch) -> None:
     assert caller.close_code == CLOSE_UNAUTHORIZED
     switch.relay.reactor.advance(60.0)
     switch.relay.relay.door.flush()
-    [row] = switch.relay.store.audit_rows(audit.RELAY_WIDE)
+    [row] = fired(switch.relay.store.audit_rows(audit.RELAY_WIDE))
     assert row.detail == "2 failed authentications in this minute"
 
 
@@ -251,3 +259,54 @@ def test_a_bad_listener_frame_is_dropped_and_the_session_kept(switch: Switch) ->
     ann.send(REQUEST)
     switch.flush()
     assert isinstance(ken.frames[-1], IncomingCall)
+
+
+# --- a store that answers later ------------------------------------------------------------
+
+
+@pytest.fixture
+def slow_auth(tmp_path: Path) -> Iterator[tuple[Switch, HeldStore]]:
+    """A relay whose store checks tokens only when the test releases it."""
+    made: list[HeldStore] = []
+
+    def wrap(store: RelayStore) -> RelayStore:
+        made.append(HeldStore(store, "authenticate"))
+        return cast(RelayStore, made[0])
+
+    relay = memory_relay(tmp_path, now=NOW, wrap=wrap)
+    previous = txaio.config.loop
+    txaio.config.loop = relay.reactor
+    try:
+        yield Switch(relay), made[0]
+    finally:
+        txaio.config.loop = previous
+
+
+def test_the_upgrade_waits_for_the_store(slow_auth: tuple[Switch, HeldStore]) -> None:
+    """No Ready and no listener session until the store has checked the token."""
+    switch, held = slow_auth
+    ken = switch.connect("role=listen", "ken")
+    assert ken.frames == [] and len(held.pending) == 1
+    assert not switch.relay.relay.switchboard.is_online("acme", "ken")
+    held.release()
+    switch.flush()
+    assert ken.frames == [ready(Role.LISTEN, "@acme/ken")]
+    assert switch.relay.relay.switchboard.is_online("acme", "ken")
+
+
+def test_a_client_gone_during_the_token_check_is_never_attached(
+    slow_auth: tuple[Switch, HeldStore],
+) -> None:
+    """A socket closed while its token was checked opens no session and holds no count."""
+    switch, held = slow_auth
+    ken = switch.connect("role=listen", "ken")
+    ann = switch.connect("role=call&to=ken", "ann")
+    for party in (ken, ann):
+        assert party.pump is not None
+        party.pump.client.transport.loseConnection()
+    switch.flush()
+    held.release()
+    switch.flush()
+    assert ken.frames == [] and ann.frames == []
+    assert not switch.relay.relay.switchboard.is_online("acme", "ken")
+    assert switch.relay.relay.door.gate.callers_of("@acme/ann") == 0

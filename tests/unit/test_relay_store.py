@@ -8,7 +8,8 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from zope.interface.verify import verifyObject
+from twisted.internet.defer import Deferred
+from twisted.trial.unittest import SynchronousTestCase
 
 from agentcall import ids, limits
 from agentcall.errors import ApiError, ApiErrorCode
@@ -17,9 +18,9 @@ from agentcall.relay.audit import AuditEntry
 from agentcall.relay.auth import hash_secret, secret_matches
 from agentcall.relay.store import (
     RESERVED_HANDLES,
-    IRelayStore,
     Member,
-    SqliteRelayStore,
+    RelayStore,
+    SqliteRegistry,
     Submission,
     open_relay_store,
 )
@@ -33,6 +34,7 @@ from agentcall.wire.http import (
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
 )
+from tests.unit.relay_helpers import Fired
 
 T0 = 1_700_000_000.25
 DAY = 86_400
@@ -45,15 +47,15 @@ def db_path(tmp_path: Path) -> Path:
 
 
 @pytest.fixture
-def store(db_path: Path) -> Iterator[SqliteRelayStore]:
-    opened = open_relay_store(db_path)
+def store(db_path: Path) -> Iterator[Fired]:
+    opened = Fired(open_relay_store(db_path))
     opened.ensure_org("acme", T0)
     yield opened
     opened.close()
 
 
 def invite(
-    store: SqliteRelayStore,
+    store: Fired,
     *,
     org: str = "acme",
     role: MemberRole = MemberRole.MEMBER,
@@ -67,9 +69,10 @@ def invite(
     return secret, info.id
 
 
-def enrol(store: SqliteRelayStore, handle: str, *, org: str = "acme") -> tuple[Member, str]:
+def enrol(store: Fired, handle: str, *, org: str = "acme") -> tuple[Member, str]:
     secret, _id = invite(store, org=org)
-    return store.register(org, secret, handle, AgentKind.CLAUDE, T0 + 1)
+    enrolled: tuple[Member, str] = store.register(org, secret, handle, AgentKind.CLAUDE, T0 + 1)
+    return enrolled
 
 
 def api_error(exc: pytest.ExceptionInfo[ApiError]) -> tuple[int, ApiErrorCode]:
@@ -100,20 +103,25 @@ def encryption(handle: str, epoch: int) -> SignedEncryptionKeyRecord:
 # --- basics ------------------------------------------------------------------------------
 
 
-def test_store_provides_the_interface(store: SqliteRelayStore) -> None:
-    """The SQLite store declares and fully implements IRelayStore."""
-    assert verifyObject(IRelayStore, store)
+def test_store_provides_the_interface(store: Fired) -> None:
+    """The SQLite store implements RelayStore (mypy checks the assignment) and answers with
+    Deferreds, a refusal included."""
+    as_protocol: RelayStore = store.wrapped
+    assert isinstance(as_protocol.org_exists("acme"), Deferred)
+    refused = as_protocol.register("acme", "no-such-secret", "ken", None, T0)
+    failure = SynchronousTestCase().failureResultOf(refused, ApiError)
+    assert failure.value.code is ApiErrorCode.INVITE_UNKNOWN
 
 
 def test_store_needs_an_autocommit_connection(tmp_path: Path) -> None:
     """A connection with Python's implicit transactions is refused up front."""
     conn = sqlite3.connect(tmp_path / "x.db")
     with pytest.raises(ValueError, match="autocommit"):
-        SqliteRelayStore(conn)
+        SqliteRegistry(conn)
     conn.close()
 
 
-def test_ensure_org_creates_once(store: SqliteRelayStore) -> None:
+def test_ensure_org_creates_once(store: Fired) -> None:
     """The first call creates the organisation, later ones report it existed."""
     assert store.ensure_org("beta", T0) is True
     assert store.ensure_org("beta", T0 + 5) is False
@@ -125,7 +133,7 @@ def test_ensure_org_creates_once(store: SqliteRelayStore) -> None:
 # --- invites -----------------------------------------------------------------------------
 
 
-def test_create_invite_keeps_only_the_hash(store: SqliteRelayStore) -> None:
+def test_create_invite_keeps_only_the_hash(store: Fired) -> None:
     """The secret is a fresh token; the id is its SHA-256; times are whole seconds."""
     secret, info = store.create_invite(
         "acme",
@@ -147,7 +155,7 @@ def test_create_invite_keeps_only_the_hash(store: SqliteRelayStore) -> None:
 
 
 @pytest.mark.parametrize("days", [0, limits.INVITE_MAX_DAYS + 1, True])
-def test_create_invite_refuses_bad_expiry(store: SqliteRelayStore, days: int) -> None:
+def test_create_invite_refuses_bad_expiry(store: Fired, days: int) -> None:
     """Expiry outside 1..90 days is a 400, before anything is stored."""
     with pytest.raises(ApiError) as exc:
         invite(store, days=days)
@@ -155,7 +163,7 @@ def test_create_invite_refuses_bad_expiry(store: SqliteRelayStore, days: int) ->
     assert store.list_invites("acme", T0) == []
 
 
-def test_create_invite_refuses_long_description(store: SqliteRelayStore) -> None:
+def test_create_invite_refuses_long_description(store: Fired) -> None:
     """Descriptions are capped."""
     with pytest.raises(ApiError) as exc:
         store.create_invite(
@@ -169,14 +177,14 @@ def test_create_invite_refuses_long_description(store: SqliteRelayStore) -> None
     assert api_error(exc) == (400, ApiErrorCode.BAD_REQUEST)
 
 
-def test_create_invite_for_unknown_org(store: SqliteRelayStore) -> None:
+def test_create_invite_for_unknown_org(store: Fired) -> None:
     """No invites for an organisation that does not exist."""
     with pytest.raises(ApiError) as exc:
         invite(store, org="nowhere")
     assert api_error(exc) == (404, ApiErrorCode.NOT_FOUND)
 
 
-def test_active_invite_cap(store: SqliteRelayStore) -> None:
+def test_active_invite_cap(store: Fired) -> None:
     """At most 100 active invites; used, revoked and expired ones free a place."""
     made = [invite(store, days=1) for _ in range(limits.MAX_ACTIVE_INVITES_PER_ORG)]
     with pytest.raises(ApiError) as exc:
@@ -198,7 +206,7 @@ def test_active_invite_cap(store: SqliteRelayStore) -> None:
     assert api_error(exc) == (409, ApiErrorCode.TOO_MANY_INVITES)
 
 
-def test_list_invites_shows_status_active_first_and_is_bounded(store: SqliteRelayStore) -> None:
+def test_list_invites_shows_status_active_first_and_is_bounded(store: Fired) -> None:
     """Statuses are computed at `now`; active invites come first; at most 200 are listed."""
     for _round in range(2):
         for _secret, invite_id in [invite(store) for _ in range(limits.MAX_ACTIVE_INVITES_PER_ORG)]:
@@ -218,7 +226,7 @@ def test_list_invites_shows_status_active_first_and_is_bounded(store: SqliteRela
     assert store.list_invites("other", T0) == []
 
 
-def test_revoke_invite_rules(store: SqliteRelayStore) -> None:
+def test_revoke_invite_rules(store: Fired) -> None:
     """Unknown -> 404; used -> 409; revoking twice is harmless; an expired one can be revoked."""
     with pytest.raises(ApiError) as exc:
         store.revoke_invite("acme", "0" * 64, actor="boss", now=T0)
@@ -243,7 +251,7 @@ def test_revoke_invite_rules(store: SqliteRelayStore) -> None:
     )
 
 
-def test_revoke_is_scoped_to_the_org(store: SqliteRelayStore) -> None:
+def test_revoke_is_scoped_to_the_org(store: Fired) -> None:
     """An admin of one organisation cannot revoke another's invite, nor learn it exists."""
     store.ensure_org("beta", T0)
     _secret, beta_id = invite(store, org="beta")
@@ -260,7 +268,7 @@ def test_revoke_is_scoped_to_the_org(store: SqliteRelayStore) -> None:
     "handle",
     ["Ken", "k", "-ken", "ken-", "ke--n", "ken_smith", "x" * 32, "", *sorted(RESERVED_HANDLES)],
 )
-def test_register_refuses_invalid_or_reserved_handles(store: SqliteRelayStore, handle: str) -> None:
+def test_register_refuses_invalid_or_reserved_handles(store: Fired, handle: str) -> None:
     """Bad grammar and reserved names are 400 handle_invalid, and the invite is not spent."""
     secret, _id = invite(store)
     with pytest.raises(ApiError) as exc:
@@ -269,7 +277,7 @@ def test_register_refuses_invalid_or_reserved_handles(store: SqliteRelayStore, h
     assert store.list_invites("acme", T0)[0].status is InviteStatus.ACTIVE
 
 
-def test_register_unknown_invite_or_org(store: SqliteRelayStore) -> None:
+def test_register_unknown_invite_or_org(store: Fired) -> None:
     """A made-up secret, or a real one presented to another org, is 404 invite_unknown.
 
     The invite is checked before the handle, so without one nobody learns which handles exist.
@@ -284,7 +292,7 @@ def test_register_unknown_invite_or_org(store: SqliteRelayStore) -> None:
         assert api_error(exc) == (404, ApiErrorCode.INVITE_UNKNOWN)
 
 
-def test_register_used_invite(store: SqliteRelayStore) -> None:
+def test_register_used_invite(store: Fired) -> None:
     """An invite enrols exactly one handle: the second use is 410 invite_used."""
     secret, _id = invite(store)
     store.register("acme", secret, "ken", None, T0)
@@ -294,7 +302,7 @@ def test_register_used_invite(store: SqliteRelayStore) -> None:
     assert not store.handle_exists("acme", "amy")
 
 
-def test_register_revoked_invite(store: SqliteRelayStore) -> None:
+def test_register_revoked_invite(store: Fired) -> None:
     """A revoked invite is 410 invite_revoked."""
     secret, invite_id = invite(store)
     store.revoke_invite("acme", invite_id, actor=None, now=T0)
@@ -303,7 +311,7 @@ def test_register_revoked_invite(store: SqliteRelayStore) -> None:
     assert api_error(exc) == (410, ApiErrorCode.INVITE_REVOKED)
 
 
-def test_register_expiry_boundary(store: SqliteRelayStore) -> None:
+def test_register_expiry_boundary(store: Fired) -> None:
     """Valid until just before expires_at; at expires_at exactly it is 410 invite_expired."""
     early, _id = invite(store, days=1)
     late, late_id = invite(store, days=1)
@@ -321,7 +329,7 @@ def test_register_expiry_boundary(store: SqliteRelayStore) -> None:
     assert statuses[late_id] is InviteStatus.EXPIRED
 
 
-def test_register_taken_handle_keeps_the_invite(store: SqliteRelayStore) -> None:
+def test_register_taken_handle_keeps_the_invite(store: Fired) -> None:
     """409 handle_taken leaves the invite unused, so it can enrol another handle."""
     enrol(store, "ken")
     secret, _id = invite(store)
@@ -332,7 +340,7 @@ def test_register_taken_handle_keeps_the_invite(store: SqliteRelayStore) -> None
     assert member.handle == "amy"
 
 
-def test_register_takes_role_from_invite_and_handles_are_per_org(store: SqliteRelayStore) -> None:
+def test_register_takes_role_from_invite_and_handles_are_per_org(store: Fired) -> None:
     """The invite decides the role; the same handle may exist in two organisations."""
     store.ensure_org("beta", T0)
     admin_secret, _id = invite(store, role=MemberRole.ADMIN)
@@ -345,9 +353,7 @@ def test_register_takes_role_from_invite_and_handles_are_per_org(store: SqliteRe
     assert store.get_member("acme", "nobody") is None
 
 
-def test_tokens_and_secrets_never_reach_the_database_file(
-    store: SqliteRelayStore, db_path: Path
-) -> None:
+def test_tokens_and_secrets_never_reach_the_database_file(store: Fired, db_path: Path) -> None:
     """Only SHA-256 digests are written: the raw token and invite secret are in no file."""
     secret, _id = invite(store)
     _member, token = store.register("acme", secret, "ken", None, T0)
@@ -362,7 +368,7 @@ def test_tokens_and_secrets_never_reach_the_database_file(
 # --- authentication ----------------------------------------------------------------------
 
 
-def test_authenticate(store: SqliteRelayStore) -> None:
+def test_authenticate(store: Fired) -> None:
     """The right token gives the member; a wrong token, handle or org gives None."""
     member, token = enrol(store, "ken")
     store.ensure_org("beta", T0)
@@ -375,7 +381,7 @@ def test_authenticate(store: SqliteRelayStore) -> None:
     assert store.authenticate("beta", "ken", token) is None
 
 
-def test_member_repr_has_no_secret(store: SqliteRelayStore) -> None:
+def test_member_repr_has_no_secret(store: Fired) -> None:
     """A member carries no token or hash, so logging one cannot leak it."""
     member, token = enrol(store, "ken")
     text = repr(member)
@@ -395,7 +401,7 @@ def test_secret_matching() -> None:
 # --- keys --------------------------------------------------------------------------------
 
 
-def test_identity_is_published_once_and_never_replaced(store: SqliteRelayStore) -> None:
+def test_identity_is_published_once_and_never_replaced(store: Fired) -> None:
     """The same record again is a no-op; a different key is 409 and the first one stays."""
     enrol(store, "ken")
     store.publish_identity("acme", "ken", identity("ken"), T0)
@@ -409,7 +415,7 @@ def test_identity_is_published_once_and_never_replaced(store: SqliteRelayStore) 
     assert len(publishes) == 1
 
 
-def test_identity_rules_for_address_and_membership(store: SqliteRelayStore) -> None:
+def test_identity_rules_for_address_and_membership(store: Fired) -> None:
     """A record naming someone else is 400; a handle that is not a member is 404."""
     enrol(store, "ken")
     with pytest.raises(ApiError) as exc:
@@ -421,7 +427,7 @@ def test_identity_rules_for_address_and_membership(store: SqliteRelayStore) -> N
     assert store.fetch_keys("acme", "ken") is None
 
 
-def test_encryption_epochs_only_go_up(store: SqliteRelayStore) -> None:
+def test_encryption_epochs_only_go_up(store: Fired) -> None:
     """No encryption key before an identity; each epoch must exceed every stored one."""
     enrol(store, "ken")
     with pytest.raises(ApiError) as exc:
@@ -439,7 +445,7 @@ def test_encryption_epochs_only_go_up(store: SqliteRelayStore) -> None:
     assert keys is not None and keys.encryption == encryption("ken", 3)
 
 
-def test_schema_itself_guards_keys(store: SqliteRelayStore, db_path: Path) -> None:
+def test_schema_itself_guards_keys(store: Fired, db_path: Path) -> None:
     """Even a writer that bypasses the store cannot lower an epoch or rewrite an identity."""
     enrol(store, "ken")
     store.publish_identity("acme", "ken", identity("ken"), T0)
@@ -457,7 +463,7 @@ def test_schema_itself_guards_keys(store: SqliteRelayStore, db_path: Path) -> No
 # --- audit -------------------------------------------------------------------------------
 
 
-def test_changes_write_audit_rows_without_secrets(store: SqliteRelayStore) -> None:
+def test_changes_write_audit_rows_without_secrets(store: Fired) -> None:
     """Issue, redeem, register, revoke and key publishes are audited; no secret is in a row."""
     secret, _info = store.create_invite(
         "acme",
@@ -489,7 +495,7 @@ def test_changes_write_audit_rows_without_secrets(store: SqliteRelayStore) -> No
     assert "for ken" not in text
 
 
-def test_record_accepts_only_the_vocabulary(store: SqliteRelayStore) -> None:
+def test_record_accepts_only_the_vocabulary(store: Fired) -> None:
     """record() writes call events and refuses anything outside EVENTS."""
     call_id = ids.mint_call_id()
     store.record(AuditEntry(audit.CALL_SUBMIT, "acme", "amy", "ken", call_id, T0, "bytes=12"))
@@ -501,7 +507,7 @@ def test_record_accepts_only_the_vocabulary(store: SqliteRelayStore) -> None:
     ]
 
 
-def test_audit_rows_page_by_id_and_cap_details(store: SqliteRelayStore) -> None:
+def test_audit_rows_page_by_id_and_cap_details(store: Fired) -> None:
     """Pages continue after an id, are per organisation, and details are truncated."""
     for n in range(5):
         store.record(AuditEntry(audit.CALL_FAIL, "acme", "amy", "ken", None, T0 + n, "x" * 1000))
@@ -534,7 +540,7 @@ def test_audit_events_vocabulary() -> None:
     } == audit.EVENTS
 
 
-def test_submissions_since_lists_the_calls_that_rang_in_every_org(store: SqliteRelayStore) -> None:
+def test_submissions_since_lists_the_calls_that_rang_in_every_org(store: Fired) -> None:
     """Only call.submit rows at or after ``since``, oldest first, across organisations."""
     store.ensure_org("acme", T0)
     store.ensure_org("beta", T0)

@@ -2,20 +2,25 @@
 
 from __future__ import annotations
 
+from twisted.internet.defer import Deferred
 from zope.interface.verify import verifyObject
 
-from agentcall.interfaces import IChannel, IDirectory
-from agentcall.relay.audit import IAuditSink
+from agentcall.interfaces import IChannel
+from agentcall.relay.audit import CALL_SUBMIT, AuditEntry, AuditSink
+from agentcall.relay.store_interface import Directory
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import MemoryDirectory, RecordingAudit, RecordingChannel
 from agentcall.wire.closecodes import CLOSE_REPLACED
 
 
 def test_fakes_provide_their_interfaces() -> None:
-    """The shipped fakes implement the interfaces the cores are written against."""
+    """The shipped fakes implement the interfaces the cores are written against (the store's
+    protocols are checked by mypy at these assignments, their Deferreds here)."""
     assert verifyObject(IChannel, RecordingChannel())
-    assert verifyObject(IDirectory, MemoryDirectory())
-    assert verifyObject(IAuditSink, RecordingAudit())
+    directory: Directory = MemoryDirectory()
+    sink: AuditSink = RecordingAudit()
+    assert isinstance(directory.handle_exists("acme", "ken"), Deferred)
+    assert isinstance(sink.record(AuditEntry(CALL_SUBMIT, "acme", "a", "b", None, 0.0)), Deferred)
 
 
 def test_attach_makes_identity_online() -> None:

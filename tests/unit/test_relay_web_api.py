@@ -4,14 +4,28 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import cast
 
 import pytest
+from twisted.internet.error import ConnectionDone
+from twisted.logger import capturedLogs
+from twisted.python.failure import Failure
 
 from agentcall import limits
+from agentcall.errors import StoreError
+from agentcall.relay.store_interface import RelayStore
 from agentcall.wire import codec
 from agentcall.wire.http import KeysResponse, MemberRole
 from tests.unit.crypto_helpers import NOW, make_party, rotate
-from tests.unit.relay_helpers import ORIGIN, MemoryRelay, memory_relay
+from tests.unit.relay_helpers import (
+    ORIGIN,
+    HeldStore,
+    MemoryRelay,
+    fired,
+    memory_relay,
+    parse_answer,
+    raw_request,
+)
 
 INVITE_ID = "ab" * 32
 
@@ -29,13 +43,15 @@ def test_status_needs_no_credentials(relay: MemoryRelay) -> None:
 
 
 def test_register_hands_out_a_token_that_then_authenticates(relay: MemoryRelay) -> None:
-    secret, _ = relay.store.create_invite(
-        "acme",
-        created_by=None,
-        role=MemberRole.MEMBER,
-        expires_in_days=7,
-        description=None,
-        now=NOW,
+    secret, _ = fired(
+        relay.store.create_invite(
+            "acme",
+            created_by=None,
+            role=MemberRole.MEMBER,
+            expires_in_days=7,
+            description=None,
+            now=NOW,
+        )
     )
     body = json.dumps({"org": "acme", "invite": secret, "handle": "ann"}).encode()
     answer = relay.request("POST", "/v1/register", body=body)
@@ -95,7 +111,7 @@ def test_a_record_for_someone_else_or_another_relay_is_refused(relay: MemoryRela
             "PUT", "/v1/keys/identity", body=codec.encode(party.identity), token=ann, handle="ann"
         )
         assert (answer.status, answer.json()["error"]) == (400, "record_invalid")
-    assert relay.store.fetch_keys("acme", "ann") is None
+    assert fired(relay.store.fetch_keys("acme", "ann")) is None
 
 
 def test_keys_of_a_handle_that_published_none_are_404(relay: MemoryRelay) -> None:
@@ -173,3 +189,89 @@ def test_a_body_over_the_cap_is_413_before_anything_else(relay: MemoryRelay) -> 
     body = b" " * (limits.MAX_HTTP_BODY_BYTES + 1)
     answer = relay.request("PUT", "/v1/keys/identity", body=body)
     assert (answer.status, answer.json()["error"]) == (413, "body_too_large")
+
+
+# --- a store that answers later ------------------------------------------------------------
+
+
+def held_relay(tmp_path: Path, *names: str) -> tuple[MemoryRelay, HeldStore]:
+    """A relay whose store holds the named methods until the test releases them."""
+    made: list[HeldStore] = []
+
+    def wrap(store: RelayStore) -> RelayStore:
+        made.append(HeldStore(store, *names))
+        return cast(RelayStore, made[0])
+
+    relay = memory_relay(tmp_path, now=NOW, wrap=wrap)
+    return relay, made[0]
+
+
+def register_body(relay: MemoryRelay, *, wrong: bool = False) -> bytes:
+    secret, _ = fired(
+        relay.store.create_invite(
+            "acme",
+            created_by=None,
+            role=MemberRole.MEMBER,
+            expires_in_days=7,
+            description=None,
+            now=NOW,
+        )
+    )
+    if wrong:
+        secret = secret[:-1] + ("A" if secret[-1] != "A" else "B")
+    return json.dumps({"org": "acme", "invite": secret, "handle": "ann"}).encode()
+
+
+def test_the_answer_waits_for_the_store(tmp_path: Path) -> None:
+    """Nothing is written while the store has not answered; then the usual body is."""
+    relay, held = held_relay(tmp_path, "register")
+    protocol, transport = relay.connect()
+    protocol.dataReceived(raw_request("POST", "/v1/register", body=register_body(relay)))
+    assert transport.value() == b"" and len(held.pending) == 1
+    held.release()
+    answer = parse_answer(transport.value())
+    assert answer.status == 200 and answer.json()["address"] == "@acme/ann"
+    assert answer.headers["content-length"] == str(len(answer.body))
+
+
+def test_a_refusal_from_a_late_store_is_the_same_json_error(tmp_path: Path) -> None:
+    """An ApiError arriving as a failed Deferred renders exactly like one raised at once."""
+    relay, held = held_relay(tmp_path, "register")
+    protocol, transport = relay.connect()
+    body = register_body(relay, wrong=True)
+    protocol.dataReceived(raw_request("POST", "/v1/register", body=body))
+    held.release()
+    late = parse_answer(transport.value())
+    (tmp_path / "b").mkdir()
+    at_once = memory_relay(tmp_path / "b", now=NOW)
+    direct = at_once.request("POST", "/v1/register", body=register_body(at_once, wrong=True))
+    assert (late.status, late.json()) == (direct.status, direct.json())
+    assert late.json() == {"error": "invite_unknown", "message": "no such invite"}
+
+
+def test_a_failing_store_is_a_json_500(tmp_path: Path) -> None:
+    """A database failure becomes the API's internal error body, not a traceback."""
+    relay, held = held_relay(tmp_path, "authenticate")
+    protocol, transport = relay.connect()
+    protocol.dataReceived(raw_request("GET", "/v1/me", token="t" * 43, handle="ann"))
+    with capturedLogs() as captured:
+        held.fail(StoreError("database error: disk I/O error"))
+    answer = parse_answer(transport.value())
+    assert answer.status == 500
+    assert answer.json() == {"error": "internal", "message": "internal error"}
+    assert [e.get("event") for e in captured if e.get("event") == "api_internal_error"]
+
+
+def test_a_client_gone_before_the_store_answered_is_harmless(tmp_path: Path) -> None:
+    """The answer to a client that disconnected is dropped and logged, never raised."""
+    relay, held = held_relay(tmp_path, "register")
+    protocol, transport = relay.connect()
+    protocol.dataReceived(raw_request("POST", "/v1/register", body=register_body(relay)))
+    protocol.connectionLost(Failure(ConnectionDone()))
+    with capturedLogs() as captured:
+        held.release()
+    assert transport.value() == b""
+    events = [e.get("event") for e in captured]
+    assert "api_client_gone" in events and "api_write_failed" not in events
+    # The store did its work: the member exists although nobody heard the answer.
+    assert fired(relay.store.get_member("acme", "ann")) is not None
