@@ -9,10 +9,12 @@ only wires them to sockets. The stack for one connection is (TLS) → :class:`Ga
 
 from __future__ import annotations
 
+import ipaddress
 from collections.abc import Callable
 from typing import Any
 
 import attrs
+from twisted.internet import defer
 from twisted.internet.interfaces import IAddress, IDelayedCall, IReactorTime, ISSLTransport
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
@@ -32,7 +34,7 @@ from agentcall.relay.gate import (
     TurnedAway,
     TurnedAwayTally,
 )
-from agentcall.relay.throttle import FailureTally, TokenBuckets, retry_after_header
+from agentcall.relay.throttle import FailureRow, FailureTally, TokenBuckets, retry_after_header
 from agentcall.wire import codec
 from agentcall.wire import http as wire_http
 
@@ -102,6 +104,11 @@ class Door:
 
     # --- periodic ---------------------------------------------------------------------------
 
+    def _unwritten(self, failure: Failure, row: FailureRow) -> None:
+        # Kept for the next flush rather than lost: a busy database is no reason to forget.
+        _log.failure("front_door_flush_failed", failure=failure)
+        self._failures.restore(row)
+
     def flush(self, *, final: bool = False) -> None:
         """Log the refusal counts and write the ``auth.failed`` rows of ended minutes.
 
@@ -121,32 +128,41 @@ class Door:
             for row in rows:
                 # Relay-wide (no organisation was proven); the source and a count, nothing else.
                 # Fire and forget, like every audit write: a failure is logged, never raised.
-                written = self._sink.record(
-                    audit.AuditEntry(
-                        audit.AUTH_FAILED,
-                        audit.RELAY_WIDE,
-                        actor=None,
-                        target=row.source,
-                        call_id=None,
-                        at=row.minute,
-                        detail=f"{row.count} failed authentications in this minute",
-                    )
+                entry = audit.AuditEntry(
+                    audit.AUTH_FAILED,
+                    audit.RELAY_WIDE,
+                    actor=None,
+                    target=row.source,
+                    call_id=None,
+                    at=row.minute,
+                    detail=f"{row.count} failed authentications in this minute",
                 )
-                written.addErrback(_log_flush_failure)
+                written = defer.maybeDeferred(self._sink.record, entry)
+                written.addErrback(self._unwritten, row)
             self._register.prune(now)
             self._auth.prune(now)
         except Exception:
             _log.failure("front_door_flush_failed")
 
 
-def _log_flush_failure(failure: Failure) -> None:
-    _log.failure("front_door_flush_failed", failure=failure)
-
-
 def source_of(address: IAddress | None) -> str:
-    """The source address a connection is counted under (its host, without the port)."""
+    """The source a connection is counted under: its IPv4 address, or its IPv6 /64.
+
+    One IPv6 subscriber holds a whole /64, so counting single IPv6 addresses would hand an
+    attacker endless fresh sources for every cap and throttle.
+    """
     host = getattr(address, "host", None)
-    return host if isinstance(host, str) else "unknown"
+    if not isinstance(host, str):
+        return "unknown"
+    try:
+        ip = ipaddress.ip_address(host.split("%", 1)[0])
+    except ValueError:
+        return host
+    if isinstance(ip, ipaddress.IPv6Address):
+        if ip.ipv4_mapped is not None:
+            return str(ip.ipv4_mapped)
+        return str(ipaddress.IPv6Network((ip, 64), strict=False))
+    return str(ip)
 
 
 # --- connections ------------------------------------------------------------------------------
@@ -217,6 +233,10 @@ class RelaySite(server.Site):
         super().__init__(root, reactor=reactor)
         self.door = door
         self.displayTracebacks = False
+
+    def log(self, request: Any) -> None:
+        """No access log: it would write a line per request, with text the client chose, into
+        the relay's log. What the relay refuses is counted by the door instead."""
 
 
 class GatedConnection(ProtocolWrapper):

@@ -32,6 +32,8 @@ class TurnedAway(enum.StrEnum):
     CALL_REQUEST_TIMEOUT = "call_request_timeout"
     REGISTER_THROTTLED = "register_throttled"
     AUTH_THROTTLED = "auth_throttled"
+    # Refused HTTP API requests (404, 401, 400, ...): counted here rather than one line each.
+    API_REFUSED = "api_refused"
     # Not turned away at the door but pushed out to make room for a newcomer.
     EVICTED_IN_HEAD = "evicted_in_head"
     EVICTED_PLAIN_HTTP = "evicted_plain_http"

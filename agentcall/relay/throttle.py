@@ -14,6 +14,8 @@ import math
 import attrs
 
 MINUTE_S = 60.0
+# The one bucket every new key shares while the table is full (no address looks like this).
+OVERFLOW_KEY = "(overflow)"
 
 
 @attrs.define
@@ -27,7 +29,10 @@ class TokenBuckets:
 
     A key whose bucket has refilled is forgotten by :meth:`prune`, so memory is bounded by the
     keys seen within about one refill period. ``max_keys`` bounds it in between: past it, the
-    table is pruned on insert, and a key that still does not fit is refused (fail closed).
+    table is pruned on insert, and every new key that still does not fit shares one overflow
+    bucket. So a flood of fresh addresses neither locks out every other new address (as a
+    refusal would) nor escapes counting (as ignoring them would); keys already in the table
+    keep their own buckets.
     """
 
     def __init__(self, per_minute: int, *, max_keys: int = 100_000) -> None:
@@ -45,23 +50,27 @@ class TokenBuckets:
         # A clock that steps back never grants tokens.
         return min(self.capacity, bucket.tokens + max(0.0, now - bucket.at) * self._rate)
 
+    def _slot(self, key: str) -> str:
+        if key in self._buckets or len(self._buckets) < self._max_keys:
+            return key
+        return OVERFLOW_KEY
+
     def retry_after(self, key: str, now: float) -> float | None:
         """None while ``key`` has a token; otherwise the seconds until it has one."""
-        level = self._level(key, now)
+        level = self._level(self._slot(key), now)
         if level >= 1.0:
             return None
         return (1.0 - level) / self._rate
 
     def take(self, key: str, now: float) -> float | None:
         """Take a token: None when one was taken, else the seconds until one is available."""
-        wait = self.retry_after(key, now)
-        if wait is not None:
-            return wait
         if key not in self._buckets and len(self._buckets) >= self._max_keys:
             self.prune(now)
-            if len(self._buckets) >= self._max_keys:
-                return MINUTE_S
-        self._buckets[key] = _Bucket(self._level(key, now) - 1.0, now)
+        slot = self._slot(key)
+        wait = self.retry_after(slot, now)
+        if wait is not None:
+            return wait
+        self._buckets[slot] = _Bucket(self._level(slot, now) - 1.0, now)
         return None
 
     def prune(self, now: float) -> None:
@@ -114,6 +123,13 @@ class FailureTally:
         """Rows of the minutes that ended at or before ``now``, oldest first; they are removed."""
         ended = sorted(key for key in self._counts if key[0] + MINUTE_S <= now)
         return self._pop(ended)
+
+    def restore(self, row: FailureRow) -> None:
+        """Put back a row that could not be written, to be handed out again."""
+        key = (row.minute, row.source)
+        if key not in self._counts:
+            self._per_minute[row.minute] = self._per_minute.get(row.minute, 0) + 1
+        self._counts[key] = self._counts.get(key, 0) + row.count
 
     def drain(self) -> list[FailureRow]:
         """Every row, the current minute included (at shutdown)."""

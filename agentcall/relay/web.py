@@ -34,6 +34,7 @@ from agentcall.relay.door import (
     throttled_page,
     upgrade_required,
 )
+from agentcall.relay.gate import TurnedAway
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
@@ -109,7 +110,7 @@ class RelayApi(resource.Resource):
         try:
             status, body = 200, await self._answer(request)
         except Exception:
-            status, body = _refusal(request, Failure())
+            status, body = _refusal(request, Failure(), self._door)
         _finish(request, gone, status, body)
 
     async def _answer(self, request: server.Request) -> object:
@@ -210,15 +211,16 @@ class RelayApi(resource.Resource):
         )
 
 
-def _refusal(request: server.Request, failure: Failure) -> tuple[int, object]:
+def _refusal(request: server.Request, failure: Failure, door: Door) -> tuple[int, object]:
     """The status and JSON error body of a refusal; anything but an ApiError is a 500."""
     exc = failure.value
     if isinstance(exc, ApiError):
         if isinstance(exc, Throttled):
             request.setHeader(b"retry-after", retry_after_header(exc.retry_after_s))
         else:
-            # Throttled refusals are counted by the door and logged in aggregate instead.
-            _log.info("api_refused", path=_path(request), status=exc.status, code=str(exc.code))
+            # Anyone can send junk requests at request rate: they are counted and logged once a
+            # minute with the door's tally, never one line each.
+            door.turned_away.note(TurnedAway.API_REFUSED)
         return exc.status, http.ApiErrorBody(error=exc.code, message=exc.message)
     _log.failure("api_internal_error", failure=failure, path=_path(request))
     return 500, http.ApiErrorBody(error=ApiErrorCode.INTERNAL, message="internal error")

@@ -211,12 +211,14 @@ def test_prune_forgets_full_buckets_only() -> None:
     assert buckets.retry_after("a", 60.0) is None
 
 
-def test_bucket_table_is_bounded_and_fails_closed() -> None:
+def test_bucket_table_is_bounded_and_new_keys_share_the_overflow() -> None:
     buckets = TokenBuckets(1, max_keys=2)
     assert buckets.take("a", 0.0) is None
     assert buckets.take("b", 0.0) is None
-    assert buckets.take("c", 0.0) == 60.0
-    assert buckets.take("c", 61.0) is None  # pruning made room
+    assert buckets.take("c", 0.0) is None  # the overflow bucket's one token
+    assert buckets.take("d", 0.0) == 60.0  # shared with c
+    assert buckets.take("d", 61.0) is None  # pruning made room for d's own bucket
+    assert len(buckets) == 1
 
 
 def test_bucket_rate_must_be_positive() -> None:
@@ -284,3 +286,20 @@ def test_the_counts_always_match_the_open_connections(ops: list[tuple[str, int]]
         assert g.plain_http == sum(t.plain_http for t in live)
         for source in {t.source for t in live}:
             assert g.open_from(source) == sum(t.source == source for t in live) <= 3
+
+
+def test_a_full_table_shares_one_bucket_among_new_keys() -> None:
+    """A flood of fresh sources neither locks out every other new source nor escapes counting;
+    sources already known keep their own buckets."""
+    buckets = TokenBuckets(2, max_keys=10)
+    for n in range(9):
+        assert buckets.take(f"flood-{n}", 0.0) is None
+    assert buckets.take("known", 0.0) is None  # the table is now full
+    # New keys share the overflow bucket: its two tokens, then a wait, for all of them.
+    assert buckets.take("honest", 1.0) is None
+    assert buckets.take("guesser", 1.0) is None
+    assert buckets.take("guesser", 1.0) is not None
+    assert buckets.retry_after("anyone-new", 1.0) is not None
+    # A known key is untouched by the overflow.
+    assert buckets.take("known", 1.0) is None
+    assert len(buckets) == 11

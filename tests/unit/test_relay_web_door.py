@@ -10,12 +10,16 @@ from typing import Any
 
 import attrs
 import pytest
+from twisted.internet.address import IPv4Address, IPv6Address
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
+from twisted.logger import ILogObserver, LogLevel, globalLogPublisher
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from agentcall.relay import audit
-from agentcall.relay.door import Door, DoorConfig
+from agentcall.relay.door import Door, DoorConfig, source_of
 from agentcall.relay.gate import GateLimits
 from agentcall.relay.store import SqliteRelayStore
 from tests.unit.relay_helpers import ORIGIN, MemoryRelay, fired, memory_relay, parse_answer
@@ -269,7 +273,7 @@ def test_failed_authentication_is_throttled_and_audited_per_minute(front: Front)
     status, headers, body = front.request(upgrade("/v1/ws?role=listen", *auth(front)))
     assert status == 429 and json.loads(body)["error"] == "rate_limited"
     assert front.request(get("/v1/me", *auth(front)), host="10.0.0.2")[0] == 200
-    assert front.door.turned_away.drain() == {"auth_throttled": 2}
+    assert front.door.turned_away.drain() == {"api_refused": 2, "auth_throttled": 2}
     front.reactor.advance(60.0)
     front.door.flush()
     rows = fired(front.store.audit_rows(audit.RELAY_WIDE))
@@ -297,6 +301,76 @@ def test_flush_never_raises() -> None:
     door = Door(config(), MemoryReactorClock(), Broken())  # type: ignore[arg-type]
     door.auth_failed("10.0.0.1")
     door.flush(final=True)
+
+
+def test_an_auth_failed_row_that_could_not_be_written_is_written_next_time() -> None:
+    """A busy database loses no minute's row: it is kept for the next flush."""
+
+    class Flaky:
+        def __init__(self) -> None:
+            self.fail = True
+            self.rows: list[audit.AuditEntry] = []
+
+        def record(self, entry: audit.AuditEntry) -> Deferred[None]:
+            if self.fail:
+                return fail(RuntimeError("database is locked"))
+            self.rows.append(entry)
+            return succeed(None)
+
+    clock = MemoryReactorClock()
+    clock.advance(1_000_020.0)
+    sink = Flaky()
+    door = Door(config(), clock, sink)
+    door.auth_failed("10.0.0.1")
+    door.auth_failed("10.0.0.1")
+    clock.advance(60.0)
+    door.flush()
+    assert sink.rows == []
+    sink.fail = False
+    clock.advance(60.0)
+    door.flush()
+    assert [(r.target, r.detail) for r in sink.rows] == [
+        ("10.0.0.1", "2 failed authentications in this minute")
+    ]
+
+
+def test_junk_requests_are_counted_not_logged_one_line_each(front: Front) -> None:
+    """200 pipelined 404s with 8 KB paths: no line per request (no access log either), one
+    count in the door's tally."""
+    events: list[dict[str, Any]] = []
+
+    @implementer(ILogObserver)
+    def observe(event: dict[str, Any]) -> None:
+        events.append(event)
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        protocol, transport = front.connect()
+        junk = b"GET /v1/" + b"x" * 8000 + b" HTTP/1.1\r\nHost: relay.example\r\n\r\n"
+        protocol.dataReceived(junk * 200)
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert transport.value().count(b" 404 ") == 200
+    loud = [e for e in events if e.get("log_level", LogLevel.info) >= LogLevel.info]
+    assert len(loud) < 5, loud[:3]
+    assert front.door.turned_away.drain() == {"api_refused": 200}
+
+
+@pytest.mark.parametrize(
+    ("host", "source"),
+    [
+        ("203.0.113.9", "203.0.113.9"),
+        ("2001:db8:1:2:aaaa::1", "2001:db8:1:2::/64"),
+        ("2001:db8:1:2:ffff::9", "2001:db8:1:2::/64"),
+        ("::ffff:198.51.100.7", "198.51.100.7"),
+        ("fe80::1%eth0", "fe80::/64"),
+    ],
+)
+def test_an_ipv6_source_is_its_64(host: str, source: str) -> None:
+    """One subscriber holds a whole /64: counting its addresses one by one would give an
+    attacker endless fresh sources."""
+    address = IPv6Address("TCP", host, 1) if ":" in host else IPv4Address("TCP", host, 1)
+    assert source_of(address) == source
 
 
 # --- caller sockets ---------------------------------------------------------------------------
