@@ -18,6 +18,7 @@ from autobahn.websocket.protocol import WebSocketProtocol
 from autobahn.websocket.types import ConnectionDeny, ConnectionRequest
 from twisted.internet.defer import Deferred
 from twisted.internet.interfaces import IDelayedCall
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from agentcall import limits
@@ -234,7 +235,8 @@ class RelayWebSocket(WebSocketServerProtocol):
             if self.target is None:
                 self._fail_caller(channel, CallErrorCode.UNKNOWN_HANDLE)
                 return
-            book.submit(member.org, member.handle, self.target, channel, frame)
+            routed = book.submit(member.org, member.handle, self.target, channel, frame)
+            routed.addErrback(self._routing_failed, channel)
         else:
             book.from_caller(channel, frame)
 
@@ -252,6 +254,12 @@ class RelayWebSocket(WebSocketServerProtocol):
             _log.info("listener_frame_malformed", org=member.org, handle=member.handle)
             return
         self.factory.calls.from_listener(member.org, member.handle, channel, frame)
+
+    def _routing_failed(self, failure: Failure, channel: WebSocketChannel) -> None:
+        # A bug in routing, not the caller's fault: logged with its traceback, never left as an
+        # unhandled error; the caller's socket ends so it does not wait for its deadline.
+        _log.failure("call_routing_failed", failure=failure)
+        channel.close(CLOSE_NORMAL, "internal error")
 
     def _fail_caller(self, channel: WebSocketChannel, code: CallErrorCode) -> None:
         channel.send(frames.CallError(code=code))

@@ -7,6 +7,7 @@ timers run on the relay's memory clock, so nothing here waits on real time.
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
@@ -16,7 +17,9 @@ import txaio as _txaio
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from twisted.internet.address import IPv4Address
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.test import iosim
+from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode
@@ -190,6 +193,36 @@ def test_a_call_to_a_handle_that_is_not_listening_is_offline(switch: Switch) -> 
     [error] = ann.frames[1:]
     assert isinstance(error, CallError) and error.code is CallErrorCode.OFFLINE
     assert ann.close_code == CLOSE_NORMAL
+
+
+def test_a_routing_bug_is_logged_and_ends_the_caller_socket(
+    switch: Switch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Not an unhandled error in a Deferred, and not a caller left waiting for its deadline."""
+    switch.connect("role=listen", "ken")
+    book = switch.relay.relay.calls
+
+    def broken(*_args: object) -> None:
+        raise RuntimeError("a bug in routing")
+
+    monkeypatch.setattr(book, "_ring", broken)
+    failures: list[str] = []
+
+    @implementer(ILogObserver)
+    def observe(event: dict[str, Any]) -> None:
+        if "log_failure" in event:
+            failures.append(f"{event.get('event')}: {event['log_failure'].value}")
+
+    globalLogPublisher.addObserver(observe)
+    try:
+        ann = switch.connect("role=call&to=ken", "ann")
+        ann.send(REQUEST)
+        switch.flush()
+        gc.collect()  # an unhandled failed Deferred would be logged now
+    finally:
+        globalLogPublisher.removeObserver(observe)
+    assert ann.close_code == CLOSE_NORMAL
+    assert failures == ["call_routing_failed: a bug in routing"]
 
 
 def test_a_listener_that_goes_away_is_offline_again(switch: Switch) -> None:
