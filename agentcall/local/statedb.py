@@ -1,8 +1,9 @@
 """state.sqlite: the installation's machine state, one SQLite file.
 
 It holds pins and replay reservations (queried here), the conversations this installation
-answers (:mod:`agentcall.listener.contexts`) and the ones it opened as a caller
-(:mod:`agentcall.caller.outboundstore`). People edit the JSON files next to it; nobody edits this
+answers (:mod:`agentcall.listener.contexts`), the ones it opened as a caller
+(:mod:`agentcall.caller.outboundstore`) and the execution journal of mailbox jobs
+(:mod:`agentcall.listener.journal`). People edit the JSON files next to it; nobody edits this
 one, so it can be a database: WAL mode, versioned schema files
 (``agentcall/db/schema/state-*.sql``), one writer at a time. Nothing here reads the clock;
 callers pass ``now``.
@@ -20,6 +21,7 @@ from agentcall.crypto.replay import IReplayStorage
 from agentcall.db import open_database, packaged_schema
 from agentcall.errors import StoreError
 from agentcall.listener.contexts import SqliteContextStore
+from agentcall.listener.journal import SqliteJournal
 from agentcall.local.home import Home
 
 STATE_SCHEMA = packaged_schema("state")
@@ -121,6 +123,7 @@ class StateDb:
         self.pins = SqlitePinStorage(conn)
         self.replay = SqliteReplayStorage(conn)
         self.contexts = SqliteContextStore(conn)
+        self.journal = SqliteJournal(conn)
 
     def outbound(self, relay_origin: str) -> SqliteOutboundStore:
         """The conversations this installation opened as a caller through ``relay_origin``."""

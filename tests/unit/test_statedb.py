@@ -18,7 +18,8 @@ from agentcall.crypto.pins import IPinStorage, Pin, PinBook
 from agentcall.crypto.replay import IReplayStorage, ReplayWindow
 from agentcall.db import open_database
 from agentcall.errors import IdentityChanged, ReplayDetected, StoreError
-from agentcall.listener.contexts import IContextStore, mint
+from agentcall.listener.contexts import IContextStore, SqliteContextStore, mint
+from agentcall.listener.journal import IJournal
 from agentcall.local.home import Home, PrivateFileError
 from agentcall.local.statedb import STATE_SCHEMA, SqlitePinStorage, SqliteReplayStorage, StateDb
 from tests.unit.crypto_helpers import NOW, ORIGIN, make_party
@@ -72,7 +73,7 @@ def test_file_is_private_and_in_wal_mode(home: Home, db: StateDb) -> None:
     assert os.stat(home.state_db_path).st_mode & 0o777 == 0o600
     assert os.stat(home.state_dir).st_mode & 0o777 == 0o700
     assert db.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 2)]
+    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 3)]
     db.pins.put(a_pin())
     # SQLite gives its side files the database file's mode.
     for suffix in ("-wal", "-shm"):
@@ -202,12 +203,14 @@ def test_closed_database_raises_store_error(home: Home) -> None:
         db.pins.put(a_pin())
 
 
-def test_the_state_schema_is_at_version_two_with_the_conversation_tables() -> None:
-    """Version 2 added the callee's bindings and the caller's open conversations."""
-    assert STATE_SCHEMA.versions() == [1, 2]
-    script = STATE_SCHEMA.full_script(2)
-    for table in ("pins", "replay", "contexts", "contexts_out"):
+def test_the_state_schema_is_at_version_three_with_the_journal() -> None:
+    """Version 2 added the callee's bindings and the caller's open conversations, version 3 the
+    execution journal of mailbox jobs."""
+    assert STATE_SCHEMA.versions() == [1, 2, 3]
+    script = STATE_SCHEMA.full_script(3)
+    for table in ("pins", "replay", "contexts", "contexts_out", "journal"):
         assert f"CREATE TABLE {table} (" in script
+    assert "CREATE TABLE journal (" not in STATE_SCHEMA.full_script(2)
 
 
 @pytest.mark.parametrize("start", STATE_SCHEMA.versions())
@@ -241,13 +244,14 @@ def test_a_version_one_database_upgrades_and_keeps_its_rows(home: Home, tmp_path
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (2,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (3,)
         assert db.pins.get(ORIGIN, KEN) == a_pin(highest_epoch=4)
         assert db.replay.keep_until(SENDER, REQUEST) == NOW + 30
         # The new tables work straight away.
         db.outbound(ORIGIN).remember(KEN, "ask", "ctx_" + "q" * 22, NOW)
         assert [e.context_id for e in db.outbound(ORIGIN).open_for(KEN, NOW)] == ["ctx_" + "q" * 22]
         assert db.contexts.get("ctx_" + "q" * 22) is None
+        assert db.journal.get("j" * 22) is None
     finally:
         db.close()
 
@@ -270,5 +274,32 @@ def test_conversation_stores_share_the_file_and_persist(home: Home, db: StateDb)
         assert db.contexts.get(binding.context_id) == binding
         assert db.outbound(ORIGIN).get(binding.context_id) is not None
         assert isinstance(db.outbound(ORIGIN), SqliteOutboundStore)
+    finally:
+        db.close()
+
+
+def test_a_version_two_database_upgrades_and_keeps_its_conversations(
+    home: Home, tmp_path: Path
+) -> None:
+    """The previous release's state.sqlite keeps its bindings and gains an empty journal."""
+    binding = mint(
+        caller=KEN,
+        task="ask",
+        agent_kind="claude",
+        workdir="/srv/share",
+        agent_session="sess-1",
+        now=NOW,
+    )
+    home.create_private(home.state_db_path)
+    old = open_database(home.state_db_path, only_version(STATE_SCHEMA, 2, tmp_path / "v2"))
+    SqliteContextStore(old.connection).put(binding)
+    old.connection.close()
+
+    db = StateDb.open(home)
+    try:
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (3,)
+        assert db.contexts.get(binding.context_id) == binding
+        assert db.connection.execute("SELECT COUNT(*) FROM journal").fetchone() == (0,)
+        assert verifyObject(IJournal, db.journal)
     finally:
         db.close()
