@@ -71,8 +71,20 @@ CONTEXT_TTL_S = 30 * 60.0
 MAX_CONTEXT_TURNS = 10
 MAX_CONTEXTS = 100
 
-# Offline mailbox.
-MAILBOX_TTL_S = 72 * 3600.0
+# Offline mailbox (the relay keeps sealed requests for a callee who is offline or busy).
+MAILBOX_TTL_S = 72 * 3600.0  # request and answer ciphertext is kept at most this long
+MAILBOX_METADATA_GRACE_S = 24 * 3600.0  # then the job's metadata stays visible this much longer
+MAILBOX_LEASE_S = 30.0  # a delivery not accepted (or a run not renewed) within this lapses
+MAILBOX_MAX_ATTEMPTS = 3  # deliveries of one job before it ends delivery_failed
+MAILBOX_MAX_OUTSTANDING_PER_CALLER = 10  # queued, delivered or running; the 11th gets busy
+# Per callee: enough for ten callers each at their own cap above, so the per-caller cap is what
+# a well-behaved org meets first; the callee cap only bounds a crowd.
+MAILBOX_MAX_QUEUED_PER_CALLEE = 100
+# Per callee, bytes of sealed requests held: 16 MiB is about 40 requests of the largest size
+# (MAX_REQUEST_CIPHERTEXT_BYTES, ~383 KiB) and thousands of ordinary ones, so a flood of huge
+# requests stops well before the count cap while one callee can cost the relay's disk at most
+# 16 MiB for 72 hours. Larger than one largest request, so every valid request can be queued.
+MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE = 16 * 1024 * 1024
 
 # Relay HTTP client timeout.
 HTTP_TIMEOUT_S = 10.0

@@ -23,6 +23,14 @@ CALL_COMPLETE = "call.complete"
 CALL_FAIL = "call.fail"
 CALL_CANCEL = "call.cancel"
 CALL_TIMEOUT = "call.timeout"
+# The offline mailbox (agentcall.relay.mailbox): one row per job transition; call_id is the job id.
+JOB_QUEUE = "job.queue"
+JOB_DELIVER = "job.deliver"
+JOB_ACCEPT = "job.accept"
+JOB_COMPLETE = "job.complete"
+JOB_FAIL = "job.fail"
+JOB_EXPIRE = "job.expire"
+JOB_CANCEL = "job.cancel"
 # One row per source address and minute with a count; target is the address, never a token.
 AUTH_FAILED = "auth.failed"
 
@@ -43,6 +51,13 @@ EVENTS = frozenset(
         CALL_FAIL,
         CALL_CANCEL,
         CALL_TIMEOUT,
+        JOB_QUEUE,
+        JOB_DELIVER,
+        JOB_ACCEPT,
+        JOB_COMPLETE,
+        JOB_FAIL,
+        JOB_EXPIRE,
+        JOB_CANCEL,
         AUTH_FAILED,
     }
 )

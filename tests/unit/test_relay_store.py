@@ -522,7 +522,7 @@ def test_audit_rows_page_by_id_and_cap_details(store: Fired) -> None:
 
 
 def test_audit_events_vocabulary() -> None:
-    """The fixed vocabulary is exactly the thirteen named events."""
+    """The fixed vocabulary is exactly the twenty named events."""
     assert {
         "invite.issue",
         "invite.redeem",
@@ -536,6 +536,13 @@ def test_audit_events_vocabulary() -> None:
         "call.fail",
         "call.cancel",
         "call.timeout",
+        "job.queue",
+        "job.deliver",
+        "job.accept",
+        "job.complete",
+        "job.fail",
+        "job.expire",
+        "job.cancel",
         "auth.failed",
     } == audit.EVENTS
 

@@ -1,0 +1,494 @@
+"""The offline mailbox's decisions: which job is queued, delivered, retried, ended or forgotten.
+
+Pure: no sockets, no reactor, no store, no clock (``now`` is passed in). Every function reads a
+mapping of :class:`Job` values keyed by job id and returns what should change, as a value: a
+:class:`Decision` (the job's new row, or ``None`` when it is forgotten, the :data:`Effect` values
+the relay must carry out, and the audit event names the change implies) or a :class:`Refused`
+with its reason. Nothing is raised for a refusal and nothing is mutated; :class:`Mailbox` is the
+in-memory dict that applies decisions. A store persists ``Decision.job`` as one row and rebuilds
+the mapping from its rows, so the core replays from storage as it is. A caller may pass only the
+rows that matter: the caller's and the callee's jobs for :func:`enqueue`, the callee's for
+:func:`next_delivery`.
+
+The relay sees sizes, never content: a job records the sealed request's and answer's lengths.
+
+States and the operations that move a job between them::
+
+      enqueue              next_delivery                  accept
+    ----------> QUEUED ---------------------> DELIVERED ----------> RUNNING
+                 ^   |                         |     |                |
+                 |   | cancel                  |     | answer, fail,  | answer, fail,
+                 |   v                         |     | cancel_done    | cancel_done,
+                 | CANCELLED                   |     v                v lease lapsed
+                 |                             |   ANSWERED  FAILED (reason)  CANCELLED
+                 +-----------------------------+
+                   lease lapsed or declined,         at the 3rd attempt instead:
+                   fewer than 3 attempts             FAILED delivery_failed
+
+    QUEUED, DELIVERED or RUNNING at created_at + 72 h ----------------> EXPIRED
+
+A running job whose lease lapses (its listener stopped renewing) ends ``failed`` with
+``indeterminate_execution``: the agent may have run, and a job runs at most once. Leases and
+expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`.
+
+Cancelling a delivered or running job does not end it at once: it is marked, the listener is
+told (:class:`TellListenerCancel`) and the job ends ``cancelled`` on :func:`cancel_done` or when
+its lease lapses; an answer or failure that wins the race ends it as reported.
+
+Ciphertext: the sealed request is dropped when the job is answered (the answer replaces it) or
+ends any other way; the answer is dropped at ``expires_at`` (created + 72 h). Metadata stays
+visible :data:`~agentcall.limits.MAILBOX_METADATA_GRACE_S` longer, then the job is forgotten.
+A job in a terminal state (answered, failed, cancelled, expired) never changes state again.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Callable, Iterable, Mapping
+
+import attrs
+
+from agentcall import limits
+from agentcall.relay import audit
+
+Member = tuple[str, str]
+"""(org, handle): who acts on a job."""
+
+
+class JobState(enum.StrEnum):
+    QUEUED = "queued"
+    DELIVERED = "delivered"
+    RUNNING = "running"
+    ANSWERED = "answered"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+HOLDING_LEASE = frozenset({JobState.DELIVERED, JobState.RUNNING})
+OUTSTANDING = frozenset({JobState.QUEUED}) | HOLDING_LEASE
+TERMINAL = frozenset(JobState) - OUTSTANDING
+
+
+class FailureReason(enum.StrEnum):
+    DELIVERY_FAILED = "delivery_failed"  # no delivery was accepted within its lease, 3 times
+    INDETERMINATE_EXECUTION = "indeterminate_execution"  # accepted, then lost: may have run
+    REVOKED = "revoked"  # the caller or the callee left the organisation
+    REJECTED = "rejected"  # the listener refused the sealed request before admission
+
+
+class Refusal(enum.StrEnum):
+    BUSY = "busy"  # the caller already has the maximum of outstanding jobs
+    CALLEE_QUEUE_FULL = "callee_queue_full"
+    CALLEE_BYTES_FULL = "callee_bytes_full"
+    TOO_LARGE = "too_large"  # larger than a callee's whole byte cap: could never be queued
+    DUPLICATE_JOB = "duplicate_job"
+    UNKNOWN_JOB = "unknown_job"  # also a job that is not the asker's: existence is not revealed
+    ENDED = "ended"  # the job is in a terminal state
+    EXPIRED = "expired"  # past expires_at, not yet swept
+    WRONG_STATE = "wrong_state"
+    CANCEL_PENDING = "cancel_pending"
+
+
+_positive = attrs.validators.gt(0)
+_positive_s = attrs.validators.gt(0.0)
+
+
+@attrs.frozen
+class MailboxLimits:
+    """The numbers, each with the product's default (the per-callee caps are relay options)."""
+
+    ttl_s: float = attrs.field(default=limits.MAILBOX_TTL_S, validator=_positive_s)
+    metadata_grace_s: float = attrs.field(
+        default=limits.MAILBOX_METADATA_GRACE_S, validator=_positive_s
+    )
+    lease_s: float = attrs.field(default=limits.MAILBOX_LEASE_S, validator=_positive_s)
+    max_attempts: int = attrs.field(default=limits.MAILBOX_MAX_ATTEMPTS, validator=_positive)
+    max_outstanding_per_caller: int = attrs.field(
+        default=limits.MAILBOX_MAX_OUTSTANDING_PER_CALLER, validator=_positive
+    )
+    max_queued_per_callee: int = attrs.field(
+        default=limits.MAILBOX_MAX_QUEUED_PER_CALLEE, validator=_positive
+    )
+    max_queued_bytes_per_callee: int = attrs.field(
+        default=limits.MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE, validator=_positive
+    )
+
+
+@attrs.frozen
+class Job:
+    """One job's row: metadata and sizes only, never a sealed byte.
+
+    ``last_delivery`` is the callee-wide sequence number of the job's latest delivery (0 when
+    never delivered); fairness is derived from it, so it survives a restart with the rows.
+    ``holds_ciphertext`` says whether the store still keeps sealed bytes for the job.
+    """
+
+    job_id: str
+    org: str
+    caller: str
+    callee: str
+    request_bytes: int = attrs.field(validator=_positive)
+    created_at: float
+    expires_at: float
+    state: JobState = JobState.QUEUED
+    reason: FailureReason | None = None
+    attempts: int = 0
+    lease_until: float | None = None
+    answer_bytes: int | None = None
+    cancel_requested: bool = False
+    holds_ciphertext: bool = True
+    last_delivery: int = 0
+
+    def __attrs_post_init__(self) -> None:
+        # Rows come back from storage: refuse ones no sequence of decisions can produce.
+        if (self.reason is not None) != (self.state is JobState.FAILED):
+            raise ValueError("a failure reason goes with the failed state, and only with it")
+        if (self.lease_until is not None) != (self.state in HOLDING_LEASE):
+            raise ValueError("a lease goes with the delivered and running states only")
+        if (self.answer_bytes is not None) != (self.state is JobState.ANSWERED):
+            raise ValueError("an answer size goes with the answered state only")
+        if self.attempts < 0 or self.last_delivery < 0:
+            raise ValueError("attempts and last_delivery cannot be negative")
+
+    @property
+    def caller_member(self) -> Member:
+        return (self.org, self.caller)
+
+    @property
+    def callee_member(self) -> Member:
+        return (self.org, self.callee)
+
+
+@attrs.frozen
+class DropRequest:
+    """Delete the job's sealed request; its answer replaces it."""
+
+    job_id: str
+
+
+@attrs.frozen
+class DropCiphertext:
+    """Delete every sealed byte kept for the job (request and answer)."""
+
+    job_id: str
+
+
+@attrs.frozen
+class TellListenerCancel:
+    """Tell the callee's listener to drop the delivery or kill the run."""
+
+    job_id: str
+    org: str
+    callee: str
+
+
+@attrs.frozen
+class Forget:
+    """Delete the job's row: its metadata is no longer visible."""
+
+    job_id: str
+
+
+Effect = DropRequest | DropCiphertext | TellListenerCancel | Forget
+
+
+@attrs.frozen
+class Decision:
+    """What changes: the job's new row (``None``: forgotten), effects, audit event names."""
+
+    job_id: str
+    job: Job | None
+    effects: tuple[Effect, ...] = ()
+    audit: tuple[str, ...] = ()
+
+
+@attrs.frozen
+class Refused:
+    reason: Refusal
+
+
+Jobs = Mapping[str, Job]
+
+
+# --- the caller's side ------------------------------------------------------------------------
+
+
+def enqueue(
+    jobs: Jobs,
+    caps: MailboxLimits,
+    *,
+    job_id: str,
+    org: str,
+    caller: str,
+    callee: str,
+    request_bytes: int,
+    now: float,
+) -> Decision | Refused:
+    """Queue a sealed request of ``request_bytes`` (ValueError if not positive) for ``callee``."""
+    job = Job(job_id, org, caller, callee, request_bytes, now, now + caps.ttl_s)
+    if job_id in jobs:
+        return Refused(Refusal.DUPLICATE_JOB)
+    if request_bytes > caps.max_queued_bytes_per_callee:
+        return Refused(Refusal.TOO_LARGE)
+    # The caller's own cap first: it is the one the caller can do something about.
+    if _count(jobs, lambda j: j.caller_member == job.caller_member) >= (
+        caps.max_outstanding_per_caller
+    ):
+        return Refused(Refusal.BUSY)
+    waiting = [j for j in _outstanding(jobs) if j.callee_member == job.callee_member]
+    if len(waiting) >= caps.max_queued_per_callee:
+        return Refused(Refusal.CALLEE_QUEUE_FULL)
+    if sum(j.request_bytes for j in waiting) + request_bytes > caps.max_queued_bytes_per_callee:
+        return Refused(Refusal.CALLEE_BYTES_FULL)
+    return Decision(job_id, job, audit=(audit.JOB_QUEUE,))
+
+
+def cancel(jobs: Jobs, job_id: str, by: Member, now: float) -> Decision | Refused:
+    """The caller cancels: a queued job ends at once; a delivered or running one is marked and
+    its listener told."""
+    job = _own(jobs, job_id, by, caller=True, now=now)
+    if isinstance(job, Refused):
+        return job
+    if job.state is JobState.QUEUED:
+        return _end(job, JobState.CANCELLED, (audit.JOB_CANCEL,))
+    if job.cancel_requested:
+        return Refused(Refusal.CANCEL_PENDING)
+    marked = attrs.evolve(job, cancel_requested=True)
+    return Decision(job_id, marked, (_tell(job),), (audit.JOB_CANCEL,))
+
+
+# --- the callee's listener ----------------------------------------------------------------------
+
+
+def next_delivery(
+    jobs: Jobs, caps: MailboxLimits, org: str, callee: str, now: float
+) -> Decision | None:
+    """The job to hand a ready listener now, under a lease; ``None`` while one is already out
+    (one at a time) or nothing is waiting.
+
+    Fair across callers: the caller served least recently goes first (never served beats
+    everyone), then within a caller the oldest job. Sweep before asking: a lapsed lease still
+    counts as out until :func:`sweep` has taken it back.
+    """
+    mine = [j for j in jobs.values() if j.callee_member == (org, callee)]
+    if any(j.state in HOLDING_LEASE for j in mine):
+        return None
+    waiting = [j for j in mine if j.state is JobState.QUEUED and now < j.expires_at]
+    if not waiting:
+        return None
+    served: dict[str, int] = {}
+    for j in mine:
+        served[j.caller] = max(served.get(j.caller, 0), j.last_delivery)
+    job = min(waiting, key=lambda j: (served[j.caller], j.created_at, j.job_id))
+    delivered = attrs.evolve(
+        job,
+        state=JobState.DELIVERED,
+        attempts=job.attempts + 1,
+        lease_until=now + caps.lease_s,
+        last_delivery=max(j.last_delivery for j in mine) + 1,
+    )
+    return Decision(job.job_id, delivered, audit=(audit.JOB_DELIVER,))
+
+
+def accept(
+    jobs: Jobs, caps: MailboxLimits, job_id: str, by: Member, now: float
+) -> Decision | Refused:
+    """The listener admitted the delivered job and starts it: running, with a fresh lease."""
+    job = _own(jobs, job_id, by, caller=False, now=now, states={JobState.DELIVERED})
+    if isinstance(job, Refused):
+        return job
+    running = attrs.evolve(job, state=JobState.RUNNING, lease_until=now + caps.lease_s)
+    return Decision(job_id, running, audit=(audit.JOB_ACCEPT,))
+
+
+def renew(
+    jobs: Jobs, caps: MailboxLimits, job_id: str, by: Member, now: float
+) -> Decision | Refused:
+    """The agent is still running: the lease runs ``lease_s`` from now."""
+    job = _own(jobs, job_id, by, caller=False, now=now, states={JobState.RUNNING})
+    if isinstance(job, Refused):
+        return job
+    return Decision(job_id, attrs.evolve(job, lease_until=now + caps.lease_s))
+
+
+def decline(
+    jobs: Jobs, caps: MailboxLimits, job_id: str, by: Member, now: float
+) -> Decision | Refused:
+    """The listener cannot take the delivered job now (busy, or gone): the attempt is spent
+    early, as if its lease had lapsed."""
+    job = _own(jobs, job_id, by, caller=False, now=now, states={JobState.DELIVERED})
+    if isinstance(job, Refused):
+        return job
+    return _lapse(job, caps)
+
+
+def answer(
+    jobs: Jobs, job_id: str, by: Member, answer_bytes: int, now: float
+) -> Decision | Refused:
+    """A sealed answer came back (a refusal by the callee's policy, such as ``blocked``, is an
+    answer too, so a delivered job may be answered without an accept)."""
+    job = _own(jobs, job_id, by, caller=False, now=now, states=HOLDING_LEASE)
+    if isinstance(job, Refused):
+        return job
+    if answer_bytes < 1:
+        raise ValueError("an answer has at least one byte")
+    answered = attrs.evolve(
+        job, state=JobState.ANSWERED, answer_bytes=answer_bytes, lease_until=None
+    )
+    return Decision(job_id, answered, (DropRequest(job_id),), (audit.JOB_COMPLETE,))
+
+
+def fail(
+    jobs: Jobs, job_id: str, by: Member, reason: FailureReason, now: float
+) -> Decision | Refused:
+    """The listener reports that the job failed (for instance indeterminate after a restart)."""
+    job = _own(jobs, job_id, by, caller=False, now=now, states=HOLDING_LEASE)
+    if isinstance(job, Refused):
+        return job
+    return _end(job, JobState.FAILED, (audit.JOB_FAIL,), reason)
+
+
+def cancel_done(jobs: Jobs, job_id: str, by: Member, now: float) -> Decision | Refused:
+    """The listener dropped the delivery or killed the run it was told to cancel."""
+    job = _own(jobs, job_id, by, caller=False, now=now, states=HOLDING_LEASE)
+    if isinstance(job, Refused):
+        return job
+    if not job.cancel_requested:
+        return Refused(Refusal.WRONG_STATE)
+    return _end(job, JobState.CANCELLED, ())
+
+
+# --- the relay's own decisions ------------------------------------------------------------------
+
+
+def revoke(jobs: Jobs, member: Member, now: float) -> list[Decision]:
+    """``member`` left the organisation: every outstanding job they sent or would answer fails."""
+    return [
+        _end(job, JobState.FAILED, (audit.JOB_FAIL,), FailureReason.REVOKED, tell=True)
+        for job in _sorted(_outstanding(jobs))
+        if member in (job.caller_member, job.callee_member)
+    ]
+
+
+def sweep(jobs: Jobs, caps: MailboxLimits, now: float) -> list[Decision]:
+    """Everything time decides at ``now``: lapsed leases, expiry at 72 h (ciphertext dropped),
+    forgetting 24 h later. Idempotent: sweeping again at the same ``now`` decides nothing."""
+    decisions = []
+    for job in _sorted(jobs.values()):
+        decision = _sweep_one(job, caps, now)
+        if decision is not None:
+            decisions.append(decision)
+    return decisions
+
+
+def next_deadline(jobs: Jobs, caps: MailboxLimits) -> float | None:
+    """The earliest time :func:`sweep` would decide something (``None``: never)."""
+    times = []
+    for job in jobs.values():
+        times.append(job.expires_at + caps.metadata_grace_s)
+        if job.state in OUTSTANDING or job.holds_ciphertext:
+            times.append(job.expires_at)
+        if job.lease_until is not None:
+            times.append(job.lease_until)
+    return min(times, default=None)
+
+
+class Mailbox:
+    """The jobs in memory, keyed by job id: the functions above decide, :meth:`apply` applies."""
+
+    def __init__(self, jobs: Iterable[Job] = ()) -> None:
+        self.jobs: dict[str, Job] = {job.job_id: job for job in jobs}
+
+    def apply(self, decision: Decision) -> Decision:
+        if decision.job is None:
+            self.jobs.pop(decision.job_id, None)
+        else:
+            self.jobs[decision.job_id] = decision.job
+        return decision
+
+
+# --- helpers --------------------------------------------------------------------------------------
+
+
+def _outstanding(jobs: Jobs) -> list[Job]:
+    return [j for j in jobs.values() if j.state in OUTSTANDING]
+
+
+def _count(jobs: Jobs, match: Callable[[Job], bool]) -> int:
+    return sum(1 for j in _outstanding(jobs) if match(j))
+
+
+def _sorted(jobs: Iterable[Job]) -> list[Job]:
+    return sorted(jobs, key=lambda j: (j.created_at, j.job_id))
+
+
+def _tell(job: Job) -> TellListenerCancel:
+    return TellListenerCancel(job.job_id, job.org, job.callee)
+
+
+def _own(
+    jobs: Jobs,
+    job_id: str,
+    by: Member,
+    *,
+    caller: bool,
+    now: float,
+    states: Iterable[JobState] = OUTSTANDING,
+) -> Job | Refused:
+    """The job if ``by`` is its caller (or callee) and it is live in one of ``states``."""
+    job = jobs.get(job_id)
+    if job is None or by != (job.caller_member if caller else job.callee_member):
+        return Refused(Refusal.UNKNOWN_JOB)
+    if job.state in TERMINAL:
+        return Refused(Refusal.ENDED)
+    if now >= job.expires_at:
+        return Refused(Refusal.EXPIRED)
+    if job.state not in frozenset(states):
+        return Refused(Refusal.WRONG_STATE)
+    return job
+
+
+def _end(
+    job: Job,
+    state: JobState,
+    events: tuple[str, ...],
+    reason: FailureReason | None = None,
+    *,
+    tell: bool = False,
+) -> Decision:
+    """``job`` ends in ``state``: no lease, no sealed byte kept; with ``tell``, a listener
+    holding the job is told to drop it (when the relay, not the listener, ends it)."""
+    ended = attrs.evolve(job, state=state, reason=reason, lease_until=None, holds_ciphertext=False)
+    effects: tuple[Effect, ...] = (DropCiphertext(job.job_id),)
+    if tell and job.state in HOLDING_LEASE:
+        effects += (_tell(job),)
+    return Decision(job.job_id, ended, effects, events)
+
+
+def _lapse(job: Job, caps: MailboxLimits) -> Decision:
+    """A delivered job's attempt is over without an accept, or a running job's lease lapsed."""
+    if job.cancel_requested:
+        return _end(job, JobState.CANCELLED, ())
+    if job.state is JobState.RUNNING:
+        # Accepted means it may have run: at most once, so never delivered again.
+        return _end(job, JobState.FAILED, (audit.JOB_FAIL,), FailureReason.INDETERMINATE_EXECUTION)
+    if job.attempts >= caps.max_attempts:
+        return _end(job, JobState.FAILED, (audit.JOB_FAIL,), FailureReason.DELIVERY_FAILED)
+    return Decision(job.job_id, attrs.evolve(job, state=JobState.QUEUED, lease_until=None))
+
+
+def _sweep_one(job: Job, caps: MailboxLimits, now: float) -> Decision | None:
+    decision = None
+    if now >= job.expires_at:
+        if job.state in OUTSTANDING:
+            decision = _end(job, JobState.EXPIRED, (audit.JOB_EXPIRE,), tell=True)
+        elif job.holds_ciphertext:
+            dropped = attrs.evolve(job, holds_ciphertext=False)
+            decision = Decision(job.job_id, dropped, (DropCiphertext(job.job_id),))
+    elif job.lease_until is not None and now >= job.lease_until:
+        return _lapse(job, caps)
+    if now >= job.expires_at + caps.metadata_grace_s:
+        earlier = decision or Decision(job.job_id, job)
+        return attrs.evolve(earlier, job=None, effects=(*earlier.effects, Forget(job.job_id)))
+    return decision

@@ -1,0 +1,704 @@
+"""The offline mailbox's pure core: caps, fair delivery under leases, outcomes, expiry."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentcall import limits
+from agentcall.relay import audit
+from agentcall.relay.mailbox import (
+    HOLDING_LEASE,
+    OUTSTANDING,
+    TERMINAL,
+    Decision,
+    DropCiphertext,
+    DropRequest,
+    FailureReason,
+    Forget,
+    Job,
+    JobState,
+    Mailbox,
+    MailboxLimits,
+    Refusal,
+    Refused,
+    TellListenerCancel,
+    accept,
+    answer,
+    cancel,
+    cancel_done,
+    decline,
+    enqueue,
+    fail,
+    next_deadline,
+    next_delivery,
+    renew,
+    revoke,
+    sweep,
+)
+from tests.hypothesis_profiles import examples
+
+CAPS = MailboxLimits()
+ORG = "acme"
+KEN = (ORG, "ken")
+ANA = (ORG, "ana")
+T0 = 1_000_000.0
+TTL = limits.MAILBOX_TTL_S
+GRACE = limits.MAILBOX_METADATA_GRACE_S
+LEASE = limits.MAILBOX_LEASE_S
+
+
+def ok(result: Decision | Refused | None) -> Decision:
+    assert isinstance(result, Decision), result
+    return result
+
+
+def queue(
+    box: Mailbox,
+    job_id: str,
+    *,
+    caller: str = "ana",
+    callee: str = "ken",
+    size: int = 100,
+    now: float = T0,
+    caps: MailboxLimits = CAPS,
+) -> Decision | Refused:
+    result = enqueue(
+        box.jobs,
+        caps,
+        job_id=job_id,
+        org=ORG,
+        caller=caller,
+        callee=callee,
+        request_bytes=size,
+        now=now,
+    )
+    if isinstance(result, Decision):
+        box.apply(result)
+    return result
+
+
+def deliver(box: Mailbox, now: float = T0, callee: str = "ken") -> Decision:
+    return box.apply(ok(next_delivery(box.jobs, CAPS, ORG, callee, now)))
+
+
+def run(box: Mailbox, step: Callable[[], Decision | Refused | None]) -> Decision:
+    return box.apply(ok(step()))
+
+
+def swept(box: Mailbox, now: float) -> list[Decision]:
+    return [box.apply(d) for d in sweep(box.jobs, CAPS, now)]
+
+
+def state(box: Mailbox, job_id: str) -> JobState:
+    return box.jobs[job_id].state
+
+
+# --- enqueue and caps -----------------------------------------------------------------------------
+
+
+def test_enqueue_keeps_metadata_for_72_hours_and_audits_a_queue() -> None:
+    """A queued job records sizes and times, never content, and implies job.queue."""
+    box = Mailbox()
+    decision = ok(queue(box, "j1", size=1234))
+    assert decision.audit == (audit.JOB_QUEUE,)
+    assert decision.effects == ()
+    job = box.jobs["j1"]
+    assert (job.state, job.request_bytes, job.attempts) == (JobState.QUEUED, 1234, 0)
+    assert (job.created_at, job.expires_at) == (T0, T0 + 72 * 3600)
+    assert job.holds_ciphertext and job.lease_until is None
+
+
+def test_the_eleventh_outstanding_job_of_a_caller_is_busy() -> None:
+    """Ten outstanding jobs per caller across callees; the eleventh is refused busy."""
+    box = Mailbox()
+    for i in range(10):
+        ok(queue(box, f"j{i}", callee=("ken", "lee")[i % 2]))
+    assert queue(box, "j10", callee="max") == Refused(Refusal.BUSY)
+    assert "j10" not in box.jobs
+    # Another caller is unaffected, and an ended job frees its slot.
+    ok(queue(box, "b1", caller="bo"))
+    run(box, lambda: cancel(box.jobs, "j0", ANA, T0))
+    ok(queue(box, "j10"))
+
+
+def test_delivered_and_running_jobs_count_as_outstanding() -> None:
+    caps = attrs.evolve(CAPS, max_outstanding_per_caller=2)
+    box = Mailbox()
+    ok(queue(box, "j1", caps=caps))
+    ok(queue(box, "j2", caps=caps, callee="lee"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    assert queue(box, "j3", caps=caps) == Refused(Refusal.BUSY)
+
+
+def test_per_callee_queue_length_cap() -> None:
+    caps = attrs.evolve(CAPS, max_queued_per_callee=3)
+    box = Mailbox()
+    for i, caller in enumerate(["ana", "bo", "cy"]):
+        ok(queue(box, f"j{i}", caller=caller, caps=caps))
+    assert queue(box, "j3", caller="di", caps=caps) == Refused(Refusal.CALLEE_QUEUE_FULL)
+    ok(queue(box, "j4", caller="di", callee="lee", caps=caps))
+
+
+def test_per_callee_stored_bytes_cap() -> None:
+    """Bytes of requests held for a callee stay at or under the cap; exactly full is allowed."""
+    caps = attrs.evolve(CAPS, max_queued_bytes_per_callee=1000)
+    box = Mailbox()
+    ok(queue(box, "j1", size=600, caps=caps))
+    assert queue(box, "j2", caller="bo", size=401, caps=caps) == Refused(Refusal.CALLEE_BYTES_FULL)
+    ok(queue(box, "j3", caller="bo", size=400, caps=caps))
+    # Answered jobs no longer hold a request: their bytes are released.
+    deliver(box)
+    run(box, lambda: answer(box.jobs, "j1", KEN, 50, T0))
+    ok(queue(box, "j4", caller="cy", size=600, caps=caps))
+
+
+def test_a_request_larger_than_the_whole_byte_cap_is_too_large() -> None:
+    caps = attrs.evolve(CAPS, max_queued_bytes_per_callee=1000)
+    assert queue(Mailbox(), "j1", size=1001, caps=caps) == Refused(Refusal.TOO_LARGE)
+
+
+def test_default_byte_cap_holds_the_largest_request() -> None:
+    assert limits.MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE > limits.MAX_REQUEST_CIPHERTEXT_BYTES
+    ok(queue(Mailbox(), "j1", size=limits.MAX_REQUEST_CIPHERTEXT_BYTES))
+
+
+def test_duplicate_job_id_is_refused() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    assert queue(box, "j1", caller="bo") == Refused(Refusal.DUPLICATE_JOB)
+
+
+def test_an_empty_request_is_a_programming_error() -> None:
+    with pytest.raises(ValueError, match="request_bytes"):
+        queue(Mailbox(), "j1", size=0)
+
+
+# --- delivery, leases, retries -------------------------------------------------------------------
+
+
+def test_delivery_takes_a_lease_and_accept_starts_running() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    d = deliver(box, T0 + 5)
+    assert d.audit == (audit.JOB_DELIVER,)
+    job = box.jobs["j1"]
+    assert (job.state, job.attempts, job.lease_until) == (JobState.DELIVERED, 1, T0 + 5 + LEASE)
+    a = run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0 + 6))
+    assert a.audit == (audit.JOB_ACCEPT,)
+    assert (state(box, "j1"), box.jobs["j1"].lease_until) == (JobState.RUNNING, T0 + 6 + LEASE)
+    r = run(box, lambda: renew(box.jobs, CAPS, "j1", KEN, T0 + 30))
+    assert r.audit == () and box.jobs["j1"].lease_until == T0 + 30 + LEASE
+    # Renewed in time, the run outlives its first lease.
+    assert swept(box, T0 + 40) == []
+
+
+def test_one_delivery_at_a_time_per_callee() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    ok(queue(box, "j2", caller="bo"))
+    ok(queue(box, "l1", callee="lee"))
+    deliver(box)
+    assert next_delivery(box.jobs, CAPS, ORG, "ken", T0) is None
+    deliver(box, callee="lee")  # another callee is independent
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    assert next_delivery(box.jobs, CAPS, ORG, "ken", T0) is None
+    run(box, lambda: answer(box.jobs, "j1", KEN, 10, T0 + 1))
+    assert ok(next_delivery(box.jobs, CAPS, ORG, "ken", T0 + 1)).job_id == "j2"
+
+
+def test_nothing_to_deliver() -> None:
+    assert next_delivery({}, CAPS, ORG, "ken", T0) is None
+
+
+def test_a_lapsed_lease_is_retried_then_fails_delivery_after_three_attempts() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    now = T0
+    for attempt in (1, 2):
+        deliver(box, now)
+        assert swept(box, now + LEASE - 0.001) == []
+        (d,) = swept(box, now + LEASE)
+        assert d.audit == () and d.effects == ()
+        assert (state(box, "j1"), box.jobs["j1"].attempts) == (JobState.QUEUED, attempt)
+        assert box.jobs["j1"].lease_until is None
+        now += LEASE + 1
+    deliver(box, now)
+    (d,) = swept(box, now + LEASE)
+    job = box.jobs["j1"]
+    assert (job.state, job.reason, job.attempts) == (
+        JobState.FAILED,
+        FailureReason.DELIVERY_FAILED,
+        3,
+    )
+    assert d.audit == (audit.JOB_FAIL,) and d.effects == (DropCiphertext("j1"),)
+    assert not job.holds_ciphertext
+
+
+def test_decline_spends_an_attempt_at_once() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    for _ in range(2):
+        deliver(box)
+        run(box, lambda: decline(box.jobs, CAPS, "j1", KEN, T0))
+        assert state(box, "j1") is JobState.QUEUED
+    deliver(box)
+    d = run(box, lambda: decline(box.jobs, CAPS, "j1", KEN, T0))
+    assert box.jobs["j1"].reason is FailureReason.DELIVERY_FAILED
+    assert d.audit == (audit.JOB_FAIL,)
+
+
+def test_a_running_job_whose_lease_lapses_is_indeterminate_never_rerun() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0 + 1))
+    (d,) = swept(box, T0 + 1 + LEASE)
+    assert box.jobs["j1"].reason is FailureReason.INDETERMINATE_EXECUTION
+    assert d.audit == (audit.JOB_FAIL,)
+    assert next_delivery(box.jobs, CAPS, ORG, "ken", T0 + 100) is None
+
+
+def test_listener_reports_indeterminate_after_a_restart() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    reason = FailureReason.INDETERMINATE_EXECUTION
+    d = run(box, lambda: fail(box.jobs, "j1", KEN, reason, T0 + 5))
+    assert (d.audit, d.effects) == ((audit.JOB_FAIL,), (DropCiphertext("j1"),))
+    assert box.jobs["j1"].reason is reason
+
+
+def test_answer_records_its_size_and_drops_the_request() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    d = run(box, lambda: answer(box.jobs, "j1", KEN, 777, T0 + 9))
+    assert (d.audit, d.effects) == ((audit.JOB_COMPLETE,), (DropRequest("j1"),))
+    job = box.jobs["j1"]
+    assert (job.state, job.answer_bytes, job.lease_until) == (JobState.ANSWERED, 777, None)
+    assert job.holds_ciphertext  # the answer, until 72 h
+    with pytest.raises(ValueError, match="at least one byte"):
+        answer({"j2": attrs.evolve(job, job_id="j2", state=JobState.RUNNING,
+                                   answer_bytes=None, lease_until=T0 + 30)},
+               "j2", KEN, 0, T0)  # fmt: skip
+
+
+def test_a_policy_refusal_answers_a_delivered_job_without_accept() -> None:
+    """``blocked`` is a sealed answer, sent before any accept."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    ok(answer(box.jobs, "j1", KEN, 90, T0))
+
+
+def test_only_the_callee_acts_as_listener_and_only_the_caller_cancels() -> None:
+    """Someone else's job looks exactly like no job."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    unknown = Refused(Refusal.UNKNOWN_JOB)
+    assert accept(box.jobs, CAPS, "j1", ANA, T0) == unknown
+    assert accept(box.jobs, CAPS, "j1", ("beta", "ken"), T0) == unknown
+    assert answer(box.jobs, "j1", ANA, 5, T0) == unknown
+    assert cancel(box.jobs, "j1", KEN, T0) == unknown
+    assert cancel(box.jobs, "nope", ANA, T0) == unknown
+
+
+def test_wrong_state_refusals() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    wrong = Refused(Refusal.WRONG_STATE)
+    assert accept(box.jobs, CAPS, "j1", KEN, T0) == wrong
+    assert renew(box.jobs, CAPS, "j1", KEN, T0) == wrong
+    assert answer(box.jobs, "j1", KEN, 5, T0) == wrong
+    deliver(box)
+    assert renew(box.jobs, CAPS, "j1", KEN, T0) == wrong
+    assert cancel_done(box.jobs, "j1", KEN, T0) == wrong
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    assert accept(box.jobs, CAPS, "j1", KEN, T0) == wrong
+    assert decline(box.jobs, CAPS, "j1", KEN, T0) == wrong
+
+
+# --- fairness -----------------------------------------------------------------------------------
+
+
+def test_one_callers_ten_jobs_do_not_starve_anothers_one() -> None:
+    box = Mailbox()
+    for i in range(10):
+        ok(queue(box, f"a{i}", now=T0 + i))
+    ok(queue(box, "b0", caller="bo", now=T0 + 20))
+    order = []
+    for step in range(11):
+        d = deliver(box, T0 + 100 + step)
+        order.append(d.job_id)
+        box.apply(ok(answer(box.jobs, d.job_id, KEN, 1, T0 + 100 + step)))
+    assert order[:2] == ["a0", "b0"]
+    assert order[2:] == [f"a{i}" for i in range(1, 10)]
+
+
+def test_a_retried_job_waits_behind_other_callers() -> None:
+    box = Mailbox()
+    ok(queue(box, "a0"))
+    ok(queue(box, "b0", caller="bo", now=T0 + 1))
+    deliver(box, T0 + 2)
+    swept(box, T0 + 2 + LEASE)
+    assert deliver(box, T0 + 100).job_id == "b0"
+
+
+def test_fairness_survives_a_replay_from_rows() -> None:
+    """The round-robin position is in the rows: a rebuilt mailbox picks the same job."""
+    box = Mailbox()
+    ok(queue(box, "a0"))
+    ok(queue(box, "a1", now=T0 + 1))
+    ok(queue(box, "b0", caller="bo", now=T0 + 2))
+    deliver(box)
+    run(box, lambda: answer(box.jobs, "a0", KEN, 1, T0 + 3))
+    rebuilt = Mailbox(list(box.jobs.values()))
+    assert deliver(rebuilt, T0 + 4).job_id == deliver(box, T0 + 4).job_id == "b0"
+
+
+@settings(max_examples=examples(200))
+@given(
+    arrivals=st.lists(
+        st.tuples(st.sampled_from(["ana", "bo", "cy", "di"]), st.integers(0, 50)),
+        min_size=1,
+        max_size=30,
+    ),
+    lapses=st.lists(st.booleans(), max_size=60),
+)
+def test_delivery_never_serves_a_caller_twice_while_another_waits(
+    arrivals: list[tuple[str, int]], lapses: list[bool]
+) -> None:
+    """Whatever the arrivals and lapsed leases, no caller is served twice in a row while
+    another caller has a queued job; within a caller, the oldest goes first."""
+    caps = attrs.evolve(CAPS, max_outstanding_per_caller=30, max_queued_per_callee=100)
+    box = Mailbox()
+    for i, (caller, at) in enumerate(arrivals):
+        queue(box, f"j{i:02}", caller=caller, now=T0 + at, caps=caps)
+    now = T0 + 60
+    previous: str | None = None
+    outcomes = iter(lapses)
+    while True:
+        waiting = [j for j in box.jobs.values() if j.state is JobState.QUEUED]
+        d = next_delivery(box.jobs, caps, ORG, "ken", now)
+        if d is None:
+            assert not waiting
+            break
+        job = box.apply(d).job
+        assert job is not None
+        if any(j.caller != previous for j in waiting):
+            assert job.caller != previous
+        mine = [j for j in waiting if j.caller == job.caller]
+        assert (job.created_at, job.job_id) == min((j.created_at, j.job_id) for j in mine)
+        previous = job.caller
+        if next(outcomes, False):
+            now += LEASE
+            swept(box, now)
+        else:
+            box.apply(ok(answer(box.jobs, job.job_id, KEN, 1, now)))
+        now += 1
+
+
+# --- cancel ------------------------------------------------------------------------------------
+
+
+def test_cancel_a_queued_job_removes_it_from_the_queue() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    d = run(box, lambda: cancel(box.jobs, "j1", ANA, T0 + 1))
+    assert (d.audit, d.effects) == ((audit.JOB_CANCEL,), (DropCiphertext("j1"),))
+    assert state(box, "j1") is JobState.CANCELLED
+    assert next_delivery(box.jobs, CAPS, ORG, "ken", T0 + 2) is None
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_cancel_a_held_job_tells_the_listener_then_ends_on_its_word(started: bool) -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    if started:
+        run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    d = run(box, lambda: cancel(box.jobs, "j1", ANA, T0 + 1))
+    assert d.effects == (TellListenerCancel("j1", ORG, "ken"),)
+    assert d.audit == (audit.JOB_CANCEL,)
+    assert state(box, "j1") in HOLDING_LEASE and box.jobs["j1"].cancel_requested
+    assert cancel(box.jobs, "j1", ANA, T0 + 2) == Refused(Refusal.CANCEL_PENDING)
+    done = run(box, lambda: cancel_done(box.jobs, "j1", KEN, T0 + 3))
+    assert (done.audit, done.effects) == ((), (DropCiphertext("j1"),))
+    assert state(box, "j1") is JobState.CANCELLED
+
+
+@pytest.mark.parametrize("started", [False, True])
+def test_a_cancelled_job_whose_lease_lapses_ends_cancelled_not_retried(started: bool) -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    if started:
+        run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    run(box, lambda: cancel(box.jobs, "j1", ANA, T0 + 1))
+    swept(box, T0 + LEASE)
+    assert state(box, "j1") is JobState.CANCELLED
+
+
+def test_an_answer_that_wins_the_race_with_cancel_ends_the_job_answered() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    run(box, lambda: cancel(box.jobs, "j1", ANA, T0 + 1))
+    run(box, lambda: answer(box.jobs, "j1", KEN, 12, T0 + 2))
+    assert state(box, "j1") is JobState.ANSWERED
+
+
+# --- expiry --------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("hold", ["queued", "delivered", "running"])
+def test_an_outstanding_job_expires_at_72_hours(hold: str) -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    if hold != "queued":
+        deliver(box, T0 + TTL - 20)
+    if hold == "running":
+        run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0 + TTL - 10))
+    assert swept(box, T0 + TTL - 0.001) == []
+    (d,) = swept(box, T0 + TTL)
+    assert d.audit == (audit.JOB_EXPIRE,)
+    told = (TellListenerCancel("j1", ORG, "ken"),) if hold != "queued" else ()
+    assert d.effects == (DropCiphertext("j1"), *told)
+    job = box.jobs["j1"]
+    assert (job.state, job.holds_ciphertext, job.lease_until) == (JobState.EXPIRED, False, None)
+    # Metadata is visible 24 hours more, then forgotten.
+    assert swept(box, T0 + TTL + GRACE - 0.001) == []
+    (gone,) = swept(box, T0 + TTL + GRACE)
+    assert (gone.job, gone.effects, gone.audit) == (None, (Forget("j1"),), ())
+    assert box.jobs == {}
+
+
+def test_an_expired_queued_job_is_never_delivered_nor_acted_on_before_the_sweep() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    assert next_delivery(box.jobs, CAPS, ORG, "ken", T0 + TTL) is None
+    deliver(box, T0 + TTL - 1)
+    assert accept(box.jobs, CAPS, "j1", KEN, T0 + TTL) == Refused(Refusal.EXPIRED)
+    assert cancel(box.jobs, "j1", ANA, T0 + TTL) == Refused(Refusal.EXPIRED)
+
+
+def test_an_answer_is_dropped_at_72_hours_and_its_metadata_forgotten_24_later() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: answer(box.jobs, "j1", KEN, 5, T0 + 1))
+    (d,) = swept(box, T0 + TTL)
+    assert (d.effects, d.audit) == ((DropCiphertext("j1"),), ())
+    job = box.jobs["j1"]
+    assert (job.state, job.answer_bytes, job.holds_ciphertext) == (JobState.ANSWERED, 5, False)
+    assert swept(box, T0 + TTL + 1) == []
+    (gone,) = swept(box, T0 + TTL + GRACE)
+    assert gone.effects == (Forget("j1"),)
+
+
+def test_a_late_sweep_expires_drops_and_forgets_in_one_decision() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    (d,) = swept(box, T0 + TTL + GRACE + 5)
+    assert d.job is None and d.audit == (audit.JOB_EXPIRE,)
+    assert d.effects == (DropCiphertext("j1"), Forget("j1"))
+
+
+def test_next_deadline_is_the_earliest_thing_time_decides() -> None:
+    box = Mailbox()
+    assert next_deadline(box.jobs, CAPS) is None
+    ok(queue(box, "j1"))
+    assert next_deadline(box.jobs, CAPS) == T0 + TTL
+    deliver(box, T0 + 7)
+    assert next_deadline(box.jobs, CAPS) == T0 + 7 + LEASE
+    run(box, lambda: answer(box.jobs, "j1", KEN, 1, T0 + 8))
+    assert next_deadline(box.jobs, CAPS) == T0 + TTL
+    swept(box, T0 + TTL)
+    assert next_deadline(box.jobs, CAPS) == T0 + TTL + GRACE
+
+
+# --- revocation and terminal states ----------------------------------------------------------
+
+
+def test_revoking_a_member_fails_every_job_they_sent_or_would_answer() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    ok(queue(box, "j2", caller="bo"))
+    ok(queue(box, "j3", caller="ken", callee="lee"))
+    ok(queue(box, "j4", caller="bo", callee="lee"))
+    deliver(box)
+    decisions = [box.apply(d) for d in revoke(box.jobs, KEN, T0 + 1)]
+    assert [d.job_id for d in decisions] == ["j1", "j2", "j3"]
+    assert decisions[0].effects == (DropCiphertext("j1"), TellListenerCancel("j1", ORG, "ken"))
+    assert all(box.jobs[j].reason is FailureReason.REVOKED for j in ("j1", "j2", "j3"))
+    assert state(box, "j4") is JobState.QUEUED
+
+
+def ended_jobs() -> list[Job]:
+    base = Job("j1", ORG, "ana", "ken", 10, T0, T0 + TTL, holds_ciphertext=False)
+    return [
+        attrs.evolve(base, state=JobState.ANSWERED, answer_bytes=3, holds_ciphertext=True),
+        attrs.evolve(base, state=JobState.FAILED, reason=FailureReason.DELIVERY_FAILED),
+        attrs.evolve(base, state=JobState.CANCELLED, cancel_requested=True),
+        attrs.evolve(base, state=JobState.EXPIRED),
+    ]
+
+
+@pytest.mark.parametrize("job", ended_jobs(), ids=lambda j: str(j.state))
+def test_no_operation_moves_a_job_out_of_a_terminal_state(job: Job) -> None:
+    jobs = {"j1": job}
+    ended = Refused(Refusal.ENDED)
+    assert accept(jobs, CAPS, "j1", KEN, T0) == ended
+    assert renew(jobs, CAPS, "j1", KEN, T0) == ended
+    assert decline(jobs, CAPS, "j1", KEN, T0) == ended
+    assert answer(jobs, "j1", KEN, 4, T0) == ended
+    assert fail(jobs, "j1", KEN, FailureReason.REJECTED, T0) == ended
+    assert cancel_done(jobs, "j1", KEN, T0) == ended
+    assert cancel(jobs, "j1", ANA, T0) == ended
+    assert revoke(jobs, KEN, T0) == []
+    assert next_delivery(jobs, CAPS, ORG, "ken", T0) is None
+    assert sweep(jobs, CAPS, T0 + TTL - 1) == []
+
+
+@pytest.mark.parametrize(
+    "changes",
+    [
+        {"state": JobState.FAILED},
+        {"reason": FailureReason.REVOKED},
+        {"lease_until": T0},
+        {"state": JobState.RUNNING},
+        {"answer_bytes": 4},
+        {"attempts": -1},
+    ],
+)
+def test_a_row_no_decision_can_produce_is_refused(changes: dict[str, Any]) -> None:
+    """Rows read back from storage are checked on the way in."""
+    base = Job("j1", ORG, "ana", "ken", 10, T0, T0 + TTL)
+    with pytest.raises(ValueError):
+        attrs.evolve(base, **changes)
+
+
+def test_limits_must_be_positive() -> None:
+    with pytest.raises(ValueError):
+        MailboxLimits(lease_s=0)
+    with pytest.raises(ValueError):
+        MailboxLimits(max_attempts=0)
+
+
+# --- random operation sequences -------------------------------------------------------------------
+
+CALLERS = ["ana", "bo", "cy"]
+CALLEES = ["ken", "lee"]
+SMALL = MailboxLimits(
+    max_outstanding_per_caller=3, max_queued_per_callee=4, max_queued_bytes_per_callee=1000
+)
+operations = st.one_of(
+    st.tuples(st.just("enqueue"), st.sampled_from(CALLERS), st.sampled_from(CALLEES),
+              st.integers(1, 600)),
+    st.tuples(st.just("deliver"), st.sampled_from(CALLEES)),
+    st.tuples(st.sampled_from(["accept", "renew", "decline", "answer", "fail", "cancel_done",
+                               "cancel", "cancel_as_callee"]), st.integers(0, 15)),
+    st.tuples(st.just("revoke"), st.sampled_from(CALLERS + CALLEES)),
+    st.tuples(st.just("wait"), st.sampled_from([1.0, LEASE, 3600.0, TTL / 2, GRACE])),
+)  # fmt: skip
+
+
+def step(box: Mailbox, op: tuple[object, ...], now: float, serial: int) -> list[Decision]:
+    """One random operation against ``box``; the decisions it produced (none when refused)."""
+    name = op[0]
+    jobs = box.jobs
+    if name == "enqueue":
+        _, caller, callee, size = op
+        assert isinstance(caller, str) and isinstance(callee, str) and isinstance(size, int)
+        result: Decision | Refused | None = enqueue(
+            jobs, SMALL, job_id=f"j{serial:03}", org=ORG, caller=caller, callee=callee,
+            request_bytes=size, now=now,
+        )  # fmt: skip
+    elif name == "deliver":
+        assert isinstance(op[1], str)
+        result = next_delivery(jobs, SMALL, ORG, op[1], now)
+    elif name in ("revoke", "wait"):
+        many = revoke(jobs, (ORG, str(op[1])), now) if name == "revoke" else []
+        return [box.apply(d) for d in many]
+    else:
+        ids = sorted(jobs)
+        assert isinstance(op[1], int)
+        if not ids:
+            return []
+        job = jobs[ids[op[1] % len(ids)]]
+        callee = job.callee_member
+        result = {
+            "accept": lambda: accept(jobs, SMALL, job.job_id, callee, now),
+            "renew": lambda: renew(jobs, SMALL, job.job_id, callee, now),
+            "decline": lambda: decline(jobs, SMALL, job.job_id, callee, now),
+            "answer": lambda: answer(jobs, job.job_id, callee, 7, now),
+            "fail": lambda: fail(jobs, job.job_id, callee, FailureReason.REJECTED, now),
+            "cancel_done": lambda: cancel_done(jobs, job.job_id, callee, now),
+            "cancel": lambda: cancel(jobs, job.job_id, job.caller_member, now),
+            "cancel_as_callee": lambda: cancel(jobs, job.job_id, callee, now),
+        }[str(name)]()
+    return [box.apply(result)] if isinstance(result, Decision) else []
+
+
+def check_invariants(box: Mailbox, before: dict[str, Job], decisions: list[Decision]) -> None:
+    jobs = list(box.jobs.values())
+    outstanding = [j for j in jobs if j.state in OUTSTANDING]
+    for caller in CALLERS + CALLEES:
+        assert sum(j.caller == caller for j in outstanding) <= SMALL.max_outstanding_per_caller
+    for callee in CALLEES:
+        mine = [j for j in outstanding if j.callee == callee]
+        assert len(mine) <= SMALL.max_queued_per_callee
+        assert sum(j.request_bytes for j in mine) <= SMALL.max_queued_bytes_per_callee
+        assert sum(j.state in HOLDING_LEASE for j in mine) <= 1
+    for job in jobs:
+        assert 0 <= job.attempts <= SMALL.max_attempts
+        assert job.state is JobState.QUEUED or job.attempts >= 1 or job.state in TERMINAL
+        if job.state in TERMINAL - {JobState.ANSWERED}:
+            assert not job.holds_ciphertext
+        old = before.get(job.job_id)
+        if old is not None and old.state in TERMINAL:
+            assert attrs.evolve(job, holds_ciphertext=old.holds_ciphertext) == old
+    for d in decisions:
+        assert set(d.audit) <= audit.EVENTS
+        if d.job is None:
+            assert Forget(d.job_id) in d.effects
+
+
+def check_swept(box: Mailbox, now: float) -> None:
+    """After a sweep, nothing time should have decided is left undecided."""
+    for job in box.jobs.values():
+        assert now < job.expires_at + SMALL.metadata_grace_s
+        if now >= job.expires_at:
+            assert job.state in TERMINAL and not job.holds_ciphertext
+        if job.lease_until is not None:
+            assert now < job.lease_until
+    assert sweep(box.jobs, SMALL, now) == []
+    deadline = next_deadline(box.jobs, SMALL)
+    assert deadline is None or deadline > now
+
+
+@settings(max_examples=examples(1000))
+@given(st.lists(operations, max_size=60))
+def test_random_operation_sequences_keep_every_invariant(ops: list[tuple[object, ...]]) -> None:
+    box = Mailbox()
+    now = T0
+    for serial, op in enumerate(ops):
+        if op[0] == "wait":
+            assert isinstance(op[1], float)
+            now += op[1]
+        before = dict(box.jobs)
+        decisions = step(box, op, now, serial)
+        decisions += [box.apply(d) for d in sweep(box.jobs, SMALL, now)]
+        check_invariants(box, before, decisions)
+        check_swept(box, now)
