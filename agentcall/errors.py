@@ -30,6 +30,11 @@ class CallErrorCode(enum.StrEnum):
     CONTEXT_UNKNOWN = "context_unknown"
     # Caller-side only: the relay could not be reached.
     CONNECTION_FAILED = "connection_failed"
+    # How a mailbox job ended without an answer (agentcall.relay.mailbox), as `jobs get` says it.
+    DELIVERY_FAILED = "delivery_failed"  # no delivery was taken within its lease, 3 times
+    INDETERMINATE_EXECUTION = "indeterminate_execution"  # accepted, then lost: it may have run
+    REVOKED = "revoked"  # the caller or the callee left the organisation
+    EXPIRED = "expired"  # not answered within 72 hours
 
 
 RELAY_CALL_ERRORS = frozenset(
@@ -83,6 +88,7 @@ class ApiErrorCode(enum.StrEnum):
     RECORD_INVALID = "record_invalid"
     RATE_LIMITED = "rate_limited"
     UPGRADE_REQUIRED = "upgrade_required"
+    JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
     INTERNAL = "internal"
 
 

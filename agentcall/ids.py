@@ -107,6 +107,19 @@ def mint_call_id() -> str:
     return str(uuid.uuid4())
 
 
+# A mailbox job is named like a call (the relay mints both): the listener runs a delivered job
+# through the same pipeline under its job id.
+JOB_ID_RE = CALL_ID_RE
+
+
+def mint_job_id() -> str:
+    return str(uuid.uuid4())
+
+
+def is_job_id(value: object) -> bool:
+    return isinstance(value, str) and JOB_ID_RE.match(value) is not None
+
+
 def mint_token() -> str:
     """A bearer token or invite secret: 32 random bytes as unpadded base64url (43 chars)."""
     return secrets.token_urlsafe(32)

@@ -85,6 +85,9 @@ MAILBOX_MAX_QUEUED_PER_CALLEE = 100
 # requests stops well before the count cap while one callee can cost the relay's disk at most
 # 16 MiB for 72 hours. Larger than one largest request, so every valid request can be queued.
 MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE = 16 * 1024 * 1024
+MAILBOX_RENEW_S = 10.0  # a running job's listener renews its lease this often (a third of it)
+MAILBOX_MAX_WAIT_S = 30.0  # GET /v1/jobs/<id>?wait=N holds the request at most this long
+MAX_JOBS_LISTED = 200  # GET /v1/jobs returns at most this many, newest first
 
 # Relay HTTP client timeout.
 HTTP_TIMEOUT_S = 10.0

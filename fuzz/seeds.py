@@ -46,6 +46,8 @@ def all_frames() -> list[frames.Frame]:
         frames.Ready(role=frames.Role.CALL, address=ANN, relay_origin=ORIGIN),
         frames.Ready(role=frames.Role.LISTEN, address=KEN, relay_origin=ORIGIN),
         frames.CallRequest(envelope=request, correlation_id=CORRELATION_ID),
+        frames.CallRequest(envelope=request, correlation_id=CORRELATION_ID, queue=True),
+        frames.CallQueued(job_id=CALL_ID, expires_at=NOW + 72 * 3600),
         frames.CallStatus(call_id=CALL_ID, state=frames.CallState.WORKING),
         frames.CallError(code=CallErrorCode.BUSY),
         frames.CallError(code=CallErrorCode.OFFLINE, call_id=CALL_ID, detail="ken is away"),
@@ -63,7 +65,44 @@ def all_frames() -> list[frames.Frame]:
         frames.CallRejected(call_id=CALL_ID),
         frames.CallCancelled(call_id=CALL_ID, phase=frames.CancelPhase.RUNNING),
         frames.CallNotCancelled(call_id=CALL_ID, reason=frames.NotCancelledReason.TOO_LATE),
+        frames.JobDelivery(
+            job_id=CALL_ID, from_="ann", envelope=request, expires_at=NOW + 3600, attempt=2
+        ),
+        frames.CancelJob(job_id=CALL_ID),
+        frames.JobAck(job_id=CALL_ID),
+        frames.JobAccepted(job_id=CALL_ID),
+        frames.JobDeclined(job_id=CALL_ID),
+        frames.JobRenew(job_id=CALL_ID),
+        frames.JobResult(job_id=CALL_ID, terminal=frames.Terminal.COMPLETED, envelope=response),
+        frames.JobResult(job_id=CALL_ID, error=frames.JobError.INDETERMINATE_EXECUTION),
     ]
+
+
+def _job_info(answered: bool) -> http.JobInfo:
+    if not answered:
+        return http.JobInfo(
+            job_id=CALL_ID,
+            side=http.JobSide.RECEIVED,
+            caller=ANN,
+            callee=KEN,
+            state=http.JobState.FAILED,
+            created_at=NOW,
+            expires_at=NOW + 72 * 3600,
+            attempts=3,
+            reason=http.JobFailureReason.DELIVERY_FAILED,
+        )
+    return http.JobInfo(
+        job_id=CALL_ID,
+        side=http.JobSide.SENT,
+        caller=ANN,
+        callee=KEN,
+        state=http.JobState.ANSWERED,
+        created_at=NOW,
+        expires_at=NOW + 72 * 3600,
+        attempts=1,
+        terminal=frames.Terminal.COMPLETED,
+        answer=envelope(frames.Direction.RESPONSE),
+    )
 
 
 def _invite_info() -> http.InviteInfo:
@@ -130,8 +169,12 @@ def http_bodies() -> dict[type[Any], list[Any]]:
                 address=ANN,
                 role=http.MemberRole.MEMBER,
                 relay_origin=ORIGIN,
+                offline_delivery=True,
             )
         ],
+        http.OfflineDelivery: [http.OfflineDelivery(enabled=False)],
+        http.JobInfo: [_job_info(True), _job_info(False)],
+        http.JobList: [http.JobList(jobs=(_job_info(False), _job_info(False)))],
         http.InviteCreateRequest: [
             http.InviteCreateRequest(),
             http.InviteCreateRequest(http.MemberRole.ADMIN, 3, "for the new hire"),

@@ -65,6 +65,15 @@ _DESCRIPTIONS: Final[dict[CallErrorCode, str]] = {
     CallErrorCode.AGENT_ERROR: "The agent you called failed while working on an answer.",
     CallErrorCode.CANCELED: "The call was canceled before an answer came back.",
     CallErrorCode.CONNECTION_FAILED: "Could not reach the relay; check your network and relay URL.",
+    CallErrorCode.DELIVERY_FAILED: (
+        "The relay kept the call, but the agent's listener did not take it after three tries."
+    ),
+    CallErrorCode.INDETERMINATE_EXECUTION: (
+        "The agent's listener stopped while working on the call; it may have run and will not "
+        "run it again."
+    ),
+    CallErrorCode.REVOKED: "The call ended because you or the callee left the organisation.",
+    CallErrorCode.EXPIRED: "The call was not answered within 72 hours and has expired.",
 }
 
 

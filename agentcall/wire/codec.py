@@ -104,6 +104,9 @@ for _cls in (
     http.SignedEncryptionKeyRecord,
     http.KeysResponse,
     http.PresenceResponse,
+    http.OfflineDelivery,
+    http.JobInfo,
+    http.JobList,
 ):
     _register(_cls)
 

@@ -78,6 +78,11 @@ def integer(lo: int, hi: int) -> Validator:
     return check
 
 
+def boolean(_inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
+    if type(value) is not bool:
+        raise ValueError(f"{attribute.name}: expected true or false")
+
+
 def optional(inner: Validator) -> Validator:
     def check(inst: Any, attribute: attrs.Attribute[Any], value: Any) -> None:
         if value is not None:
@@ -112,6 +117,7 @@ task_id = matches(ids.TASK_RE)
 hex32 = matches(ids.HEX32_RE)
 hex64 = matches(ids.HEX64_RE)
 call_id = matches(ids.CALL_ID_RE)
+job_id = matches(ids.JOB_ID_RE)
 correlation_id = matches(ids.CORRELATION_ID_RE)
 context_id = matches(ids.CONTEXT_ID_RE)
 roster_id = matches(ids.ROSTER_ID_RE)

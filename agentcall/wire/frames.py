@@ -4,10 +4,20 @@ Every frame is a JSON object with a ``type``; the classes below are the only def
 each frame holds. Who sends what:
 
 - caller → relay: ``call_request``, ``cancel_call``
-- relay → caller: ``ready``, ``call_status``, ``call_error``, ``call_outcome``
-- relay → listener: ``ready``, ``incoming_call``, ``cancel_call``
+- relay → caller: ``ready``, ``call_status``, ``call_error``, ``call_outcome``, ``call_queued``
+- relay → listener: ``ready``, ``incoming_call``, ``cancel_call``; and for a listener that
+  dialled with ``mailbox=1``: ``job_delivery``, ``cancel_job``, ``job_ack``
 - listener → relay: ``call_accepted``, ``call_started``, ``call_rejected``, ``call_cancelled``,
-  ``call_not_cancelled``, ``call_outcome``
+  ``call_not_cancelled``, ``call_outcome``; and ``job_accepted``, ``job_declined``,
+  ``job_renew``, ``job_result``
+
+The offline mailbox (docs/mailbox.md): a ``call_request`` with ``queue: true`` to a callee who
+has opted in and is offline or busy is kept by the relay as a job, and the caller is told
+``call_queued`` only once the job is durably stored. The callee's listener later receives it as
+``job_delivery``, takes it (``job_accepted``, after its execution journal committed) or leaves it
+(``job_declined``), renews its lease while the agent runs, and sends one ``job_result``: the
+sealed answer, or an error it reports in clear. The relay confirms a stored result with
+``job_ack``; until then the listener sends the result again on every new connection.
 """
 
 from __future__ import annotations
@@ -94,6 +104,14 @@ _RELAY_ERRORS = frozenset(
 )
 
 
+class JobError(enum.StrEnum):
+    """What a listener reports in clear instead of a sealed answer to a mailbox job."""
+
+    INDETERMINATE_EXECUTION = "indeterminate_execution"  # the journal says it may have run
+    REJECTED = "rejected"  # the sealed request did not open or verify, or was replayed
+    CANCELED = "canceled"  # stopped because the relay sent cancel_job
+
+
 @attrs.frozen
 class Ready:
     """The relay's first frame on a socket: the connection is authenticated and usable."""
@@ -109,6 +127,17 @@ class CallRequest:
     type: ClassVar[str] = "call_request"
     envelope: SealedEnvelope
     correlation_id: str = attrs.field(validator=f.correlation_id)
+    # The caller accepts a queued job when the callee is offline or busy and has opted in.
+    queue: bool = attrs.field(default=False, validator=f.boolean)
+
+
+@attrs.frozen
+class CallQueued:
+    """The request is stored as a job (committed); the caller fetches the answer later."""
+
+    type: ClassVar[str] = "call_queued"
+    job_id: str = attrs.field(validator=f.job_id)
+    expires_at: int = attrs.field(validator=f.timestamp)
 
 
 @attrs.frozen
@@ -196,6 +225,81 @@ class CallNotCancelled:
     reason: NotCancelledReason = attrs.field(converter=NotCancelledReason)
 
 
+# --- the offline mailbox ------------------------------------------------------------------------
+
+
+@attrs.frozen
+class JobDelivery:
+    """A queued job handed to its callee's listener under a lease (one at a time)."""
+
+    type: ClassVar[str] = "job_delivery"
+    job_id: str = attrs.field(validator=f.job_id)
+    from_: str = attrs.field(validator=f.handle)  # relay-verified caller handle (same org)
+    envelope: SealedEnvelope
+    expires_at: int = attrs.field(validator=f.timestamp)  # the job's, by the relay's clock
+    attempt: int = attrs.field(validator=f.integer(1, 100))
+
+
+@attrs.frozen
+class CancelJob:
+    """The caller cancelled (or the relay ended) a job this listener holds: drop or kill it."""
+
+    type: ClassVar[str] = "cancel_job"
+    job_id: str = attrs.field(validator=f.job_id)
+
+
+@attrs.frozen
+class JobAck:
+    """The relay has durably stored the listener's ``job_result`` (or no longer needs it)."""
+
+    type: ClassVar[str] = "job_ack"
+    job_id: str = attrs.field(validator=f.job_id)
+
+
+@attrs.frozen
+class JobAccepted:
+    """The listener's journal holds the job; it runs now (the lease starts again)."""
+
+    type: ClassVar[str] = "job_accepted"
+    job_id: str = attrs.field(validator=f.job_id)
+
+
+@attrs.frozen
+class JobDeclined:
+    """The listener cannot take the delivery now (busy or stopping); nothing was run."""
+
+    type: ClassVar[str] = "job_declined"
+    job_id: str = attrs.field(validator=f.job_id)
+
+
+@attrs.frozen
+class JobRenew:
+    """The job's agent is still running: extend its lease."""
+
+    type: ClassVar[str] = "job_renew"
+    job_id: str = attrs.field(validator=f.job_id)
+
+
+@attrs.frozen
+class JobResult:
+    """How a job ended at the listener: a sealed answer (with its terminal), or an error."""
+
+    type: ClassVar[str] = "job_result"
+    job_id: str = attrs.field(validator=f.job_id)
+    terminal: Terminal | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Terminal)
+    )
+    envelope: SealedEnvelope | None = None
+    error: JobError | None = attrs.field(
+        default=None, converter=attrs.converters.optional(JobError)
+    )
+
+    def __attrs_post_init__(self) -> None:
+        sealed = self.envelope is not None
+        if sealed == (self.error is not None) or sealed != (self.terminal is not None):
+            raise ValueError("a job result is a sealed answer with its terminal, or an error")
+
+
 Frame = (
     Ready
     | CallRequest
@@ -209,6 +313,14 @@ Frame = (
     | CallRejected
     | CallCancelled
     | CallNotCancelled
+    | CallQueued
+    | JobDelivery
+    | CancelJob
+    | JobAck
+    | JobAccepted
+    | JobDeclined
+    | JobRenew
+    | JobResult
 )
 
 FRAME_TYPES: dict[str, type[Frame]] = {
@@ -226,6 +338,14 @@ FRAME_TYPES: dict[str, type[Frame]] = {
         CallRejected,
         CallCancelled,
         CallNotCancelled,
+        CallQueued,
+        JobDelivery,
+        CancelJob,
+        JobAck,
+        JobAccepted,
+        JobDeclined,
+        JobRenew,
+        JobResult,
     )
 }
 
@@ -238,6 +358,19 @@ FROM_LISTENER: tuple[type[Frame], ...] = (
     CallCancelled,
     CallNotCancelled,
     CallOutcome,
+    JobAccepted,
+    JobDeclined,
+    JobRenew,
+    JobResult,
 )
-TO_CALLER: tuple[type[Frame], ...] = (Ready, CallStatus, CallError, CallOutcome)
-TO_LISTENER: tuple[type[Frame], ...] = (Ready, IncomingCall, CancelCall)
+TO_CALLER: tuple[type[Frame], ...] = (Ready, CallStatus, CallError, CallOutcome, CallQueued)
+TO_LISTENER: tuple[type[Frame], ...] = (
+    Ready,
+    IncomingCall,
+    CancelCall,
+    JobDelivery,
+    CancelJob,
+    JobAck,
+)
+# The listener frames about mailbox jobs (the rest of FROM_LISTENER is about live calls).
+JOB_FRAMES_FROM_LISTENER: tuple[type[Frame], ...] = (JobAccepted, JobDeclined, JobRenew, JobResult)

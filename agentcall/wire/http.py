@@ -13,6 +13,12 @@ Routes (all under the relay's public URL):
                                            → :class:`KeysResponse`
 - ``GET  /v1/keys/<handle>``               → :class:`KeysResponse`
 - ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only)
+- ``PUT  /v1/me/offline-delivery``         :class:`OfflineDelivery` → :class:`OfflineDelivery`
+- ``GET  /v1/jobs``                        → :class:`JobList` (jobs the asker sent or receives)
+- ``GET  /v1/jobs/<job_id>[?wait=S]``      → :class:`JobInfo`; with ``wait`` (seconds, at most
+                                           ``MAILBOX_MAX_WAIT_S``) the relay answers once the
+                                           job has ended or the time is up
+- ``POST /v1/jobs/<job_id>/cancel``        → :class:`JobInfo` (the job's caller only)
 - any error                                → :class:`ApiErrorBody`
 """
 
@@ -25,6 +31,7 @@ import attrs
 from agentcall import limits
 from agentcall.errors import ApiErrorCode
 from agentcall.wire import fields as f
+from agentcall.wire.frames import SealedEnvelope, Terminal
 
 
 class MemberRole(enum.StrEnum):
@@ -92,6 +99,82 @@ class WhoAmIResponse:
     address: str = attrs.field(validator=f.address)
     role: MemberRole = attrs.field(converter=MemberRole)
     relay_origin: str = attrs.field(validator=f.relay_origin)
+    # Whether the relay keeps calls for this member while they are offline or busy.
+    offline_delivery: bool = attrs.field(default=False, validator=f.boolean)
+
+
+@attrs.frozen
+class OfflineDelivery:
+    """The member's opt-in to the offline mailbox (off unless they turned it on)."""
+
+    enabled: bool = attrs.field(validator=f.boolean)
+
+
+class JobState(enum.StrEnum):
+    """Where a mailbox job is (the one definition; agentcall.relay.mailbox decides the moves)."""
+
+    QUEUED = "queued"
+    DELIVERED = "delivered"
+    RUNNING = "running"
+    ANSWERED = "answered"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+
+
+class JobFailureReason(enum.StrEnum):
+    """Why a job ended ``failed`` (the one definition)."""
+
+    DELIVERY_FAILED = "delivery_failed"  # no delivery was accepted within its lease, 3 times
+    INDETERMINATE_EXECUTION = "indeterminate_execution"  # accepted, then lost: may have run
+    REVOKED = "revoked"  # the caller or the callee left the organisation
+    REJECTED = "rejected"  # the listener refused the sealed request before admission
+
+
+class JobSide(enum.StrEnum):
+    SENT = "sent"  # the asker is the job's caller
+    RECEIVED = "received"  # the asker is the job's callee
+
+
+@attrs.frozen
+class JobInfo:
+    """A job as its caller or callee sees it: metadata, and the sealed answer for the caller.
+
+    ``answer`` (with ``terminal``) is filled only for the caller, while the relay still holds
+    it (until ``expires_at``); the callee and lists never get it.
+    """
+
+    job_id: str = attrs.field(validator=f.job_id)
+    side: JobSide = attrs.field(converter=JobSide)
+    caller: str = attrs.field(validator=f.address)
+    callee: str = attrs.field(validator=f.address)
+    state: JobState = attrs.field(converter=JobState)
+    created_at: int = attrs.field(validator=f.timestamp)
+    expires_at: int = attrs.field(validator=f.timestamp)
+    attempts: int = attrs.field(validator=f.integer(0, 100))
+    reason: JobFailureReason | None = attrs.field(
+        default=None, converter=attrs.converters.optional(JobFailureReason)
+    )
+    cancel_requested: bool = attrs.field(default=False, validator=f.boolean)
+    terminal: Terminal | None = attrs.field(
+        default=None, converter=attrs.converters.optional(Terminal)
+    )
+    answer: SealedEnvelope | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.reason is not None) != (self.state is JobState.FAILED):
+            raise ValueError("a failure reason goes with the failed state, and only with it")
+        if (self.answer is None) != (self.terminal is None):
+            raise ValueError("an answer comes with its terminal")
+        if self.answer is not None and self.state is not JobState.ANSWERED:
+            raise ValueError("only an answered job carries an answer")
+
+
+@attrs.frozen
+class JobList:
+    jobs: tuple[JobInfo, ...] = attrs.field(
+        validator=f.each(lambda *_: None, max_items=limits.MAX_JOBS_LISTED)
+    )
 
 
 @attrs.frozen

@@ -134,6 +134,7 @@ VALID_SAMPLES: dict[str, str] = {
     "CORRELATION_ID_RE": "ab" * 16,
     "CONTEXT_ID_RE": "ctx_" + "A-_z" * 5 + "09",
     "CALL_ID_RE": "0b7e3f1e-2c4d-4a5b-9c6d-7e8f90a1b2c3",
+    "JOB_ID_RE": "0b7e3f1e-2c4d-4a5b-9c6d-7e8f90a1b2c3",
     "FINGERPRINT_RE": "SHA256:" + "0f" * 16,
     "ROSTER_ID_RE": "R" * 16,
     "RELAY_ORIGIN_RE": "relay.example.com:8443",
@@ -208,6 +209,7 @@ MINTS: dict[str, tuple[Callable[[], str], re.Pattern[str]]] = {
     "request_id": (ids.mint_request_id, ids.HEX32_RE),
     "correlation_id": (ids.mint_correlation_id, ids.CORRELATION_ID_RE),
     "call_id": (ids.mint_call_id, ids.CALL_ID_RE),
+    "job_id": (ids.mint_job_id, ids.JOB_ID_RE),
     "token": (ids.mint_token, ids.TOKEN_RE),
     "context_id": (ids.mint_context_id, ids.CONTEXT_ID_RE),
 }

@@ -59,7 +59,7 @@ def test_every_frame_and_payload_class_has_a_strategy() -> None:
 def test_frame_types_are_keyed_by_their_wire_type() -> None:
     """FRAME_TYPES maps each ``type`` string to the class that declares it."""
     assert all(frames.FRAME_TYPES[cls.type] is cls for cls in FRAME_CLASSES)
-    assert len(FRAME_CLASSES) == 12
+    assert len(FRAME_CLASSES) == 20
 
 
 def test_every_frame_has_some_receiver() -> None:

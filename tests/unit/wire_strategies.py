@@ -99,8 +99,12 @@ FRAME_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         relay_origin=relay_origins,
     ),
     frames.CallRequest: st.builds(
-        frames.CallRequest, envelope=envelopes, correlation_id=correlation_ids
+        frames.CallRequest,
+        envelope=envelopes,
+        correlation_id=correlation_ids,
+        queue=st.booleans(),
     ),
+    frames.CallQueued: st.builds(frames.CallQueued, job_id=call_ids, expires_at=timestamps),
     frames.CallStatus: st.builds(
         frames.CallStatus, call_id=call_ids, state=st.sampled_from(frames.CallState)
     ),
@@ -135,6 +139,28 @@ FRAME_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         frames.CallNotCancelled,
         call_id=call_ids,
         reason=st.sampled_from(frames.NotCancelledReason),
+    ),
+    frames.JobDelivery: st.builds(
+        frames.JobDelivery,
+        job_id=call_ids,
+        from_=handles,
+        envelope=envelopes,
+        expires_at=timestamps,
+        attempt=st.integers(1, 100),
+    ),
+    frames.CancelJob: st.builds(frames.CancelJob, job_id=call_ids),
+    frames.JobAck: st.builds(frames.JobAck, job_id=call_ids),
+    frames.JobAccepted: st.builds(frames.JobAccepted, job_id=call_ids),
+    frames.JobDeclined: st.builds(frames.JobDeclined, job_id=call_ids),
+    frames.JobRenew: st.builds(frames.JobRenew, job_id=call_ids),
+    frames.JobResult: st.one_of(
+        st.builds(
+            frames.JobResult,
+            job_id=call_ids,
+            terminal=st.sampled_from(frames.Terminal),
+            envelope=envelopes,
+        ),
+        st.builds(frames.JobResult, job_id=call_ids, error=st.sampled_from(frames.JobError)),
     ),
 }
 
@@ -257,6 +283,28 @@ signed_encryption_key_records = st.builds(
     http.SignedEncryptionKeyRecord, record=encryption_key_records(), signature=signatures
 )
 
+
+@st.composite
+def job_infos(draw: st.DrawFn) -> http.JobInfo:
+    state = draw(st.sampled_from(http.JobState))
+    answered = state is http.JobState.ANSWERED and draw(st.booleans())
+    reason = draw(st.sampled_from(http.JobFailureReason)) if state is http.JobState.FAILED else None
+    return http.JobInfo(
+        job_id=draw(call_ids),
+        side=draw(st.sampled_from(http.JobSide)),
+        caller=draw(addresses),
+        callee=draw(addresses),
+        state=state,
+        created_at=draw(timestamps),
+        expires_at=draw(timestamps),
+        attempts=draw(st.integers(0, 100)),
+        reason=reason,
+        cancel_requested=draw(st.booleans()),
+        terminal=draw(st.sampled_from(frames.Terminal)) if answered else None,
+        answer=draw(envelopes) if answered else None,
+    )
+
+
 HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.ApiErrorBody: st.builds(
         http.ApiErrorBody, error=st.sampled_from(ApiErrorCode), message=texts(500)
@@ -287,7 +335,11 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         address=addresses,
         role=st.sampled_from(http.MemberRole),
         relay_origin=relay_origins,
+        offline_delivery=st.booleans(),
     ),
+    http.OfflineDelivery: st.builds(http.OfflineDelivery, enabled=st.booleans()),
+    http.JobInfo: job_infos(),
+    http.JobList: st.builds(http.JobList, jobs=st.lists(job_infos(), max_size=3).map(tuple)),
     http.InviteCreateRequest: st.builds(
         http.InviteCreateRequest,
         role=st.sampled_from(http.MemberRole),
