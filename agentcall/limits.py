@@ -36,7 +36,7 @@ AGENT_TIMEOUT_S = 300.0  # agent kill timer (a task may lower it)
 KILL_GRACE_S = 10.0  # SIGTERM to the group, then SIGKILL this much later
 CLIENT_CALL_TIMEOUT_S = 420.0  # the caller CLI gives up after this
 CLOCK_SKEW_S = 120.0  # issued_at may be this far in the future; replay entries live this long
-REPLAY_MAX_ENTRIES = 10_000
+REPLAY_MAX_ENTRIES = 100_000  # live reservations; a queueable request holds one for 72 h
 MAX_KEY_VALIDITY_S = 30 * 24 * 3600  # encryption key records
 KEY_ROTATE_BEFORE_S = 7 * 24 * 3600  # rotate when less than this validity remains
 
@@ -85,6 +85,10 @@ MAILBOX_MAX_QUEUED_PER_CALLEE = 100
 # requests stops well before the count cap while one callee can cost the relay's disk at most
 # 16 MiB for 72 hours. Larger than one largest request, so every valid request can be queued.
 MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE = 16 * 1024 * 1024
+# The longest a sealed request or answer may stay valid: a queued job's whole life. Requests
+# that may be queued, and the answers to jobs, are sealed for this long; the callee's replay
+# memory and both sides' old encryption keys are kept at least this long after their use.
+MAX_ENVELOPE_VALIDITY_S = MAILBOX_TTL_S
 MAILBOX_RENEW_S = 10.0  # a running job's listener renews its lease this often (a third of it)
 MAILBOX_MAX_WAIT_S = 30.0  # GET /v1/jobs/<id>?wait=N holds the request at most this long
 MAX_JOBS_LISTED = 200  # GET /v1/jobs returns at most this many, newest first

@@ -86,8 +86,8 @@ def seal_request(
     if not relay_origin == recipient_identity.relay_origin == recipient_encryption.relay_origin:
         raise ValueError("the recipient's records belong to another relay")
     lifetime = int(validity_s)
-    if not 0 < lifetime <= limits.CALL_DEADLINE_S:
-        raise ValueError("validity_s must be within 1 .. CALL_DEADLINE_S seconds")
+    if not 0 < lifetime <= limits.MAX_ENVELOPE_VALIDITY_S:
+        raise ValueError("validity_s must be within 1 .. MAX_ENVELOPE_VALIDITY_S seconds")
     issued_at = int(now)
     payload = RequestPayload(
         v=1,
@@ -159,8 +159,16 @@ def seal_response(
     outcome: Reply | CallFailure,
     caller_encryption: EncryptionKeyRecord,
     now: float,
+    validity_s: float = limits.CALL_DEADLINE_S,
 ) -> SealedEnvelope:
-    """Sign and seal the outcome of ``request`` back to the caller's (pinned) encryption key."""
+    """Sign and seal the outcome of ``request`` back to the caller's (pinned) encryption key.
+
+    A live call's answer is read at once; a mailbox job's may be fetched days later, so it is
+    sealed with ``validity_s`` up to :data:`~agentcall.limits.MAX_ENVELOPE_VALIDITY_S`.
+    """
+    lifetime = int(validity_s)
+    if not 0 < lifetime <= limits.MAX_ENVELOPE_VALIDITY_S:
+        raise ValueError("validity_s must be within 1 .. MAX_ENVELOPE_VALIDITY_S seconds")
     if (caller_encryption.relay_origin, caller_encryption.address) != (
         request.relay_origin,
         request.from_,
@@ -178,7 +186,7 @@ def seal_response(
         recipient_key_id=caller_encryption.key_id,
         recipient_epoch=caller_encryption.epoch,
         issued_at=issued_at,
-        expires_at=issued_at + int(limits.CALL_DEADLINE_S),
+        expires_at=issued_at + lifetime,
         request_transcript_hash=transcripts.request_transcript_hash(request),
         outcome=outcome,
     )
@@ -330,8 +338,8 @@ def _check_sender(
 def _check_times(issued_at: int, expires_at: int, now: float) -> None:
     if expires_at <= issued_at:
         raise RequestExpired("validity: expires_at is not after issued_at")
-    if expires_at - issued_at > limits.CALL_DEADLINE_S:
-        raise RequestExpired("validity: window is longer than the call deadline")
+    if expires_at - issued_at > limits.MAX_ENVELOPE_VALIDITY_S:
+        raise RequestExpired("validity: window is longer than any envelope may live")
     if now >= expires_at:
         raise RequestExpired("validity: expired (now >= expires_at)")
     if issued_at > now + limits.CLOCK_SKEW_S:

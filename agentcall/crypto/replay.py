@@ -1,9 +1,9 @@
 """The replay window: each (sender, request id) opens at most once while it could still be valid.
 
 A request is valid until its ``expires_at`` by the callee's clock, give or take the allowed
-skew, so its reservation is kept until ``expires_at + CLOCK_SKEW_S``. Requests are short-lived
-(at most ``CALL_DEADLINE_S``), which bounds how long any reservation may be held, and the
-window itself is bounded: when full it refuses rather than forgets.
+skew, so its reservation is kept until ``expires_at + CLOCK_SKEW_S``. A request lives at most
+``MAX_ENVELOPE_VALIDITY_S`` (a queued job's 72 hours), which bounds how long any reservation
+may be held, and the window itself is bounded: when full it refuses rather than forgets.
 """
 
 from __future__ import annotations
@@ -79,7 +79,7 @@ class ReplayWindow:
         """
         # Reservations may only be as long as a request can legitimately live, so a forged
         # far-future expiry cannot pin an entry (and a slot) for ever.
-        if expires_at > now + limits.CALL_DEADLINE_S + limits.CLOCK_SKEW_S:
+        if expires_at > now + limits.MAX_ENVELOPE_VALIDITY_S + limits.CLOCK_SKEW_S:
             raise RequestExpired("replay: expires_at is further ahead than any request may live")
         self._storage.prune(now)
         until = self._storage.keep_until(sender_fingerprint, request_id)

@@ -251,9 +251,10 @@ def create_keys(home: Home, relay_origin: str, address: str, now: float) -> Loca
 
 
 def _retained(entry: EpochKey, now: float) -> bool:
-    # A caller may seal a request to an epoch until its not_after, and that request stays
-    # valid for up to CALL_DEADLINE_S; after that the private key can open nothing legitimate.
-    return now < entry.record.record.not_after + limits.CALL_DEADLINE_S
+    # A caller may seal a request (or a callee a job's answer) to an epoch until its not_after,
+    # and that envelope stays valid for up to MAX_ENVELOPE_VALIDITY_S (a queued job's life);
+    # after that the private key can open nothing legitimate.
+    return now < entry.record.record.not_after + limits.MAX_ENVELOPE_VALIDITY_S
 
 
 def _maintained(keys: LocalKeys, now: float) -> LocalKeys:

@@ -476,9 +476,9 @@ def test_future_dated_request_is_refused(world: World) -> None:
 
 
 def test_seal_refuses_validity_beyond_the_deadline(world: World) -> None:
-    """The sender cannot ask for more than CALL_DEADLINE_S, nor for nothing."""
-    seal(world, validity_s=limits.CALL_DEADLINE_S)
-    for bad in (limits.CALL_DEADLINE_S + 1, 0, 0.5, -5):
+    """The sender cannot ask for more than a queued job's life, nor for nothing."""
+    seal(world, validity_s=limits.MAX_ENVELOPE_VALIDITY_S)
+    for bad in (limits.MAX_ENVELOPE_VALIDITY_S + 1, 0, 0.5, -5):
         with pytest.raises(ValueError, match="validity_s"):
             seal(world, validity_s=bad)
 
@@ -486,7 +486,7 @@ def test_seal_refuses_validity_beyond_the_deadline(world: World) -> None:
 @pytest.mark.parametrize(
     ("issued", "expires", "match"),
     [
-        (NOW, NOW + int(limits.CALL_DEADLINE_S) + 1, "longer than the call deadline"),
+        (NOW, NOW + int(limits.MAX_ENVELOPE_VALIDITY_S) + 1, "longer than any envelope"),
         (NOW, NOW, "not after issued_at"),
         (NOW, NOW - 10, "not after issued_at"),
     ],

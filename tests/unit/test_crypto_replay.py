@@ -55,11 +55,11 @@ def test_reservation_lives_until_expiry_plus_skew() -> None:
 
 
 def test_far_future_expiry_is_refused() -> None:
-    """No reservation may outlive the longest legitimate request (deadline + skew)."""
+    """No reservation may outlive the longest legitimate request (a queued job's 72 h + skew)."""
     window = ReplayWindow()
-    window.reserve(FP_A, RID, NOW + limits.CALL_DEADLINE_S + SKEW, NOW)
+    window.reserve(FP_A, RID, NOW + limits.MAX_ENVELOPE_VALIDITY_S + SKEW, NOW)
     with pytest.raises(RequestExpired, match="further ahead"):
-        window.reserve(FP_B, RID, NOW + limits.CALL_DEADLINE_S + SKEW + 0.5, NOW)
+        window.reserve(FP_B, RID, NOW + limits.MAX_ENVELOPE_VALIDITY_S + SKEW + 0.5, NOW)
     assert window.live_count(NOW) == 1
 
 

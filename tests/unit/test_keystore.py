@@ -139,15 +139,16 @@ def test_rotation_mints_the_next_linked_epoch(home: Home, keys: LocalKeys) -> No
 
 
 def test_previous_key_kept_until_its_last_request_could_arrive(home: Home, keys: LocalKeys) -> None:
-    """The old epoch still opens requests until not_after + CALL_DEADLINE_S, then goes."""
+    """The old epoch still opens envelopes until not_after + MAX_ENVELOPE_VALIDITY_S (a queued
+    job sealed to it at the last moment), then goes."""
     old_id = keys.current.key_id
     old_not_after = keys.current_record.record.not_after
     rotated = rotate_if_needed(home, keys, old_not_after - DAY)
     assert rotated is not None
     assert rotated.key_for(old_id, 1) is not None
-    just_before = old_not_after + limits.CALL_DEADLINE_S - 1
+    just_before = old_not_after + limits.MAX_ENVELOPE_VALIDITY_S - 1
     assert rotate_if_needed(home, rotated, just_before) is None
-    pruned = rotate_if_needed(home, rotated, old_not_after + limits.CALL_DEADLINE_S)
+    pruned = rotate_if_needed(home, rotated, old_not_after + limits.MAX_ENVELOPE_VALIDITY_S)
     assert pruned is not None
     assert pruned.key_for(old_id, 1) is None
     assert [entry.epoch for entry in pruned.epochs] == [2]
