@@ -202,7 +202,14 @@ def test_dropping_a_field(original: Any, data: st.DataObject) -> None:
         with pytest.raises(MalformedFrame):
             _decode_like(original, tree)
     else:
-        expected = attrs.evolve(original, **{field.alias: field.default})
+        try:
+            expected = attrs.evolve(original, **{field.alias: field.default})
+        except ValueError:
+            # The default breaks a rule across fields (a job result's terminal goes with its
+            # envelope): the decoder must refuse the same way.
+            with pytest.raises(MalformedFrame):
+                _decode_like(original, tree)
+            return
         assert _decode_like(original, tree) == expected
 
 
