@@ -30,6 +30,7 @@ from agentcall.listener.connection import (
     RelayConnection,
     RelayLink,
     RelaySettings,
+    listen_query,
     reconnect_delay,
 )
 from agentcall.relayurl import RelayUrl
@@ -83,6 +84,7 @@ class RelaySide(WebSocketServerProtocol):
     def onConnect(self, request: ConnectionRequest) -> None:
         headers: dict[str, str] = request.headers
         self.factory.upgrades.append(headers)
+        self.factory.queries.append(request.params)
 
     def onOpen(self) -> None:
         self.factory.sockets.append(self)
@@ -108,6 +110,7 @@ class FakeRelay(WebSocketServerFactory):
         super().__init__("ws://relay.acme.test/v1/ws", reactor=clock)
         self.ready_address: str | None = "@acme/ken"
         self.upgrades: list[dict[str, str]] = []
+        self.queries: list[dict[str, list[str]]] = []
         self.sockets: list[RelaySide] = []
         self.received: list[Frame] = []
         self.closes: list[int | None] = []
@@ -281,6 +284,14 @@ def test_no_ready_within_the_open_timeout_drops_and_redials(listener: Listener) 
 
 
 # --- settings ----------------------------------------------------------------------------------
+
+
+def test_the_listener_says_it_takes_mailbox_jobs(listener: Listener) -> None:
+    """role=listen&mailbox=1: the relay may hand this listener the owner's queued jobs."""
+    listener.connection.startService()
+    listener.relay.flush()
+    assert listener.relay.queries == [{"role": ["listen"], "mailbox": ["1"]}]
+    assert listen_query(mailbox=False) == {"role": "listen"}
 
 
 def test_settings_are_read_again_for_every_attempt(listener: Listener) -> None:
