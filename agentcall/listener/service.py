@@ -36,7 +36,8 @@ from agentcall.listener.calllog import CallLog
 from agentcall.listener.ceiling import Ceiling, CeilingError, load_ceiling
 from agentcall.listener.connection import RelayConnection, RelayLink, RelaySettings
 from agentcall.listener.contexts import Conversations
-from agentcall.listener.core import CallPipeline, Effects
+from agentcall.listener.core import CallPipeline
+from agentcall.listener.effects import Effects
 from agentcall.listener.planning import GuardSetup
 from agentcall.listener.policy import PolicyError, load_policy
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
