@@ -39,7 +39,9 @@ from agentcall.wire.closecodes import CLOSE_REPLACED
 from agentcall.wire.frames import (
     CallAccepted,
     CancelCall,
+    CancelJob,
     Frame,
+    JobAck,
     Ready,
     Role,
 )
@@ -348,6 +350,28 @@ def test_frames_after_ready_reach_the_handler_and_malformed_ones_are_dropped(
     assert len(events_named(events, "relay_frame_malformed")) == 2
     assert listener.link.connected  # still the same socket
     assert listener.relay.closes == []
+
+
+def test_job_frames_reach_the_handler_and_a_malformed_delivery_is_dropped(
+    listener: Listener,
+) -> None:
+    """A delivery that does not decode never reaches the mailbox desk: nothing is run."""
+    job_id = "5e3f8a1b-2c4d-4e6f-8a0b-1c2d3e4f5a6b"
+    listener.connection.startService()
+    listener.relay.flush()
+    relay_side = listener.relay.sockets[0]
+    with capturedLogs() as events:
+        relay_side.sendMessage(
+            b'{"type":"job_delivery","job_id":"job_1","from":"ann","envelope":{},'
+            b'"expires_at":1,"attempt":1}',
+            isBinary=False,
+        )
+        relay_side.send(CancelJob(job_id=job_id))
+        relay_side.send(JobAck(job_id=job_id))
+        listener.relay.flush()
+    assert listener.frames == [CancelJob(job_id=job_id), JobAck(job_id=job_id)]
+    assert len(events_named(events, "relay_frame_malformed")) == 1
+    assert listener.link.connected
 
 
 def test_a_failing_frame_handler_does_not_take_the_socket_down(listener: Listener) -> None:
