@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from typing import Final, final
 
+from agentcall import limits
 from agentcall.crypto.envelope import seal_response
 from agentcall.crypto.keys import IdentityKey
 from agentcall.wire.frames import SealedEnvelope
@@ -60,6 +61,7 @@ def seal_answer(
     outcome: Reply | CallFailure,
     caller_encryption: EncryptionKeyRecord,
     now: float,
+    validity_s: float = limits.CALL_DEADLINE_S,
 ) -> SealedEnvelope:
     """``outcome`` signed by us, bound to the request it answers, sealed to the caller."""
     return seal_response(
@@ -68,4 +70,5 @@ def seal_answer(
         outcome=outcome,
         caller_encryption=caller_encryption,
         now=now,
+        validity_s=validity_s,
     )

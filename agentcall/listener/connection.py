@@ -8,6 +8,8 @@
 - Counts a connection only once the relay's ``ready`` frame for our own address arrived: that
   is ``prepareConnection``. Until then nothing is delivered and nothing is sent.
 - Decodes every frame strictly for the listener role; a malformed one is logged and dropped.
+- Dials with ``mailbox=1`` in the query: this listener takes offline-mailbox jobs
+  (``job_delivery``), so the relay may hand it the owner's queued calls.
 - Stops for good when the relay closes its current socket with :data:`CLOSE_REPLACED`: another
   listener for the same identity connected, and redialling would only replace it in turn.
 
@@ -50,6 +52,14 @@ REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
     "and does not reconnect (restart it to answer calls here again)"
 )
+
+
+def listen_query(*, mailbox: bool) -> dict[str, str]:
+    """The query of the listener's socket URL (``mailbox=1``: it can take queued jobs)."""
+    query = {"role": str(Role.LISTEN)}
+    if mailbox:
+        query["mailbox"] = "1"
+    return query
 
 
 def reconnect_delay(attempt: int, random: Callable[[], float]) -> float:
@@ -233,10 +243,11 @@ class _ListenerProtocol(WebSocketClientProtocol):
 class _ListenerFactory(WebSocketClientFactory):
     protocol = _ListenerProtocol  # type: ignore[assignment]
 
-    def __init__(self, reactor: Any, connection: RelayConnection) -> None:
+    def __init__(self, reactor: Any, connection: RelayConnection, *, mailbox: bool) -> None:
         super().__init__(useragent=USER_AGENT, reactor=reactor)
         set_relay_protocol_options(self)
         self._connection = connection
+        self._mailbox = mailbox
         self.expected_address = ""
         # The protocol of the newest attempt; ClientService dials only once the previous
         # socket is gone, so any other one is a leftover.
@@ -246,7 +257,7 @@ class _ListenerFactory(WebSocketClientFactory):
         """Point the next connection at ``settings`` (URL and credentials as just re-read)."""
         headers = {k.decode(): v.decode() for k, v in settings.credentials.headers().items()}
         self.setSessionParameters(
-            url=settings.relay_url.ws({"role": str(Role.LISTEN)}),
+            url=settings.relay_url.ws(listen_query(mailbox=self._mailbox)),
             useragent=USER_AGENT,
             headers=headers,
         )
@@ -330,6 +341,7 @@ class RelayConnection(service.MultiService):
         on_frame: Callable[[Frame], None],
         on_ready: Callable[[], None],
         on_replaced: Callable[[], None] = lambda: None,
+        mailbox: bool = True,
         clock: IReactorTime | None = None,
         endpoint_for: EndpointFor | None = None,
         random: Callable[[], float] = _random.random,
@@ -346,7 +358,7 @@ class RelayConnection(service.MultiService):
         self._on_ready = on_ready
         self._on_replaced = on_replaced
         self._random = random
-        self._factory = _ListenerFactory(reactor, self)
+        self._factory = _ListenerFactory(reactor, self, mailbox=mailbox)
         self.netloc = "?"
         self.connections = 0  # usable connections so far
         self._last_failure = "not connected yet"

@@ -1,12 +1,17 @@
 """The listener's per-call pipeline: frames from the relay in, frames to the relay out.
 
 :class:`CallPipeline` never touches a socket, a process or the global reactor. It is handed
-decoded frames (``incoming_call``, ``cancel_call``) and a set of :class:`Effects`: a clock, a
+decoded frames (``incoming_call``, ``cancel_call``) and a set of
+:class:`~agentcall.listener.effects.Effects`: a clock, a
 function that sends a frame if the relay is connected, the caller-key directory, the pin book
 and replay window, the policy loader, the agent spawner and the calls.log writer. The stages
 themselves live in :mod:`agentcall.listener.stages`; this module runs them in their fixed
 order, keeps the one-call slot, handles cancels, and keeps terminal frames that could not be
-sent until the relay is back.
+sent until the relay is back (:mod:`agentcall.listener.outbox`).
+
+A mailbox job runs through exactly the same steps (:meth:`CallPipeline.run_job`, driven by
+:mod:`agentcall.listener.mailboxdesk`): its slot is claimed before it is opened, its frames go to
+a :class:`CallSink` instead of the relay, and its answer is sealed for the mailbox's lifetime.
 
 Each call runs on its own Deferred; whatever goes wrong in one is caught, logged, answered
 with ``call_rejected`` if nothing was answered yet, and never reaches the service.
@@ -16,27 +21,24 @@ from __future__ import annotations
 
 import collections
 import os
-import shutil
-from collections.abc import Callable, Mapping
-from typing import Final, Protocol
+from collections.abc import Callable
+from typing import Final
 
 import attrs
 from twisted.internet import defer
-from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure as TwistedFailure
 
 from agentcall import ids, limits
-from agentcall.crypto.pins import PinBook
-from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import CallErrorCode
 from agentcall.listener import guardwire, planning, stages
-from agentcall.listener import prompt as prompt_module
 from agentcall.listener.admission import ASK_TASK, Admitted
 from agentcall.listener.agents.base import detail_with_tail
 from agentcall.listener.calllog import CallRecord, CallStatus
-from agentcall.listener.contexts import Binding, ContextRefusal, Conversations
+from agentcall.listener.contexts import Binding, ContextRefusal
+from agentcall.listener.effects import CallSink, Cancellable, Effects
 from agentcall.listener.guardwire import cross_check
-from agentcall.listener.runner import AgentRun, OutputParser, RunResult
+from agentcall.listener.outbox import Outbox
+from agentcall.listener.runner import AgentRun, RunResult
 from agentcall.local.config import Config
 from agentcall.local.keystore import LocalKeys
 from agentcall.logevents import Logger
@@ -61,28 +63,8 @@ STOPPING_DETAIL: Final = "the owner's listener is stopping; try again later"
 STOPPED_DETAIL: Final = "the owner's listener stopped before the agent finished"
 SPAWN_FAILED_DETAIL: Final = "the answering agent could not be started"
 GUARD_PREFLIGHT_DETAIL: Final = "the owner's tool guard failed its check, so the agent did not run"
-# Terminal frames kept while the relay is away; the relay drops a call after its deadline.
-MAX_KEPT_FRAMES: Final = 64
 # Ids of recently finished calls, so a late cancel is told "already terminal".
 MAX_REMEMBERED_CALLS: Final = 256
-
-
-class Cancellable(Protocol):
-    """What the pipeline needs of a running agent (a :class:`~runner.RunHandle`)."""
-
-    def cancel(self) -> None: ...
-
-
-class Spawner(Protocol):
-    """Start one agent run; the Deferred fires with its result once the process is gone."""
-
-    def __call__(
-        self, run: AgentRun, parser: OutputParser
-    ) -> tuple[defer.Deferred[RunResult], Cancellable]: ...
-
-
-class CallLogWriter(Protocol):
-    def append(self, record: CallRecord) -> bool: ...
 
 
 def _remove(paths: tuple[str, ...]) -> None:
@@ -93,31 +75,6 @@ def _remove(paths: tuple[str, ...]) -> None:
             pass
         except OSError as exc:
             _log.warn("private_file_not_removed", reason=exc.strerror)
-
-
-def which_on_path(program: str, path: str) -> str | None:
-    return shutil.which(program, path=path)
-
-
-@attrs.define
-class Effects:
-    """Everything the pipeline does to the world, passed in (fakes in tests)."""
-
-    clock: IReactorTime
-    # Send one frame now; False when no usable relay connection exists.
-    send: Callable[[Frame], bool]
-    fetch_keys: stages.KeyFetcher
-    pins: PinBook
-    replay: ReplayWindow
-    load_admission: Callable[[], stages.AdmissionInputs]
-    conversations: Conversations
-    guard: planning.GuardSetup
-    spawn: Spawner
-    call_log: CallLogWriter
-    environ: Mapping[str, str]
-    which: planning.Which = which_on_path
-    is_dir: Callable[[str], bool] = os.path.isdir
-    build_prompt: planning.PromptBuilder = prompt_module.build_prompt
 
 
 @attrs.define
@@ -131,6 +88,9 @@ class _Call:
     cancel_requested: bool = False
     answered: bool = False
     run: Cancellable | None = None
+    # A mailbox job: its frames go here, not to the relay, and its answer lives longer.
+    sink: CallSink | None = None
+    answer_validity_s: float = limits.CALL_DEADLINE_S
 
 
 class CallPipeline:
@@ -146,7 +106,7 @@ class CallPipeline:
         self._running: _Call | None = None
         self._stopping = False
         self._idle_waiters: list[defer.Deferred[None]] = []
-        self._outbox: list[tuple[float, Frame]] = []
+        self._outbox = Outbox(effects.clock, effects.send)
         self._finished: collections.deque[str] = collections.deque(maxlen=MAX_REMEMBERED_CALLS)
 
     # --- state, for the service and tests -------------------------------------------------
@@ -156,8 +116,12 @@ class CallPipeline:
         return None if self._running is None else self._running.call_id
 
     @property
+    def stopping(self) -> bool:
+        return self._stopping
+
+    @property
     def kept_frames(self) -> tuple[Frame, ...]:
-        return tuple(frame for _, frame in self._outbox)
+        return self._outbox.kept
 
     def add_secret(self, secret: str) -> None:
         """Another exact secret to redact from replies and logs (a re-read relay token)."""
@@ -179,13 +143,39 @@ class CallPipeline:
         if incoming.call_id in self._calls or incoming.call_id in self._finished:
             _log.warn("call_duplicate", call_id=incoming.call_id)
             return defer.succeed(None)
-        call = _Call(incoming.call_id, incoming.from_, self._fx.clock.seconds())
+        return self._begin(incoming, _Call(incoming.call_id, incoming.from_, self._now()))
+
+    def run_job(self, incoming: IncomingCall, sink: CallSink) -> defer.Deferred[None]:
+        """Run a mailbox job as the call ``incoming``, its frames to ``sink``; the Deferred
+        fires (never fails) once it is over.
+
+        The one-call slot is the job's from now on, before the request is even opened, so a
+        live call arriving meanwhile is ``busy``. The caller checks :meth:`can_take_job` in the
+        same reactor turn; a taken slot here is a programming error.
+        """
+        if not self.can_take_job() or incoming.call_id in self._finished:
+            raise RuntimeError("the one-call slot is taken, or the job ran here already")
+        call = _Call(
+            incoming.call_id,
+            incoming.from_,
+            self._now(),
+            sink=sink,
+            answer_validity_s=limits.MAX_ENVELOPE_VALIDITY_S,
+        )
+        self._running = call
+        return self._begin(incoming, call)
+
+    def can_take_job(self) -> bool:
+        return self._running is None and not self._stopping
+
+    def _begin(self, incoming: IncomingCall, call: _Call) -> defer.Deferred[None]:
         self._calls[call.call_id] = call
         _log.info(
             "call_received",
             call_id=call.call_id,
             caller=incoming.from_,
             correlation_id=incoming.correlation_id,
+            job=call.sink is not None,
         )
         d = defer.Deferred.fromCoroutine(self._pipeline(incoming, call))
         d.addErrback(self._unexpected, call)
@@ -194,12 +184,26 @@ class CallPipeline:
 
     def handle_cancel(self, frame: CancelCall) -> None:
         call = self._calls.get(frame.call_id)
+        if call is not None and call.sink is not None:
+            call = None  # a job is cancelled by cancel_job only (cancel_running_job)
         if call is None:
             known = frame.call_id in self._finished
             reason = NotCancelledReason.ALREADY_TERMINAL if known else NotCancelledReason.UNKNOWN
             _log.info("call_not_cancelled", call_id=frame.call_id, reason=str(reason))
-            self._deliver(CallNotCancelled(call_id=frame.call_id, reason=reason), keep=False)
+            self._outbox.deliver(CallNotCancelled(call_id=frame.call_id, reason=reason), keep=False)
             return
+        self._request_cancel(call)
+
+    def cancel_running_job(self, job_id: str) -> bool:
+        """Cancel the mailbox job ``job_id`` exactly like a live call; False if it is not
+        running here. Its sink gets ``call_cancelled`` once the agent is gone."""
+        call = self._calls.get(job_id)
+        if call is None or call.sink is None:
+            return False
+        self._request_cancel(call)
+        return True
+
+    def _request_cancel(self, call: _Call) -> None:
         if call.cancel_requested:
             return
         call.cancel_requested = True
@@ -266,8 +270,8 @@ class CallPipeline:
             _log.info("context_refused", call_id=call.call_id, reason=str(binding.reason))
             self._refuse(call, opened, stages.context_refusal())
             return
-        # Step 5: one running, none waiting.
-        if self._running is not None or self._stopping:
+        # Step 5: one running, none waiting (a job holds the slot from before step 2).
+        if (self._running is not None and self._running is not call) or self._stopping:
             _log.info("call_busy", call_id=call.call_id, running=self.running_call_id)
             detail = STOPPING_DETAIL if self._stopping else BUSY_DETAIL
             busy = CallFailure(code=CallErrorCode.BUSY, detail=detail)
@@ -275,8 +279,8 @@ class CallPipeline:
             return
         self._running = call
         # Step 6: accepted, started, and only now does the message go into a prompt.
-        self._deliver(CallAccepted(call_id=call.call_id), keep=False)
-        self._deliver(CallStarted(call_id=call.call_id), keep=False)
+        self._progress(call, CallAccepted(call_id=call.call_id))
+        self._progress(call, CallStarted(call_id=call.call_id))
         plan = planning.plan_run(
             self.config,
             opened,
@@ -297,6 +301,9 @@ class CallPipeline:
         if plan.preflight is not None and await self._guard_preflight(call, opened, plan.preflight):
             _remove(plan.private_files)
             return
+        if call.sink is not None:
+            # A job's journal says "started" before its agent can do anything.
+            call.sink.agent_starting()
         try:
             done, control = fx.spawn(plan.run, plan.parser)
         except OSError as exc:
@@ -423,7 +430,9 @@ class CallPipeline:
         flags: tuple[str, ...] = (),
     ) -> None:
         """Seal, send (or keep) and log one outcome."""
-        frame = stages.seal_outcome(self.keys, opened, outcome, self._fx.clock.seconds())
+        frame = stages.seal_outcome(
+            self.keys, opened, outcome, self._now(), validity_s=call.answer_validity_s
+        )
         self._terminal(call, frame)
         text = outcome.text if isinstance(outcome, Reply) else (outcome.detail or "")
         self._record(call, status, text=text, error=error, flags=flags)
@@ -441,35 +450,24 @@ class CallPipeline:
 
     def _terminal(self, call: _Call, frame: Frame) -> None:
         call.answered = True
-        self._deliver(frame, keep=True)
+        if call.sink is not None:
+            call.sink.frame(frame)
+        else:
+            self._outbox.deliver(frame, keep=True)
 
-    def _deliver(self, frame: Frame, *, keep: bool) -> None:
-        if self._fx.send(frame):
-            return
-        if not keep:
+    def _progress(self, call: _Call, frame: Frame) -> None:
+        if call.sink is not None:
+            call.sink.frame(frame)
+        else:
             # Progress frames only matter while the call is live; the outcome says the rest.
-            return
-        deadline = self._fx.clock.seconds() + limits.CALL_DEADLINE_S
-        self._outbox.append((deadline, frame))
-        if len(self._outbox) > MAX_KEPT_FRAMES:
-            dropped = self._outbox.pop(0)[1]
-            _log.warn("outcome_dropped", frame_type=dropped.type)
-        _log.info("outcome_kept", frame_type=frame.type, kept=len(self._outbox))
+            self._outbox.deliver(frame, keep=False)
 
     def relay_ready(self) -> None:
         """A relay connection became usable: send what was kept for it, in order."""
-        now = self._fx.clock.seconds()
-        kept, self._outbox = self._outbox, []
-        sent = 0
-        for deadline, frame in kept:
-            if deadline <= now:
-                _log.info("outcome_expired", frame_type=frame.type)
-            elif self._fx.send(frame):
-                sent += 1
-            else:
-                self._outbox.append((deadline, frame))
-        if sent:
-            _log.info("outcome_delivered_late", count=sent)
+        self._outbox.relay_ready()
+
+    def _now(self) -> float:
+        return self._fx.clock.seconds()
 
     def _record(
         self,

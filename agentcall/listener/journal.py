@@ -12,21 +12,23 @@ knows every job that may have run:
 - a second delivery of a known job id is never run: the stored reply if there is one, else
   ``indeterminate_execution`` (or nothing, if the job is running in this process right now).
 
-A stored reply is the sealed outcome exactly as sent to the relay (ciphertext only), or an error
-code the listener reports itself. Rows are pruned :data:`~agentcall.limits.MAILBOX_TTL_S` after
-acceptance; :func:`on_delivery` refuses a new job whose expiry lies further ahead than that, so a
-pruned job can only come back already expired and is still not run.
+A stored reply is the encoded ``job_result`` exactly as sent to the relay (ciphertext and
+routing only), or a :class:`~agentcall.wire.frames.JobError` the listener reports in clear. Rows
+are pruned :data:`HORIZON_S` (the 72 h mailbox TTL plus the allowed clock skew) after acceptance;
+:func:`on_delivery` refuses a new job whose expiry lies further ahead than that, so a pruned job
+can only come back already expired and is still not run. The skew is there because a job's
+expiry is stamped by the relay's clock: a relay slightly ahead of us must not make every fresh
+job look too far ahead.
 
 Pure rules (:func:`on_delivery`, :func:`on_restart`, :func:`start`, :func:`seal`,
 :func:`acknowledge`) take ``now`` and return values; :class:`SqliteJournal` keeps the rows in
-``state.sqlite``, one transaction per step. Not yet wired into the listener pipeline.
+``state.sqlite``, one transaction per step. :mod:`agentcall.listener.mailboxdesk` drives it.
 """
 
 from __future__ import annotations
 
 import enum
 import math
-import re
 import sqlite3
 from collections.abc import Callable, Iterable
 from typing import Final
@@ -37,11 +39,12 @@ from zope.interface import Interface, implementer
 from agentcall import limits
 from agentcall.db import transaction
 from agentcall.errors import StoreError
+from agentcall.ids import JOB_ID_RE
+from agentcall.wire.frames import JobError
 
-# Job ids are minted by the relay; the journal only needs them to be plain, bounded tokens.
-JOB_ID_RE: Final = re.compile(r"^[A-Za-z0-9_-]{16,64}\Z")
-ERROR_CODE_RE: Final = re.compile(r"^[a-z][a-z0-9_]{0,63}\Z")
-INDETERMINATE_EXECUTION: Final = "indeterminate_execution"
+INDETERMINATE_EXECUTION: Final = JobError.INDETERMINATE_EXECUTION
+# How long a row is kept, and so how far ahead a new job's (relay-stamped) expiry may lie.
+HORIZON_S: Final = limits.MAILBOX_TTL_S + limits.CLOCK_SKEW_S
 
 
 class JobState(enum.StrEnum):
@@ -70,17 +73,15 @@ class StoredReply:
     """The job's final reply: the sealed outcome (ciphertext), or an error code, never both."""
 
     sealed: bytes | None = attrs.field(default=None, repr=False)
-    error: str | None = None
+    error: JobError | None = attrs.field(
+        default=None, converter=attrs.converters.optional(JobError)
+    )
 
     def __attrs_post_init__(self) -> None:
         if (self.sealed is None) == (self.error is None):
             raise ValueError("a stored reply is either sealed or an error code")
         if self.sealed is not None and (type(self.sealed) is not bytes or not self.sealed):
             raise ValueError("sealed: not ciphertext bytes")
-        if self.error is not None and not (
-            isinstance(self.error, str) and ERROR_CODE_RE.match(self.error)
-        ):
-            raise ValueError("error: not an error code")
 
 
 INDETERMINATE_REPLY: Final = StoredReply(error=INDETERMINATE_EXECUTION)
@@ -183,7 +184,7 @@ def on_delivery(
         return _indeterminate(entry, now)
     if now >= expires_at:
         return Refused(job_id, RefusalReason.EXPIRED)
-    if expires_at > now + limits.MAILBOX_TTL_S:
+    if expires_at > now + HORIZON_S:
         # Such a job could outlive its row and, after the prune, be seen as new.
         return Refused(job_id, RefusalReason.EXPIRY_TOO_FAR)
     return Run(job_id, Entry(job_id, JobState.ACCEPTED, now, now))
@@ -237,7 +238,7 @@ def acknowledge(entry: Entry | None, job_id: str, now: float) -> Entry | StepRef
 
 def prune_before(now: float) -> float:
     """Rows accepted at or before this time are dropped (their jobs have expired)."""
-    return now - limits.MAILBOX_TTL_S
+    return now - HORIZON_S
 
 
 # --- storage ------------------------------------------------------------------------------------
@@ -265,7 +266,7 @@ class IJournal(Interface):
         """On start-up: mark what may have run, and list every reply still to send."""
 
     def prune(now: float) -> int:
-        """Drop rows older than MAILBOX_TTL_S."""
+        """Drop rows older than HORIZON_S."""
 
 
 _COLUMNS = "job_id, state, accepted_at, updated_at, reply_sealed, reply_error"

@@ -6,8 +6,13 @@ start with one clear sentence (:class:`ListenerStartError`). It rotates the encr
 due; publishing a new epoch happens once the relay is connected, and a failed publish is
 retried on the next connection instead of stopping the listener.
 
-:class:`ListenerService` composes the relay connection, the call pipeline and a periodic key
-check. Stopping it (SIGTERM under twistd) refuses new calls, stops a running agent and waits
+:class:`ListenerService` composes the relay connection, the call pipeline, the mailbox desk
+(queued jobs, run through the same pipeline, journalled in ``state.sqlite``) and a periodic key
+check. Before it dials, the desk's journal marks every job that may have run before a crash as
+``indeterminate_execution``; every result the relay has not acknowledged is sent again whenever
+a relay connection becomes ready.
+
+Stopping it (SIGTERM under twistd) refuses new calls and jobs, stops a running agent and waits
 for it (bounded by the kill grace plus a little), sends what can still be sent, and closes the
 socket normally.
 
@@ -36,7 +41,9 @@ from agentcall.listener.calllog import CallLog
 from agentcall.listener.ceiling import Ceiling, CeilingError, load_ceiling
 from agentcall.listener.connection import RelayConnection, RelayLink, RelaySettings
 from agentcall.listener.contexts import Conversations
-from agentcall.listener.core import CallPipeline, Effects
+from agentcall.listener.core import CallPipeline
+from agentcall.listener.effects import Effects
+from agentcall.listener.mailboxdesk import MailboxDesk
 from agentcall.listener.planning import GuardSetup
 from agentcall.listener.policy import PolicyError, load_policy
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
@@ -47,6 +54,7 @@ from agentcall.local.home import Home
 from agentcall.local.keystore import LocalKeys, load_keys, rotate_if_needed
 from agentcall.local.statedb import StateDb
 from agentcall.logevents import Logger
+from agentcall.wire.frames import Frame
 from agentcall.wire.http import KeysResponse
 
 _log = Logger(namespace="agentcall.listener")
@@ -205,11 +213,12 @@ class ListenerService(service.MultiService):
                 environ=dict(environ),
             ),
         )
+        self.desk = MailboxDesk(self.core, db.journal, send=self.link.send, clock=reactor)
         self.connection = RelayConnection(
             reactor,
             load_settings=self._reload_settings,
             link=self.link,
-            on_frame=self.core.on_frame,
+            on_frame=self._on_frame,
             on_ready=self._relay_ready,
             on_replaced=self._replaced_elsewhere,
         )
@@ -260,8 +269,13 @@ class ListenerService(service.MultiService):
         with contextlib.suppress(error.ReactorNotRunning):
             self._reactor.stop()
 
+    def _on_frame(self, frame: Frame) -> None:
+        if not self.desk.on_frame(frame):
+            self.core.on_frame(frame)
+
     def _relay_ready(self) -> None:
         self.core.relay_ready()
+        self.desk.relay_ready()
         defer.Deferred.fromCoroutine(self._publish_if_behind())
 
     # --- keys -------------------------------------------------------------------------------
@@ -300,6 +314,8 @@ class ListenerService(service.MultiService):
     # --- start and stop ---------------------------------------------------------------------
 
     def startService(self) -> None:
+        # Before the first connection: no job can be delivered before the journal's restart.
+        self.desk.start()
         super().startService()
         _log.info(
             "listener_started",

@@ -340,15 +340,25 @@ def judge_run(
 
 
 def seal_outcome(
-    keys: LocalKeys, opened: OpenedCall, outcome: Reply | CallFailure, now: float
+    keys: LocalKeys,
+    opened: OpenedCall,
+    outcome: Reply | CallFailure,
+    now: float,
+    *,
+    validity_s: float = limits.CALL_DEADLINE_S,
 ) -> CallOutcome:
-    """The signed, sealed answer to ``opened``, to the caller's pinned encryption key."""
+    """The signed, sealed answer to ``opened``, to the caller's pinned encryption key.
+
+    A live call's answer is read at once; a mailbox job's may be fetched days later, so the
+    pipeline seals it for :data:`~agentcall.limits.MAX_ENVELOPE_VALIDITY_S`.
+    """
     envelope = seal_answer(
         opened.message,
         responder=keys.identity,
         outcome=outcome,
         caller_encryption=opened.facts.caller_encryption,
         now=now,
+        validity_s=validity_s,
     )
     terminal = Terminal.COMPLETED if isinstance(outcome, Reply) else Terminal.FAILED
     return CallOutcome(call_id=opened.facts.call_id, terminal=terminal, envelope=envelope)

@@ -30,6 +30,7 @@ from agentcall.listener.connection import (
     RelayConnection,
     RelayLink,
     RelaySettings,
+    listen_query,
     reconnect_delay,
 )
 from agentcall.relayurl import RelayUrl
@@ -38,7 +39,9 @@ from agentcall.wire.closecodes import CLOSE_REPLACED
 from agentcall.wire.frames import (
     CallAccepted,
     CancelCall,
+    CancelJob,
     Frame,
+    JobAck,
     Ready,
     Role,
 )
@@ -83,6 +86,7 @@ class RelaySide(WebSocketServerProtocol):
     def onConnect(self, request: ConnectionRequest) -> None:
         headers: dict[str, str] = request.headers
         self.factory.upgrades.append(headers)
+        self.factory.queries.append(request.params)
 
     def onOpen(self) -> None:
         self.factory.sockets.append(self)
@@ -108,6 +112,7 @@ class FakeRelay(WebSocketServerFactory):
         super().__init__("ws://relay.acme.test/v1/ws", reactor=clock)
         self.ready_address: str | None = "@acme/ken"
         self.upgrades: list[dict[str, str]] = []
+        self.queries: list[dict[str, list[str]]] = []
         self.sockets: list[RelaySide] = []
         self.received: list[Frame] = []
         self.closes: list[int | None] = []
@@ -283,6 +288,14 @@ def test_no_ready_within_the_open_timeout_drops_and_redials(listener: Listener) 
 # --- settings ----------------------------------------------------------------------------------
 
 
+def test_the_listener_says_it_takes_mailbox_jobs(listener: Listener) -> None:
+    """role=listen&mailbox=1: the relay may hand this listener the owner's queued jobs."""
+    listener.connection.startService()
+    listener.relay.flush()
+    assert listener.relay.queries == [{"role": ["listen"], "mailbox": ["1"]}]
+    assert listen_query(mailbox=False) == {"role": "listen"}
+
+
 def test_settings_are_read_again_for_every_attempt(listener: Listener) -> None:
     """A new token and relay URL from config.json take effect on the next connection."""
     listener.connection.startService()
@@ -337,6 +350,28 @@ def test_frames_after_ready_reach_the_handler_and_malformed_ones_are_dropped(
     assert len(events_named(events, "relay_frame_malformed")) == 2
     assert listener.link.connected  # still the same socket
     assert listener.relay.closes == []
+
+
+def test_job_frames_reach_the_handler_and_a_malformed_delivery_is_dropped(
+    listener: Listener,
+) -> None:
+    """A delivery that does not decode never reaches the mailbox desk: nothing is run."""
+    job_id = "5e3f8a1b-2c4d-4e6f-8a0b-1c2d3e4f5a6b"
+    listener.connection.startService()
+    listener.relay.flush()
+    relay_side = listener.relay.sockets[0]
+    with capturedLogs() as events:
+        relay_side.sendMessage(
+            b'{"type":"job_delivery","job_id":"job_1","from":"ann","envelope":{},'
+            b'"expires_at":1,"attempt":1}',
+            isBinary=False,
+        )
+        relay_side.send(CancelJob(job_id=job_id))
+        relay_side.send(JobAck(job_id=job_id))
+        listener.relay.flush()
+    assert listener.frames == [CancelJob(job_id=job_id), JobAck(job_id=job_id)]
+    assert len(events_named(events, "relay_frame_malformed")) == 1
+    assert listener.link.connected
 
 
 def test_a_failing_frame_handler_does_not_take_the_socket_down(listener: Listener) -> None:

@@ -22,7 +22,7 @@ from agentcall.crypto import envelope as crypto_envelope
 from agentcall.crypto.pins import MemoryPinStorage, PinBook
 from agentcall.crypto.replay import MemoryReplayStorage, ReplayWindow
 from agentcall.errors import CallErrorCode
-from agentcall.listener import core, planning, stages
+from agentcall.listener import core, effects, planning, stages
 from agentcall.listener.calllog import CallRecord, CallStatus
 from agentcall.listener.ceiling import Ceiling, CeilingError
 from agentcall.listener.contexts import Binding, Conversations, IContextStore
@@ -145,7 +145,7 @@ class Harness:
     pipeline: core.CallPipeline = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
-        effects = core.Effects(
+        fx = effects.Effects(
             clock=self.clock,
             send=self.send,
             fetch_keys=self.directory.fetch,
@@ -166,7 +166,7 @@ class Harness:
             is_dir=lambda path: path in self.existing,
             build_prompt=self.build_prompt,
         )
-        self.pipeline = core.CallPipeline(self.config, keys_of(KEN), effects)
+        self.pipeline = core.CallPipeline(self.config, keys_of(KEN), fx)
 
     # effects
 

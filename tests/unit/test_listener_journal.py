@@ -41,8 +41,10 @@ from agentcall.local.statedb import STATE_SCHEMA
 
 NOW = 1_750_000_000.0
 TTL = limits.MAILBOX_TTL_S
-JOB = "job_" + "A" * 22
-OTHER = "job_" + "B" * 22
+SKEW = limits.CLOCK_SKEW_S
+# Job ids are minted by the relay as uuid4, like call ids.
+JOB = "3f2b6c1e-7a51-4b51-9a3d-2f0d6f1c9e11"
+OTHER = "4a3c7d2f-8b62-4c62-8b4e-3a1e7a2d0f22"
 EXPIRES = NOW + 3600
 CIPHERTEXT = b"\x00sealed-outcome\xff"
 ANSWER = StoredReply(sealed=CIPHERTEXT)
@@ -132,10 +134,11 @@ def test_a_new_job_out_of_its_validity_is_refused() -> None:
     assert on(None, JOB, expires_at=NOW, running_here=False, now=NOW) == Refused(
         JOB, RefusalReason.EXPIRED
     )
-    assert on(None, JOB, expires_at=NOW + TTL + 1, running_here=False, now=NOW) == Refused(
+    assert on(None, JOB, expires_at=NOW + TTL + SKEW + 1, running_here=False, now=NOW) == Refused(
         JOB, RefusalReason.EXPIRY_TOO_FAR
     )
-    assert isinstance(on(None, JOB, expires_at=NOW + TTL, running_here=False, now=NOW), Run)
+    # The relay stamps the expiry by its own clock; one a little ahead of ours is allowed.
+    assert isinstance(on(None, JOB, expires_at=NOW + TTL + SKEW, running_here=False, now=NOW), Run)
     # A known job is answered from its row even once expired.
     found = entry(JobState.SEALED, ANSWER)
     assert on(found, JOB, expires_at=NOW, running_here=False, now=NOW + 1) == Redeliver(JOB, ANSWER)
@@ -363,23 +366,27 @@ def test_the_schema_refuses_inconsistent_rows(db: Reopening) -> None:
 
 
 def test_prune_drops_rows_after_the_mailbox_retention(db: Reopening) -> None:
-    """Rows live MAILBOX_TTL_S (72 h) after acceptance, whatever their state."""
+    """Rows live MAILBOX_TTL_S (72 h) plus the clock skew after acceptance, whatever their
+    state."""
     store_deliver(db.journal)
     db.journal.deliver(OTHER, expires_at=EXPIRES, running_here=False, now=NOW + 100)
     db.journal.seal(OTHER, ANSWER, NOW + 101)
-    assert TTL == 72 * 3600
-    assert db.journal.prune(NOW + TTL - 1) == 0
-    assert db.journal.prune(NOW + TTL) == 1
+    assert (TTL, SKEW) == (72 * 3600, 120)
+    assert db.journal.prune(NOW + TTL + SKEW - 1) == 0
+    assert db.journal.prune(NOW + TTL + SKEW) == 1
     assert db.journal.get(JOB) is None
-    assert db.journal.prune(NOW + TTL + 100) == 1
+    assert db.journal.prune(NOW + TTL + SKEW + 100) == 1
     assert db.conn.execute("SELECT COUNT(*) FROM journal").fetchone() == (0,)
 
 
 def test_a_pruned_job_delivered_again_is_expired_not_run(db: Reopening) -> None:
     """The reason new jobs must expire within the retention: a pruned job is not new."""
-    store_deliver(db.journal)
-    db.journal.prune(NOW + TTL)
-    assert store_deliver(db.journal, NOW + TTL) == Refused(JOB, RefusalReason.EXPIRED)
+    latest = NOW + TTL + SKEW
+    db.journal.deliver(JOB, expires_at=latest, running_here=False, now=NOW)
+    assert db.journal.prune(latest) == 1
+    assert db.journal.deliver(JOB, expires_at=latest, running_here=False, now=latest) == Refused(
+        JOB, RefusalReason.EXPIRED
+    )
 
 
 def test_a_closed_database_is_a_store_error(db: Reopening) -> None:
@@ -397,7 +404,7 @@ def test_a_closed_database_is_a_store_error(db: Reopening) -> None:
 
 # --- the property -------------------------------------------------------------------------------
 
-JOBS = [f"job_{c * 22}" for c in "ABC"]
+JOBS = [f"{c * 8}-7a51-4b51-9a3d-2f0d6f1c9e11" for c in "abc"]
 EVENTS = st.one_of(
     st.tuples(st.just("deliver"), st.sampled_from(JOBS)),
     st.tuples(st.just("start"), st.sampled_from(JOBS)),
@@ -413,7 +420,7 @@ EVENTS = st.one_of(
 @settings(max_examples=300, deadline=None)
 @given(
     events=st.lists(EVENTS, max_size=30),
-    lifetimes=st.lists(st.floats(min_value=3600, max_value=TTL), min_size=3, max_size=3),
+    lifetimes=st.lists(st.floats(min_value=3600, max_value=TTL + SKEW), min_size=3, max_size=3),
 )
 def test_no_crash_restart_or_redelivery_ever_runs_a_job_twice(
     events: list[tuple[str, str]], lifetimes: list[float]

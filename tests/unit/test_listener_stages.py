@@ -1206,3 +1206,28 @@ def test_pin_helpers_are_consistent() -> None:
     _pinned_to_mallory(opener)
     pin = opener.pin_storage.get(ORIGIN, "@acme/ann")
     assert isinstance(pin, Pin) and pin.identity_pub == MALLORY.identity_pub
+
+
+def test_a_live_answer_lives_a_call_deadline_and_a_job_answer_the_mailbox_ttl() -> None:
+    """A mailbox job's answer may be fetched days later; a live one is read at once."""
+    sealed, request = seal_from(ANN)
+    opened = Opener().open(incoming(sealed, from_="ann", call_id=CALL_ID))
+    outcome = Reply(text="answer", task="ask")
+    for validity, frame in [
+        (limits.CALL_DEADLINE_S, stages.seal_outcome(keys_of(KEN), opened, outcome, NOW)),
+        (
+            limits.MAX_ENVELOPE_VALIDITY_S,
+            stages.seal_outcome(
+                keys_of(KEN), opened, outcome, NOW, validity_s=limits.MAX_ENVELOPE_VALIDITY_S
+            ),
+        ),
+    ]:
+        payload = crypto_envelope.open_response(
+            frame.envelope,
+            my_key=ANN.enc_key,
+            my_record=ANN.enc_record,
+            request=request,
+            responder_identity_pub=KEN.identity_pub,
+            now=NOW + 1,
+        )
+        assert payload.expires_at - payload.issued_at == validity

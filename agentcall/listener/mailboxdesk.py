@@ -1,0 +1,382 @@
+"""The listener's side of the offline mailbox: job frames from the relay in, job frames out.
+
+A queued call reaches the listener as ``job_delivery``. The desk takes it or leaves it, and a
+job it takes runs through the very same pipeline as a live call
+(:meth:`~agentcall.listener.core.CallPipeline.run_job`, docs/architecture.md steps 1 to 7): opened
+and verified, then admitted from the relay-verified caller and local files before its text
+enters any prompt. A caller blocked since they queued the job gets a sealed ``blocked`` answer
+as the job's result, exactly as a live call would.
+
+- ``job_delivery``: while a call or job runs here, or the listener is stopping, the desk says
+  ``job_declined`` and writes nothing. Otherwise the execution journal decides
+  (:meth:`~agentcall.listener.journal.IJournal.deliver`, which commits the ``accepted`` row
+  before it returns): run it (``job_accepted``, then the pipeline under the job id as call
+  id), send its stored result again, report ``indeterminate_execution`` (it may have run
+  before a crash), wait for the run in progress, or refuse it (``rejected``).
+- While a job runs the desk renews its lease (``job_renew`` every
+  :data:`~agentcall.limits.MAILBOX_RENEW_S`), from ``job_accepted`` to its result, since the
+  relay counts the job as running from the accept on.
+- The pipeline's terminal frame becomes one ``job_result``: a sealed ``call_outcome`` becomes
+  the answer with its terminal, ``call_rejected`` the error ``rejected``, ``call_cancelled``
+  the error ``canceled``. It is stored in the journal *before* it is sent, and sent again on
+  every new relay connection until the relay's ``job_ack``.
+- ``cancel_job``: the running job is cancelled like a live call (its process group is killed),
+  and reports ``canceled`` once the agent is gone.
+
+The journal is synchronous SQLite on the reactor thread, like the replay window and the pins.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import attrs
+from twisted.internet.interfaces import IReactorTime
+from twisted.internet.task import LoopingCall
+
+from agentcall import limits
+from agentcall.errors import MalformedFrame, StoreError
+from agentcall.listener.core import CallPipeline
+from agentcall.listener.journal import (
+    IJournal,
+    Indeterminate,
+    InProgress,
+    JobState,
+    Redeliver,
+    Refused,
+    Run,
+    StepRefused,
+    StoredReply,
+)
+from agentcall.logevents import Logger
+from agentcall.wire import codec
+from agentcall.wire.frames import (
+    CallCancelled,
+    CallOutcome,
+    CallRejected,
+    CancelJob,
+    Frame,
+    IncomingCall,
+    JobAccepted,
+    JobAck,
+    JobDeclined,
+    JobDelivery,
+    JobError,
+    JobRenew,
+    JobResult,
+)
+
+_log = Logger(namespace="agentcall.listener.mailbox")
+
+
+# --- pure: frames and stored replies ------------------------------------------------------------
+
+
+def incoming_of(delivery: JobDelivery) -> IncomingCall:
+    """The delivered job as the pipeline's inbound call: its job id is the call id.
+
+    A job carries no correlation id; the job id's 32 hex digits stand in for it (the logs join
+    on it). It carries no roster groups either (none exist yet), so admission sees none.
+    """
+    return IncomingCall(
+        call_id=delivery.job_id,
+        from_=delivery.from_,
+        envelope=delivery.envelope,
+        correlation_id=delivery.job_id.replace("-", ""),
+    )
+
+
+def result_of(job_id: str, frame: Frame) -> tuple[JobResult, StoredReply] | None:
+    """The ``job_result`` a terminal pipeline frame becomes, and the reply the journal keeps
+    for it (None: not a terminal frame)."""
+    if isinstance(frame, CallOutcome):
+        result = JobResult(job_id=job_id, terminal=frame.terminal, envelope=frame.envelope)
+        return result, StoredReply(sealed=codec.encode(result))
+    if isinstance(frame, CallRejected):
+        error = JobError.REJECTED
+    elif isinstance(frame, CallCancelled):
+        error = JobError.CANCELED
+    else:
+        return None
+    return JobResult(job_id=job_id, error=error), StoredReply(error=error)
+
+
+def stored_result(job_id: str, reply: StoredReply) -> JobResult:
+    """The ``job_result`` a stored reply is sent as (a stored frame that does not decode as
+    this job's result is reported ``indeterminate_execution``: the job did run)."""
+    if reply.error is not None:
+        return JobResult(job_id=job_id, error=reply.error)
+    try:
+        frame = codec.decode_frame(reply.sealed or b"", (JobResult,))
+    except MalformedFrame:
+        frame = None
+    if not isinstance(frame, JobResult) or frame.job_id != job_id:
+        _log.warn("job_result_unreadable", job_id=job_id)
+        return JobResult(job_id=job_id, error=JobError.INDETERMINATE_EXECUTION)
+    return frame
+
+
+# --- the desk -----------------------------------------------------------------------------------
+
+
+@attrs.define(eq=False)
+class _JobSink:
+    """One running job's frame sink (see :class:`~agentcall.listener.effects.CallSink`)."""
+
+    desk: MailboxDesk
+    job_id: str
+    renew: LoopingCall
+    ended: bool = False
+
+    def frame(self, frame: Frame) -> None:
+        self.desk._job_frame(self, frame)
+
+    def agent_starting(self) -> None:
+        self.desk._job_starting(self)
+
+    def stop_renewing(self) -> None:
+        if self.renew.running:
+            self.renew.stop()
+
+
+class MailboxDesk:
+    """Takes mailbox jobs from the relay, runs them at most once, and reports each one."""
+
+    def __init__(
+        self,
+        pipeline: CallPipeline,
+        journal: IJournal,
+        *,
+        send: Callable[[Frame], bool],
+        clock: IReactorTime,
+    ) -> None:
+        self._pipeline = pipeline
+        self._journal = journal
+        self._send = send
+        self._clock = clock
+        self._running: dict[str, _JobSink] = {}
+        # Jobs whose stored result the relay has not acknowledged, oldest first (the journal
+        # holds the results; this only says which rows to look at).
+        self._unacked: dict[str, None] = {}
+
+    # --- state, for the service and tests ------------------------------------------------
+
+    @property
+    def unacknowledged(self) -> tuple[str, ...]:
+        return tuple(self._unacked)
+
+    # --- start-up and connections ----------------------------------------------------------
+
+    def start(self) -> None:
+        """Before the first connection: every job that may have run is indeterminate now, and
+        every result the relay has not acknowledged waits for the next ``ready``.
+
+        Nothing depends on this for safety (a redelivery of such a job is refused by the
+        journal anyway); it lets the relay learn of those jobs without asking.
+        """
+        now = self._clock.seconds()
+        try:
+            pruned = self._journal.prune(now)
+            reports = self._journal.restart(now)
+        except StoreError:
+            _log.failure("journal_restart_failed")
+            return
+        for report in reports:
+            self._unacked[report.job_id] = None
+        indeterminate = sum(isinstance(report, Indeterminate) for report in reports)
+        _log.info(
+            "journal_restarted",
+            pruned=pruned,
+            unacknowledged=len(reports),
+            indeterminate=indeterminate,
+        )
+
+    def relay_ready(self) -> None:
+        """A relay connection became usable: send every unacknowledged result again."""
+        now = self._clock.seconds()
+        sent = 0
+        for job_id in tuple(self._unacked):
+            try:
+                entry = self._journal.get(job_id)
+            except StoreError:
+                _log.failure("journal_read_failed", job_id=job_id)
+                continue
+            if entry is None or entry.reply is None or entry.state is JobState.ACKNOWLEDGED:
+                self._unacked.pop(job_id, None)  # pruned, or acknowledged meanwhile
+                continue
+            if not self._send(stored_result(job_id, entry.reply)):
+                break
+            sent += 1
+        if sent:
+            _log.info("job_results_resent", count=sent)
+        try:
+            self._journal.prune(now)
+        except StoreError:
+            _log.failure("journal_prune_failed")
+
+    # --- frames in --------------------------------------------------------------------------
+
+    def on_frame(self, frame: Frame) -> bool:
+        """Handle a job frame from the relay; False when ``frame`` is not one (a call frame)."""
+        if isinstance(frame, JobDelivery):
+            self._on_delivery(frame)
+        elif isinstance(frame, CancelJob):
+            self._on_cancel(frame.job_id)
+        elif isinstance(frame, JobAck):
+            self._on_ack(frame.job_id)
+        else:
+            return False
+        return True
+
+    def _on_delivery(self, delivery: JobDelivery) -> None:
+        job_id = delivery.job_id
+        _log.info("job_delivered", job_id=job_id, caller=delivery.from_, attempt=delivery.attempt)
+        running_here = job_id in self._running
+        if not running_here and not self._pipeline.can_take_job():
+            # Nothing written: the relay offers the job again once this listener is idle.
+            reason = "stopping" if self._pipeline.stopping else "busy"
+            _log.info("job_declined", job_id=job_id, reason=reason)
+            self._send(JobDeclined(job_id=job_id))
+            return
+        try:
+            incoming = incoming_of(delivery)
+        except ValueError:
+            _log.warn("job_refused", job_id=job_id, reason="not_a_call")
+            self._send(JobResult(job_id=job_id, error=JobError.REJECTED))
+            return
+        try:
+            decision = self._journal.deliver(
+                job_id,
+                expires_at=float(delivery.expires_at),
+                running_here=running_here,
+                now=self._clock.seconds(),
+            )
+        except StoreError:
+            # Nothing was committed, so nothing may run; the relay retries the delivery.
+            _log.failure("journal_write_failed", job_id=job_id)
+            self._send(JobDeclined(job_id=job_id))
+            return
+        if isinstance(decision, Run):
+            self._run(incoming)
+        elif isinstance(decision, Redeliver):
+            _log.info("job_result_redelivered", job_id=job_id)
+            self._send(stored_result(job_id, decision.reply))
+        elif isinstance(decision, Indeterminate):
+            _log.warn("job_indeterminate", job_id=job_id)
+            self._unacked[job_id] = None
+            self._send(stored_result(job_id, decision.reply))
+        elif isinstance(decision, InProgress):
+            _log.info("job_in_progress", job_id=job_id)
+        elif isinstance(decision, Refused):
+            _log.info("job_refused", job_id=job_id, reason=str(decision.reason))
+            self._send(JobResult(job_id=job_id, error=JobError.REJECTED))
+
+    def _run(self, incoming: IncomingCall) -> None:
+        """The ``accepted`` row is committed: take the job and run it as a call."""
+        job_id = incoming.call_id
+        renew = LoopingCall(self._renew, job_id)
+        renew.clock = self._clock
+        job = _JobSink(self, job_id, renew)
+        self._running[job_id] = job
+        self._send(JobAccepted(job_id=job_id))
+        _log.info("job_accepted", job_id=job_id)
+        renew.start(limits.MAILBOX_RENEW_S, now=False)
+        try:
+            # Admission happens inside, before the caller's text reaches any prompt (step 3).
+            done = self._pipeline.run_job(incoming, job)
+        except Exception:
+            _log.failure("job_not_started", job_id=job_id)
+            self._job_over(None, job, JobError.REJECTED)
+            return
+        done.addBoth(self._job_over, job)
+
+    def _renew(self, job_id: str) -> None:
+        # A periodic job never raises (LoopingCall would stop); a missed renew is harmless.
+        try:
+            self._send(JobRenew(job_id=job_id))
+        except Exception:
+            _log.failure("job_renew_failed", job_id=job_id)
+
+    def _on_cancel(self, job_id: str) -> None:
+        if self._pipeline.cancel_running_job(job_id):
+            # job_result {canceled} follows once the agent's process group is gone.
+            _log.info("job_cancel_requested", job_id=job_id)
+            return
+        try:
+            entry = self._journal.get(job_id)
+        except StoreError:
+            _log.failure("journal_read_failed", job_id=job_id)
+            return
+        if entry is None:
+            # Never taken here: nothing ran, so it is cancelled as far as this side knows.
+            _log.info("job_cancelled_unknown", job_id=job_id)
+            self._send(JobResult(job_id=job_id, error=JobError.CANCELED))
+        elif entry.reply is not None:
+            # It ended already: what happened stands, cancel or not.
+            self._send(stored_result(job_id, entry.reply))
+
+    def _on_ack(self, job_id: str) -> None:
+        self._unacked.pop(job_id, None)
+        try:
+            acknowledged = self._journal.acknowledge(job_id, self._clock.seconds())
+        except StoreError:
+            # The row stays sealed: it is sent again after a restart and acknowledged again.
+            _log.failure("journal_write_failed", job_id=job_id)
+            return
+        if isinstance(acknowledged, StepRefused):
+            # A result never journalled (a refused delivery) or a job long pruned.
+            _log.info("job_ack_unmatched", job_id=job_id)
+        else:
+            _log.info("job_acknowledged", job_id=job_id)
+
+    # --- the running job (called by its sink) ----------------------------------------------------
+
+    def _job_starting(self, job: _JobSink) -> None:
+        try:
+            started = self._journal.start(job.job_id, self._clock.seconds())
+        except StoreError:
+            # The committed "accepted" row already counts as "may have run": still at most once.
+            _log.failure("journal_write_failed", job_id=job.job_id)
+            return
+        if isinstance(started, StepRefused):
+            _log.warn("journal_step_refused", job_id=job.job_id, step="start")
+
+    def _job_frame(self, job: _JobSink, frame: Frame) -> None:
+        result = result_of(job.job_id, frame)
+        if result is None:
+            return  # accepted and started: job_accepted said it already
+        self._finish(job, *result)
+
+    def _finish(self, job: _JobSink, result: JobResult, reply: StoredReply) -> None:
+        if job.ended:
+            return
+        job.ended = True
+        job.stop_renewing()
+        try:
+            sealed = self._journal.seal(job.job_id, reply, self._clock.seconds())
+        except StoreError:
+            # Not sent: a result the journal does not hold could be contradicted after a
+            # restart. The relay's lease lapses and the job ends indeterminate_execution.
+            _log.failure("journal_write_failed", job_id=job.job_id)
+            return
+        if isinstance(sealed, StepRefused):
+            _log.warn("journal_step_refused", job_id=job.job_id, step="seal")
+            return
+        self._unacked[job.job_id] = None
+        sent = self._send(result)
+        _log.info("job_result", job_id=job.job_id, outcome=_describe(result), sent=sent)
+
+    def _job_over(
+        self,
+        _result: object,
+        job: _JobSink,
+        error: JobError = JobError.INDETERMINATE_EXECUTION,
+    ) -> None:
+        self._running.pop(job.job_id, None)
+        # The pipeline always ends with a terminal frame; should it not have, the job may
+        # still have run, and says so.
+        self._finish(job, JobResult(job_id=job.job_id, error=error), StoredReply(error=error))
+
+
+def _describe(result: JobResult) -> str:
+    return str(result.error) if result.terminal is None else str(result.terminal)
