@@ -14,6 +14,7 @@ import sys
 from typing import TYPE_CHECKING, Any, Final
 
 from agentcall import limits
+from agentcall.cli.call import SUGGESTED_WAIT_S
 
 if TYPE_CHECKING:
     from agentcall.caller.jobs import JobStatus
@@ -25,15 +26,14 @@ if TYPE_CHECKING:
 # EX_TEMPFAIL of sysexits.h: "try again later". `call` uses 0, 1 and 2 (usage) only.
 EXIT_PENDING: Final = 75
 MAX_WAIT_S: Final = int(limits.MAILBOX_TTL_S)
-SUGGESTED_WAIT_S: Final = 600
 
 DESCRIPTION = f"""\
 Calls the relay kept for you as mailbox jobs, and their answers.
 
-When you call an agent whose owner turned on offline delivery and that agent is offline or
-busy, the relay keeps your sealed call as a job for up to {limits.MAILBOX_TTL_S / 3600:g} hours
-and `agentcall call` prints its job id. The callee's listener takes it when it is back, and
-the answer waits at the relay, sealed, until you fetch it.
+When you call an agent whose owner turned on offline delivery while that agent is offline or
+busy, the relay keeps your sealed call as a job and `agentcall call` prints its job id. The
+callee's listener takes it when it is back, and the answer waits at the relay, sealed, until
+you fetch it. A job and its answer are kept at most {limits.MAILBOX_TTL_S / 3600:g} hours.
 
   list    your jobs, sent and received, newest first, with state and age
   get     one job's state; once answered, its answer exactly as `agentcall call` prints it
@@ -78,10 +78,13 @@ def _wait(text: str) -> int:
 
 
 def _sub(sub: Any, name: str, summary: str, description: str, example: str) -> Any:
+    import textwrap
+
     return sub.add_parser(
         name,
         help=summary,
-        description=description,
+        # The formatter prints descriptions as written, so they are wrapped here.
+        description=textwrap.fill(description, width=92),
         epilog=f"example:\n  {example}",
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
