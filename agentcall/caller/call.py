@@ -9,6 +9,12 @@ a changed identity, keys that do not verify, an unusable installation — raise
 Trust comes only from the pins and the signatures: the relay supplies the callee's records and
 carries the sealed request and answer, but an answer counts only once it opens with our key and
 verifies against the callee's pinned identity and the hash of the request we sent.
+
+A call may be queued (the offline mailbox, issue 9): unless ``queue=False``, the request is
+sealed to stay valid as long as a job may live, and a callee who opted in and is offline or
+busy gets it later. The relay then answers ``call_queued``; the request and the pin are kept in
+state.sqlite (:mod:`agentcall.caller.jobstore`) so :mod:`agentcall.caller.jobs` can open the
+answer with :func:`open_answer`, exactly as a live call's.
 """
 
 from __future__ import annotations
@@ -22,6 +28,7 @@ import attrs
 from twisted.internet import defer
 
 from agentcall import ids, limits
+from agentcall.caller.jobstore import SentJob
 from agentcall.client.api import Credentials, RelayApi, RelayUnreachable
 from agentcall.client.ws import CallAborted, SocketRefused, place_call
 from agentcall.crypto import envelope
@@ -39,7 +46,14 @@ from agentcall.local.config import Config
 from agentcall.local.home import Home, LocalStateError
 from agentcall.local.keystore import LocalKeys, rotate_if_needed
 from agentcall.local.statedb import StateDb
-from agentcall.wire.frames import CallError, CallOutcome, CallRequest, CallStatus
+from agentcall.wire.frames import (
+    CallError,
+    CallOutcome,
+    CallQueued,
+    CallRequest,
+    CallStatus,
+    SealedEnvelope,
+)
 from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 
@@ -57,7 +71,7 @@ class KeyDirectory(Protocol):
 
 
 # Same shape as agentcall.client.ws.place_call, which is the default.
-Dial = Callable[..., "defer.Deferred[CallOutcome | CallError]"]
+Dial = Callable[..., "defer.Deferred[CallOutcome | CallError | CallQueued]"]
 StatusHandler = Callable[[CallStatus], None]
 
 
@@ -78,8 +92,17 @@ class KeysConflict(AgentCallError):
 
 
 @attrs.frozen
+class QueuedJob:
+    """The relay kept the call as a mailbox job; its answer is fetched later by ``job_id``."""
+
+    job_id: str
+    expires_at: int
+
+
+@attrs.frozen
 class CallResult:
-    """How a call ended: ``reply`` on success, else ``code`` (and perhaps detail and tasks)."""
+    """How a call ended: ``reply`` on success, ``job`` when it was queued, else ``code`` (and
+    perhaps detail and tasks)."""
 
     address: str
     call_id: str | None
@@ -88,10 +111,15 @@ class CallResult:
     code: CallErrorCode | None = None
     detail: str | None = None
     offered: tuple[str, ...] = ()
+    job: QueuedJob | None = None
 
     @property
     def ok(self) -> bool:
         return self.reply is not None
+
+    @property
+    def queued(self) -> bool:
+        return self.job is not None
 
     @property
     def text(self) -> str | None:
@@ -259,12 +287,15 @@ async def place(
     dial: Dial | None = None,
     on_note: Callable[[str], None] | None = None,
     context_id: str | None = None,
+    queue: bool = True,
 ) -> CallResult:
     """Call ``target_address`` with ``message`` and wait for how the call ends.
 
     ``on_status`` sees each ``call_status`` frame (ringing, answered, working) as it arrives;
     ``on_note`` gets warnings that do not stop the call. ``context_id`` continues a
-    conversation an earlier answer opened (the reply then says whether it still is). Run it
+    conversation an earlier answer opened (the reply then says whether it still is).
+    ``queue`` lets the relay keep the call as a job when the callee is offline or busy and has
+    opted in; the result then carries ``job`` (stored locally before it is returned). Run it
     with ``Deferred.fromCoroutine(place(...))`` where a Deferred is wanted.
     """
     start = reactor.seconds()
@@ -318,6 +349,8 @@ async def place(
             task=task,
             context_id=context_id,
             now=now,
+            # A queued request is opened when the callee comes back, up to days later.
+            validity_s=limits.MAX_ENVELOPE_VALIDITY_S if queue else limits.CALL_DEADLINE_S,
         )
     except (ValueError, CryptoError) as exc:
         raise CallRefused("keys_rejected", f"cannot seal to {target_address}: {exc}") from None
@@ -329,7 +362,7 @@ async def place(
             seen_call_id.append(frame.call_id)
         on_status(frame)
 
-    frame = CallRequest(envelope=sealed, correlation_id=ids.mint_correlation_id())
+    frame = CallRequest(envelope=sealed, correlation_id=ids.mint_correlation_id(), queue=queue)
     try:
         terminal = await (dial or place_call)(
             reactor,
@@ -353,27 +386,80 @@ async def place(
         return failed(CallErrorCode.CONNECTION_FAILED, str(exc))
     if isinstance(terminal, CallError):
         return failed(terminal.code, terminal.detail, terminal.call_id)
-    return _opened(reactor, start, target_address, keys, request, pin, terminal)
+    if isinstance(terminal, CallQueued):
+        if not queue and on_note is not None:
+            # Sealed for minutes only, it will likely be refused when delivered; say so.
+            on_note("the relay queued the call although it was asked not to")
+        job = QueuedJob(terminal.job_id, terminal.expires_at)
+        sent = SentJob(
+            job_id=job.job_id,
+            address=target_address,
+            request=request,
+            identity_pub=pin.identity_pub,
+            created_at=reactor.seconds(),
+            expires_at=float(job.expires_at),
+        )
+        _remember_job(home, config.relay_origin, sent, reactor.seconds(), on_note)
+        elapsed = reactor.seconds() - start
+        return CallResult(target_address, None, elapsed, job=job)
+    now = reactor.seconds()
+    return open_answer(
+        now,
+        now - start,
+        target_address,
+        keys,
+        request,
+        pin.identity_pub,
+        terminal.envelope,
+        terminal.call_id,
+    )
 
 
-def _opened(
-    reactor: Any,
-    start: float,
+def _remember_job(
+    home: Home,
+    relay_origin: str,
+    sent: SentJob,
+    now: float,
+    on_note: Callable[[str], None] | None,
+) -> None:
+    """Keep what opening the job's answer needs; a failure is reported, never hidden."""
+    try:
+        db = StateDb.open(home)
+        try:
+            db.sent_jobs(relay_origin).remember(sent, now)
+        finally:
+            db.close()
+    except AgentCallError as exc:
+        # The job is queued at the relay whatever happens here, so the call still succeeded;
+        # but its answer will not open on this machine, and the person must know that now.
+        if on_note is not None:
+            on_note(
+                f"could not record job {sent.job_id} in the state database ({exc}); its answer "
+                f"cannot be opened here: cancel it with `agentcall jobs cancel {sent.address} "
+                f"{sent.job_id}` and call again"
+            )
+
+
+def open_answer(
+    now: float,
+    elapsed: float,
     address: str,
     keys: LocalKeys,
     request: RequestPayload,
-    pin: Pin,
-    terminal: CallOutcome,
+    identity_pub: str,
+    sealed: SealedEnvelope,
+    call_id: str | None,
 ) -> CallResult:
-    """The result an outcome carries, believed only if it opens and verifies."""
-    now = reactor.seconds()
-    elapsed = now - start
-    sealed = terminal.envelope
+    """The result a sealed answer carries, believed only if it opens with one of our keys and
+    verifies against the callee's pinned ``identity_pub`` and the hash of ``request``.
+
+    A live call's outcome and a mailbox job's answer are both opened here.
+    """
     epoch = next((entry for entry in keys.epochs if entry.key_id == sealed.key_id), None)
     if epoch is None:
         return CallResult(
             address,
-            terminal.call_id,
+            call_id,
             elapsed,
             code=CallErrorCode.PROTOCOL_ERROR,
             detail="the answer is sealed to a key this installation does not hold",
@@ -384,13 +470,13 @@ def _opened(
             my_key=epoch.key,
             my_record=epoch.record.record,
             request=request,
-            responder_identity_pub=pin.identity_pub,
+            responder_identity_pub=identity_pub,
             now=now,
         )
     except CryptoError as exc:
         return CallResult(
             address,
-            terminal.call_id,
+            call_id,
             elapsed,
             code=CallErrorCode.PROTOCOL_ERROR,
             detail=f"the answer could not be verified: {exc}",
@@ -399,10 +485,10 @@ def _opened(
     if isinstance(outcome, CallFailure):
         return CallResult(
             address,
-            terminal.call_id,
+            call_id,
             elapsed,
             code=outcome.code,
             detail=outcome.detail,
             offered=outcome.offered,
         )
-    return CallResult(address, terminal.call_id, elapsed, reply=outcome)
+    return CallResult(address, call_id, elapsed, reply=outcome)

@@ -2,8 +2,12 @@
 
 The answer goes to stdout, made terminal-safe (in ``--json`` too, even once decoded); the
 lifecycle (ringing, answered, working, with elapsed time) goes to stderr as it happens. Exit 0
-on an answer, 1 on any failure with one line on stderr. ``--json`` prints exactly one JSON
-object on stdout, also on failure.
+on an answer or a queued job, 1 on any failure with one line on stderr. ``--json`` prints
+exactly one JSON object on stdout, also on failure.
+
+When the callee has offline delivery on and is offline or busy, the relay keeps the call as a
+mailbox job (unless ``--no-queue``): the job id and the command that fetches its answer
+(``agentcall jobs get``, :mod:`agentcall.cli.jobs`) are printed instead of an answer.
 
 An answer may open a conversation; ``--continue`` (or ``--context ID``) follows up on it, and
 the open conversations are remembered in ``state.sqlite`` (:mod:`agentcall.caller.outbound`).
@@ -28,6 +32,7 @@ from agentcall import ids, limits
 if TYPE_CHECKING:
     from agentcall.caller.call import CallResult
     from agentcall.caller.outbound import Continuation, Settled
+    from agentcall.client.api import RelayApi
     from agentcall.local.config import Config
     from agentcall.local.home import Home
     from agentcall.wire.frames import CallStatus
@@ -40,6 +45,9 @@ MAX_TIMEOUT_S = limits.CLIENT_CALL_TIMEOUT_S
 MAX_DETAIL_SHOWN = 300
 _TTL_MIN = limits.CONTEXT_TTL_S / 60
 _TURNS = limits.MAX_CONTEXT_TURNS
+_TTL_H = limits.MAILBOX_TTL_S / 3600
+# The --wait suggested for fetching a queued call's answer.
+SUGGESTED_WAIT_S = 600
 
 DESCRIPTION = f"""\
 Call a coworker's coding agent and print its answer.
@@ -51,6 +59,12 @@ are joined with spaces, and `-` reads the message from stdin (at most 64,000 byt
 The answer is printed on stdout; progress (ringing, answered, working, with elapsed time) on
 stderr. The exit status is 0 when an answer came back and 1 otherwise, with a one-line reason.
 Calls cannot be placed from inside an agent that is answering a call.
+
+When the agent's owner has turned on offline delivery (`agentcall access --offline enabled`)
+and their agent is offline or busy, the relay keeps your call for up to {_TTL_H:g} hours and
+this command exits 0 at once, printing the job id and the command that fetches the answer
+(`agentcall jobs get ADDRESS JOB_ID --wait 600`). `--no-queue` fails with offline or busy
+instead, as calls to owners who have not opted in always do.
 
 An answer may open a conversation (stderr then says so). For {_TTL_MIN:g} minutes after each
 answer, and for up to {_TURNS} turns, `--continue` sends a follow-up that the agent answers
@@ -64,7 +78,9 @@ examples:
   agentcall call ken "summarise the open TODOs" --json | jq -r .text
   agentcall call ken --continue "and on x86?"
   agentcall call ken --task review --continue "what about the tests?"
-  agentcall call ken --context ctx_AbCdEfGhIjKlMnOpQrStUv "one more question" --json"""
+  agentcall call ken --context ctx_AbCdEfGhIjKlMnOpQrStUv "one more question" --json
+  agentcall call ken "review the release notes when you are back" --json | jq -r .job_id
+  agentcall call ken --no-queue "are you there right now?"""
 
 
 def _task_id(text: str) -> str:
@@ -121,6 +137,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "conversation is open)",
     )
     parser.add_argument(
+        "--no-queue",
+        dest="queue",
+        action="store_false",
+        help="fail with offline or busy rather than let the relay keep the call as a job",
+    )
+    parser.add_argument(
         "--timeout",
         type=_timeout,
         default=MAX_TIMEOUT_S,
@@ -171,6 +193,31 @@ def run_on_reactor(work: Callable[[Any], Coroutine[Any, Any, T]]) -> T:
     raise value
 
 
+def relay_api(reactor: Any, config: Config) -> RelayApi:
+    """The relay's HTTP API as this installation (tests replace this)."""
+    from agentcall.client.api import Credentials, RelayApi
+
+    credentials = Credentials(config.org, config.handle, config.token)
+    return RelayApi(reactor, config.relay, credentials, config.ca_file)
+
+
+def refuse_nested(report: Reporter) -> None:
+    """Inside an agent answering a call, nothing may call out or fetch answers."""
+    if NESTED_CALL_ENV in os.environ:
+        report.fail(
+            "nested_call",
+            "nested calls are not supported: this agent is answering a call "
+            f"({NESTED_CALL_ENV} is set), and may not place calls of its own",
+        )
+
+
+def when(timestamp: float) -> str:
+    """A time for people: ``2025-06-15 09:30 UTC``."""
+    import time
+
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(timestamp))
+
+
 def load_installation() -> tuple[Home, Config]:
     """This installation's paths and config, or a CommandError saying what to do."""
     from agentcall.cli.main import CommandError
@@ -197,14 +244,21 @@ def _read_message(words: list[str]) -> bytes:
         return b"\xff"
 
 
-class _Reporter:
-    """Writes the outcome in the chosen form: text, or one JSON object."""
+class Reporter:
+    """Writes the outcome in the chosen form: text, or one JSON object.
 
-    def __init__(self, as_json: bool) -> None:
+    ``extra`` fields go into every JSON object it prints (``jobs get`` adds the job id and
+    state to exactly the shape ``call`` prints).
+    """
+
+    def __init__(self, as_json: bool, extra: dict[str, object] | None = None) -> None:
         self.as_json = as_json
         self.address: str | None = None
+        self.extra: dict[str, object] = dict(extra or {})
 
-    def fail(self, code: str, message: str, call_id: str | None = None) -> NoReturn:
+    def fail(
+        self, code: str, message: str, call_id: str | None = None, *, exit_code: int = 1
+    ) -> NoReturn:
         from agentcall.cli.main import CommandError
         from agentcall.cli.render import safe_json
 
@@ -217,13 +271,46 @@ class _Reporter:
             }
             if call_id is not None:
                 body["call_id"] = call_id
+            body.update(self.extra)
             print(safe_json(body))
-        raise CommandError(message)
+        raise CommandError(message, exit_code)
+
+    def queued(self, result: CallResult) -> int:
+        """A call the relay kept as a job: its id and how to fetch the answer; exit 0."""
+        from agentcall.cli.render import safe_json
+
+        if result.job is None:
+            raise ValueError("not a queued result")
+        job = result.job
+        if self.as_json:
+            body: dict[str, object] = {
+                "ok": True,
+                "queued": True,
+                "job_id": job.job_id,
+                "address": result.address,
+                "expires_at": job.expires_at,
+            }
+            print(safe_json(body))
+        else:
+            print(f"queued as job {job.job_id} (kept until {when(job.expires_at)})")
+            print(
+                f"fetch the answer: agentcall jobs get {result.address} {job.job_id} "
+                f"--wait {SUGGESTED_WAIT_S}"
+            )
+        print(
+            f"agentcall: {result.address} is offline or busy; the relay keeps your call until "
+            "their agent takes it",
+            file=sys.stderr,
+            flush=True,
+        )
+        return 0
 
     def result(self, result: CallResult, task: str | None, *, ended: bool = False) -> int:
         """Print ``result``; ``ended``: the conversation it continued is over (context_unknown)."""
         from agentcall.cli.render import describe_error, safe_cell, safe_json, safe_text
 
+        if result.job is not None:
+            return self.queued(result)
         if result.reply is not None:
             answered_task = result.reply.task or task
             if self.as_json:
@@ -238,6 +325,7 @@ class _Reporter:
                 }
                 if result.reply.context_id is not None:
                     body["context_id"] = result.reply.context_id
+                body.update(self.extra)
                 print(safe_json(body))
             else:
                 text = safe_text(result.reply.text)
@@ -301,13 +389,8 @@ class _Done:
 def run(args: argparse.Namespace) -> int:
     from agentcall.cli.main import CommandError
 
-    report = _Reporter(args.json)
-    if NESTED_CALL_ENV in os.environ:
-        report.fail(
-            "nested_call",
-            "nested calls are not supported: this agent is answering a call "
-            f"({NESTED_CALL_ENV} is set), and may not place calls of its own",
-        )
+    report = Reporter(args.json)
+    refuse_nested(report)
     raw = _read_message(args.message)
     if len(raw) > limits.MAX_MESSAGE_BYTES:
         size = f"more than {limits.MAX_MESSAGE_BYTES}" if args.message == ["-"] else len(raw)
@@ -378,6 +461,7 @@ def run(args: argparse.Namespace) -> int:
             timeout_s=args.timeout,
             on_note=on_note,
             context_id=None if sent is None else sent.context_id,
+            queue=args.queue,
         )
         if sent is None and (result.reply is None or result.reply.context_id is None):
             return _Done(result, sent, None, None)

@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 DESCRIPTION = """\
 Check this installation, in order: the installed program, private-file permissions, config,
 keys and when the current encryption key expires (! when fewer than 6 days remain: nothing
-has renewed it; ✗ once expired), the relay and the keys it publishes for you, the listener
+has renewed it; ✗ once expired), the relay and the keys it publishes for you, whether the
+relay keeps calls for you while you are offline or busy (offline delivery), the listener
 (systemd user service, and whether the relay sees it connected), the agent CLI (on PATH,
 logged in), the tool guard (the real guard program is run on two sample tool calls: a read of
 ~/.ssh/id_ed25519 must be refused, a read inside your first read root let through), Claude
@@ -184,6 +185,7 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
 
     facts = deps.run_network(work)
     checks += dc.relay(facts, config, keys)
+    checks.append(dc.offline_delivery(facts, config))
     notes: list[str] = []
     if config.caller_only:
         notes.append(CALLER_ONLY_NOTE)

@@ -23,6 +23,8 @@ from typing import TYPE_CHECKING, Any, Final
 
 import attrs
 
+from agentcall import limits
+
 if TYPE_CHECKING:
     from agentcall.local.config import Config
     from agentcall.local.home import Home
@@ -179,6 +181,8 @@ class RelayFacts:
     keys_error: str | None = None
     online: bool | None = None
     presence_error: str | None = None
+    offline_delivery: bool | None = None
+    offline_error: str | None = None
 
 
 async def ask_relay(reactor: Any, deps: DoctorDeps, config: Config, presence: bool) -> RelayFacts:
@@ -188,8 +192,9 @@ async def ask_relay(reactor: Any, deps: DoctorDeps, config: Config, presence: bo
     except Exception as exc:
         return RelayFacts(status_error=_problem(exc))
     keys: KeysResponse | None = None
-    keys_error = presence_error = None
+    keys_error = presence_error = offline_error = None
     online: bool | None = None
+    offline: bool | None = None
     try:
         keys = await api.get_keys(config.handle)
     except Exception as exc:
@@ -199,8 +204,20 @@ async def ask_relay(reactor: Any, deps: DoctorDeps, config: Config, presence: bo
             online = (await api.presence()).online
         except Exception as exc:
             presence_error = _problem(exc)
+    try:
+        offline = (await api.whoami()).offline_delivery
+    except Exception as exc:
+        offline_error = _problem(exc)
     return RelayFacts(
-        None, status.relay_origin, status.version, keys, keys_error, online, presence_error
+        None,
+        status.relay_origin,
+        status.version,
+        keys,
+        keys_error,
+        online,
+        presence_error,
+        offline,
+        offline_error,
     )
 
 
@@ -285,6 +302,34 @@ def listener_connected(facts: RelayFacts, config: Config) -> Check:
         )
     why = facts.presence_error or facts.status_error or "the relay did not say"
     return Check(name, WARN, f"unproven: {why}")
+
+
+def offline_delivery(facts: RelayFacts, config: Config) -> Check:
+    """Whether the relay keeps calls for this installation while it is offline or busy."""
+    name = "offline delivery"
+    if facts.offline_delivery is None:
+        why = facts.offline_error or facts.status_error or "the relay did not say"
+        return Check(name, WARN, f"unproven: {why}")
+    if not facts.offline_delivery:
+        return Check(
+            name,
+            OK,
+            "disabled: calls while you are offline or busy fail "
+            "(`agentcall access --offline enabled` has the relay keep them)",
+        )
+    if config.caller_only:
+        return Check(
+            name,
+            WARN,
+            "enabled, but this installation answers no calls: calls kept for you expire unanswered",
+            "`agentcall access --offline disabled`",
+        )
+    hours = limits.MAILBOX_TTL_S / 3600
+    return Check(
+        name,
+        OK,
+        f"enabled: the relay keeps calls for you while you are offline or busy (up to {hours:g} h)",
+    )
 
 
 # --- the agent ---------------------------------------------------------------------------------

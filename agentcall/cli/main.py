@@ -27,6 +27,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "Enrol this machine with an invite, publish its keys and start the listener.",
     ),
     "call": ("agentcall.cli.call", "Call a coworker's agent and print its answer."),
+    "jobs": ("agentcall.cli.jobs", "List, fetch or cancel calls the relay kept as jobs."),
     "listen": ("agentcall.cli.listen", "Answer calls here (the listener, in the foreground)."),
     "invite": ("agentcall.cli.invite", "Create, list or revoke invites (organisation admins)."),
     "block": ("agentcall.cli.access", "Refuse calls from one person."),

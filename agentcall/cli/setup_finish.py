@@ -167,8 +167,17 @@ async def _self_check(
         await task.deferLater(reactor, deps.poll_interval_s, lambda: None)
         waited += deps.poll_interval_s
     say(f"test call to {config.address}…")
+    # The self-check proves the listener answers now: a queued job would prove nothing.
     result = await deps.place(
-        reactor, home, config, keys, config.address, SELF_CHECK_MESSAGE, None, lambda _s: None
+        reactor,
+        home,
+        config,
+        keys,
+        config.address,
+        SELF_CHECK_MESSAGE,
+        None,
+        lambda _s: None,
+        queue=False,
     )
     if result.ok:
         say(f"test call answered in {result.elapsed_s:.1f}s: the listener works")

@@ -6,7 +6,7 @@ Every method returns a Deferred that fires with the decoded wire object, or fail
   and message; a body that is not an ``ApiErrorBody`` becomes code ``internal``), or answered
   2xx with a body that is not the promised shape;
 - :class:`RelayUnreachable` when no answer came: refused, name not resolved, TLS verification
-  failed, or nothing within ``limits.HTTP_TIMEOUT_S``.
+  failed, or nothing within ``limits.HTTP_TIMEOUT_S`` (plus the wait of a long poll).
 
 The bearer token goes into the request headers and nowhere else: not into URLs, messages,
 reprs or logs.
@@ -42,7 +42,10 @@ from agentcall.wire.http import (
     InviteCreateRequest,
     InviteInfo,
     InviteList,
+    JobInfo,
+    JobList,
     KeysResponse,
+    OfflineDelivery,
     PresenceResponse,
     RegisterRequest,
     RegisterResponse,
@@ -55,8 +58,11 @@ from agentcall.wire.http import (
 T = TypeVar("T")
 
 # The largest answer the relay has a reason to send is an invite list of MAX_INVITES_LISTED
-# entries (well under 200 kB); a megabyte leaves room and still bounds a broken relay.
+# entries (well under 200 kB), or a job list; a megabyte leaves room and still bounds a broken
+# relay.
 MAX_RESPONSE_BODY_BYTES = 1_048_576
+# One job may carry its sealed answer, as large as the largest call_outcome frame.
+MAX_JOB_BODY_BYTES = limits.MAX_RESPONSE_FRAME_BYTES + 4_096
 USER_AGENT = f"agentcall/{__version__}"
 
 
@@ -301,12 +307,59 @@ class RelayApi:
     def presence(self) -> defer.Deferred[PresenceResponse]:
         return self._call(b"GET", "/v1/presence", None, PresenceResponse)
 
+    def set_offline_delivery(self, enabled: bool) -> defer.Deferred[OfflineDelivery]:
+        body = OfflineDelivery(enabled=enabled)
+        return self._call(b"PUT", "/v1/me/offline-delivery", body, OfflineDelivery)
+
+    def list_jobs(self) -> defer.Deferred[JobList]:
+        return self._call(b"GET", "/v1/jobs", None, JobList)
+
+    def get_job(self, job_id: str, wait_s: int = 0) -> defer.Deferred[JobInfo]:
+        """The job; with ``wait_s`` the relay holds the answer until the job has ended or
+        that many seconds (at most ``MAILBOX_MAX_WAIT_S``) have passed."""
+        if not ids.is_job_id(job_id):
+            return defer.fail(ValueError(f"not a valid job id: {job_id!r}"))
+        if (
+            isinstance(wait_s, bool)
+            or not isinstance(wait_s, int)
+            or not 0 <= wait_s <= limits.MAILBOX_MAX_WAIT_S
+        ):
+            return defer.fail(
+                ValueError(f"wait must be 0..{limits.MAILBOX_MAX_WAIT_S:g} whole seconds")
+            )
+        path = f"/v1/jobs/{job_id}" + (f"?wait={wait_s}" if wait_s else "")
+        # The relay may rightly stay silent for the whole wait: our timeout starts after it.
+        return self._call(
+            b"GET",
+            path,
+            None,
+            JobInfo,
+            timeout_s=self._timeout_s + wait_s,
+            max_bytes=MAX_JOB_BODY_BYTES,
+        )
+
+    def cancel_job(self, job_id: str) -> defer.Deferred[JobInfo]:
+        if not ids.is_job_id(job_id):
+            return defer.fail(ValueError(f"not a valid job id: {job_id!r}"))
+        return self._call(
+            b"POST", f"/v1/jobs/{job_id}/cancel", None, JobInfo, max_bytes=MAX_JOB_BODY_BYTES
+        )
+
     # Plumbing.
 
     def _call(
-        self, method: bytes, path: str, body: object, cls: type[T], *, auth: bool = True
+        self,
+        method: bytes,
+        path: str,
+        body: object,
+        cls: type[T],
+        *,
+        auth: bool = True,
+        timeout_s: float | None = None,
+        max_bytes: int = MAX_RESPONSE_BODY_BYTES,
     ) -> defer.Deferred[T]:
-        exchange: Coroutine[Any, Any, T] = self._exchange(method, path, body, cls, auth)
+        timeout = self._timeout_s if timeout_s is None else timeout_s
+        exchange: Coroutine[Any, Any, T] = self._exchange(method, path, body, cls, auth, max_bytes)
         d = defer.Deferred.fromCoroutine(exchange)
         # Not addTimeout: cancelling the Agent's request surfaces as ResponseNeverReceived, not
         # CancelledError, so the timeout has to be remembered to be reported as one.
@@ -316,7 +369,7 @@ class RelayApi:
             timed_out.append(True)
             d.cancel()
 
-        timer = self._clock.callLater(self._timeout_s, expire)
+        timer = self._clock.callLater(timeout, expire)
 
         def settle(result: object) -> object:
             if not timed_out:
@@ -324,7 +377,7 @@ class RelayApi:
             return result
 
         d.addBoth(settle)
-        d.addErrback(self._unreachable, timed_out)
+        d.addErrback(self._unreachable, timed_out, timeout)
         return d
 
     def _headers(self, *, auth: bool, has_body: bool) -> Headers:
@@ -341,7 +394,7 @@ class RelayApi:
         return Headers(raw)
 
     async def _exchange(
-        self, method: bytes, path: str, body: object, cls: type[T], auth: bool
+        self, method: bytes, path: str, body: object, cls: type[T], auth: bool, max_bytes: int
     ) -> T:
         data = None if body is None else codec.encode(body)
         headers = self._headers(auth=auth, has_body=data is not None)
@@ -350,18 +403,17 @@ class RelayApi:
         response: IResponse = await self._agent.request(method, url, headers, producer)
         status = response.code
         try:
-            payload = await _read_body(response, MAX_RESPONSE_BODY_BYTES)
+            payload = await _read_body(response, max_bytes)
         except _BodyTooLarge:
             raise ApiError(
                 status,
                 ApiErrorCode.INTERNAL,
-                f"the relay's answer to {method.decode()} {path} is larger than "
-                f"{MAX_RESPONSE_BODY_BYTES} bytes",
+                f"the relay's answer to {method.decode()} {path} is larger than {max_bytes} bytes",
             ) from None
         if not 200 <= status < 300:
             raise _api_error(status, payload, method, path)
         try:
-            return codec.decode(payload, cls, max_bytes=MAX_RESPONSE_BODY_BYTES)
+            return codec.decode(payload, cls, max_bytes=max_bytes)
         except MalformedFrame:
             raise ApiError(
                 status,
@@ -369,15 +421,13 @@ class RelayApi:
                 f"the relay's answer to {method.decode()} {path} is not a valid {cls.__name__}",
             ) from None
 
-    def _unreachable(self, failure: Failure, timed_out: list[bool]) -> Failure:
+    def _unreachable(self, failure: Failure, timed_out: list[bool], timeout_s: float) -> Failure:
         if timed_out:
-            raise RelayUnreachable(
-                f"no answer from {self.relay_url.netloc} within {self._timeout_s:g} s"
-            )
+            raise RelayUnreachable(f"no answer from {self.relay_url.netloc} within {timeout_s:g} s")
         # Our own errors (ApiError, MissingCredentials) already say what happened.
         if isinstance(failure.value, AgentCallError):
             return failure
-        raise RelayUnreachable(describe_failure(failure, self.relay_url, self._timeout_s))
+        raise RelayUnreachable(describe_failure(failure, self.relay_url, timeout_s))
 
 
 def _api_error(status: int, payload: bytes, method: bytes, path: str) -> ApiError:

@@ -7,7 +7,8 @@ instead of reaching ``on_close``. Every incoming frame is decoded strictly for t
 role; anything malformed closes the socket with the protocol-error code.
 
 :func:`place_call` is one call on its own socket: ``call_request`` out, ``call_status`` frames
-to a callback, and the terminal ``call_outcome`` or ``call_error`` as the result.
+to a callback, and the terminal ``call_outcome``, ``call_error`` or ``call_queued`` (the relay
+kept the call as a mailbox job) as the result.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ from agentcall.wire.frames import (
     TO_LISTENER,
     CallError,
     CallOutcome,
+    CallQueued,
     CallRequest,
     CallStatus,
     Frame,
@@ -79,6 +81,8 @@ class SocketClosed:
 
 
 FrameHandler = Callable[[Frame], None]
+# How a placed call ends: an answer, the relay's refusal, or kept as a mailbox job.
+CallTerminal = CallOutcome | CallError | CallQueued
 CloseHandler = Callable[[SocketClosed], None]
 
 
@@ -372,10 +376,10 @@ class _PlacedCall:
         self._timeout_s = timeout_s
         self._opening: defer.Deferred[ClientSocket] | None = None
         self._socket: ClientSocket | None = None
-        self._terminal: CallOutcome | CallError | None = None
+        self._terminal: CallTerminal | None = None
         self._timer: IDelayedCall | None = None
         self._gave_up: str | None = None
-        self.result: defer.Deferred[CallOutcome | CallError] = defer.Deferred(self._cancel)
+        self.result: defer.Deferred[CallTerminal] = defer.Deferred(self._cancel)
 
     def start(self, opening: defer.Deferred[ClientSocket]) -> None:
         self._opening = opening
@@ -402,7 +406,7 @@ class _PlacedCall:
             return
         if isinstance(frame, CallStatus):
             self._on_status(frame)
-        elif isinstance(frame, (CallOutcome, CallError)):
+        elif isinstance(frame, (CallOutcome, CallError, CallQueued)):
             # The relay closes after a terminal frame; closing too keeps a stuck relay from
             # holding the result back.
             self._terminal = frame
@@ -435,7 +439,7 @@ class _PlacedCall:
             self._timer.cancel()
         self._timer = None
 
-    def _cancel(self, _d: defer.Deferred[CallOutcome | CallError]) -> None:
+    def _cancel(self, _d: defer.Deferred[CallTerminal]) -> None:
         # Closing the socket is how a caller hangs up: the relay cancels the call.
         self._stop_timer()
         if self._opening is not None:
@@ -455,8 +459,9 @@ def place_call(
     on_status: Callable[[CallStatus], None],
     clock: IReactorTime | None = None,
     timeout_s: float = limits.CLIENT_CALL_TIMEOUT_S,
-) -> defer.Deferred[CallOutcome | CallError]:
-    """Place one call; fire with the terminal ``call_outcome`` or ``call_error``.
+) -> defer.Deferred[CallTerminal]:
+    """Place one call; fire with the terminal ``call_outcome``, ``call_error`` or
+    ``call_queued``.
 
     Fails with :class:`CallAborted` when the socket ends without one (or nothing came within
     ``timeout_s``), and with :class:`RelayUnreachable` / :class:`SocketRefused` when no usable

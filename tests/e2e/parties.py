@@ -178,6 +178,8 @@ class Party:
             ca_file=self.ca_file,
             on_status=statuses.append,
         )
+        if isinstance(terminal, frames.CallQueued):
+            raise AssertionError("call_request here never asks to be queued")
         return terminal, statuses
 
     def open_outcome(

@@ -24,6 +24,7 @@ from agentcall.relayurl import RelayUrl
 from agentcall.wire.frames import (
     CallError,
     CallOutcome,
+    CallQueued,
     CallRequest,
     CallState,
     CallStatus,
@@ -89,7 +90,7 @@ class Callee:
         handle: str,
         frame: CallRequest,
         **kw: Any,
-    ) -> defer.Deferred[CallOutcome | CallError]:
+    ) -> defer.Deferred[CallOutcome | CallError | CallQueued]:
         self.dials.append({"handle": handle, "credentials": credentials, **kw})
         for state in self.statuses:
             kw["on_status"](CallStatus(call_id=CALL_ID, state=state))
@@ -148,7 +149,9 @@ def call(
     home, config, keys = ann
     seen: list[CallStatus] = []
 
-    def refuse_dial(*_args: Any, **_kw: Any) -> defer.Deferred[CallOutcome | CallError]:
+    def refuse_dial(
+        *_args: Any, **_kw: Any
+    ) -> defer.Deferred[CallOutcome | CallError | CallQueued]:
         raise AssertionError("nothing may be dialled")
 
     async def work(reactor: Any) -> CallResult:
@@ -229,7 +232,7 @@ def test_transport_failures_are_connection_failed(ann: Any, bob: Party) -> None:
 
 def test_giving_up_at_the_timeout_is_a_timeout(ann: Any, bob: Party) -> None:
     """When our own deadline ends the socket, the call timed out rather than broke."""
-    aborted = defer.Deferred[CallOutcome | CallError]()
+    aborted = defer.Deferred[CallOutcome | CallError | CallQueued]()
 
     class SlowCallee(Callee):
         def dial(self, reactor: Any, *args: Any, **kw: Any) -> Any:

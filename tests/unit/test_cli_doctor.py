@@ -22,7 +22,13 @@ from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
 from agentcall.local.config import load_config, save_config
 from agentcall.local.home import Home
 from agentcall.local.keystore import LocalKeys, create_keys
-from agentcall.wire.http import KeysResponse, PresenceResponse, StatusResponse
+from agentcall.wire.http import (
+    KeysResponse,
+    MemberRole,
+    PresenceResponse,
+    StatusResponse,
+    WhoAmIResponse,
+)
 from tests.unit.cli_helpers import NOW, ORIGIN, install, isolate, run_with_clock
 
 ALL_CHECKS = [
@@ -33,6 +39,7 @@ ALL_CHECKS = [
     "key expiry",
     "relay",
     "published keys",
+    "offline delivery",
     "listener service",
     "listener connected",
     "agent",
@@ -51,6 +58,7 @@ ALL_CHECKS = [
 class FakeApi:
     keys: KeysResponse | None
     online: bool = True
+    offline_delivery: bool = False
     fail: dict[str, Exception] = attrs.field(factory=dict)
     asked: list[str] = attrs.field(factory=list)
 
@@ -69,6 +77,17 @@ class FakeApi:
 
     def presence(self) -> defer.Deferred[PresenceResponse]:
         return self._answer("presence", PresenceResponse("@acme/ann", self.online))
+
+    def whoami(self) -> defer.Deferred[WhoAmIResponse]:
+        me = WhoAmIResponse(
+            org="acme",
+            handle="ann",
+            address="@acme/ann",
+            role=MemberRole.MEMBER,
+            relay_origin=ORIGIN,
+            offline_delivery=self.offline_delivery,
+        )
+        return self._answer("whoami", me)
 
 
 @attrs.define
@@ -203,7 +222,7 @@ def test_a_healthy_installation_passes_every_check_in_order(
         ("systemctl", "--user", "is-active", "agentcall-listener.service"),
         ("/usr/bin/claude", "auth", "status"),
     ]
-    assert world.api.asked == ["status", "get_keys", "presence"]
+    assert world.api.asked == ["status", "get_keys", "presence", "whoami"]
     # The text form: a mark per check and a summary line.
     code = main(["doctor"])
     lines = capsys.readouterr().out.splitlines()
@@ -663,3 +682,46 @@ def test_help_explains_with_an_example(capsys: pytest.CaptureFixture[str]) -> No
         main(["doctor", "--help"])
     out = capsys.readouterr().out
     assert exited.value.code == 0 and "agentcall doctor --json" in out.split("examples:")[1]
+
+
+# --- offline delivery ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("enabled", "caller_only", "status", "said"),
+    [
+        (False, False, "pass", "disabled: calls while you are offline or busy fail"),
+        (True, False, "pass", "enabled: the relay keeps calls for you"),
+        (True, True, "warn", "enabled, but this installation answers no calls"),
+    ],
+)
+def test_offline_delivery_is_reported_as_the_relay_has_it(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    enabled: bool,
+    caller_only: bool,
+    status: str,
+    said: str,
+) -> None:
+    """doctor says what the relay holds for this member; a caller-only installation that
+    opted in is warned that calls kept for it would expire unanswered."""
+    world.api.offline_delivery = enabled
+    if caller_only:
+        world.reconfigure(agent_kind=None)
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "offline delivery")
+    assert check["status"] == status
+    assert check["detail"].startswith(said)
+    assert "whoami" in world.api.asked
+
+
+def test_offline_delivery_is_unproven_when_the_relay_cannot_say(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A failed /v1/me is a warning with its reason, never a guess either way."""
+    world.api.fail["whoami"] = RelayUnreachable("no answer from relay.example within 10 s")
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "offline delivery")
+    assert check["status"] == "warn"
+    assert check["detail"] == "unproven: no answer from relay.example within 10 s"

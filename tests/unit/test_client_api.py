@@ -42,10 +42,16 @@ from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.relayurl import RelayUrl
 from agentcall.testing.tlsca import CA, ServerCert, make_ca
 from agentcall.wire import codec
+from agentcall.wire.frames import Direction, SealedEnvelope
 from agentcall.wire.http import (
     InviteInfo,
     InviteStatus,
+    JobInfo,
+    JobList,
+    JobSide,
+    JobState,
     MemberRole,
+    OfflineDelivery,
     RegisterRequest,
     StatusResponse,
     WhoAmIResponse,
@@ -72,6 +78,7 @@ class Seen:
     path: bytes
     headers: dict[bytes, bytes]
     body: bytes
+    uri: bytes = b""  # the path with its query
 
 
 class FakeRelay(Resource):
@@ -94,7 +101,9 @@ class FakeRelay(Resource):
         assert request.method is not None and request.path is not None
         headers = {k.lower(): v[0] for k, v in request.requestHeaders.getAllRawHeaders()}
         assert request.content is not None
-        self.seen.append(Seen(request.method, request.path, headers, request.content.read()))
+        self.seen.append(
+            Seen(request.method, request.path, headers, request.content.read(), request.uri)
+        )
         if not self.arrived.called:
             self.arrived.callback(None)
         if self.hang:
@@ -428,3 +437,118 @@ def test_credentials_never_show_the_token() -> None:
         Credentials(org="acme", handle="ann", token=bad)
     assert bad not in str(caught.value)
     assert "bad token" not in str(caught.value)
+
+
+# --- the mailbox routes --------------------------------------------------------------------------
+
+JOB_ID = "1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b"
+
+
+def job_body(**changes: Any) -> JobInfo:
+    fields: dict[str, Any] = {
+        "job_id": JOB_ID,
+        "side": JobSide.SENT,
+        "caller": "@acme/ann",
+        "callee": "@acme/ken",
+        "state": JobState.QUEUED,
+        "created_at": 1_750_000_000,
+        "expires_at": 1_750_259_200,
+        "attempts": 0,
+    }
+    fields.update(changes)
+    return JobInfo(**fields)
+
+
+@twisted_test
+async def test_offline_delivery_is_put_as_its_wire_body(servers: Servers) -> None:
+    """PUT /v1/me/offline-delivery carries {"enabled": …} and returns what the relay holds."""
+    relay, api, _port = await http_relay(servers)
+    relay.answer(b"PUT", "/pre/v1/me/offline-delivery", 200, OfflineDelivery(enabled=True))
+    assert await api.set_offline_delivery(True) == OfflineDelivery(enabled=True)
+    seen = relay.seen[0]
+    assert seen.method == b"PUT"
+    assert codec.decode(seen.body, OfflineDelivery) == OfflineDelivery(enabled=True)
+    assert json.loads(seen.body) == {"enabled": True}
+
+
+@twisted_test
+async def test_job_routes_are_placed_and_decoded(servers: Servers) -> None:
+    """list, get (with and without wait) and cancel reach their paths; the wait is a query."""
+    relay, api, _port = await http_relay(servers)
+    relay.answer(b"GET", "/pre/v1/jobs", 200, JobList(jobs=(job_body(),)))
+    relay.answer(b"GET", f"/pre/v1/jobs/{JOB_ID}", 200, job_body(state=JobState.RUNNING))
+    cancelled = job_body(state=JobState.CANCELLED)
+    relay.answer(b"POST", f"/pre/v1/jobs/{JOB_ID}/cancel", 200, cancelled)
+    assert (await api.list_jobs()).jobs == (job_body(),)
+    assert (await api.get_job(JOB_ID)).state is JobState.RUNNING
+    assert (await api.get_job(JOB_ID, 30)).state is JobState.RUNNING
+    assert await api.cancel_job(JOB_ID) == cancelled
+    assert [(s.method, s.uri) for s in relay.seen] == [
+        (b"GET", b"/pre/v1/jobs"),
+        (b"GET", f"/pre/v1/jobs/{JOB_ID}".encode()),
+        (b"GET", f"/pre/v1/jobs/{JOB_ID}?wait=30".encode()),
+        (b"POST", f"/pre/v1/jobs/{JOB_ID}/cancel".encode()),
+    ]
+
+
+@twisted_test
+async def test_a_job_with_the_largest_answer_is_read_whole(servers: Servers) -> None:
+    """A job's sealed answer may be larger than the general body cap; it still decodes."""
+    relay, api, _port = await http_relay(servers)
+    answer = SealedEnvelope(
+        v=1,
+        direction=Direction.RESPONSE,
+        relay_origin="relay.example",
+        from_="@acme/ken",
+        to="@acme/ann",
+        key_id="0" * 32,
+        epoch=1,
+        ct="A" * (MAX_RESPONSE_BODY_BYTES + 10),
+    )
+    body = job_body(state=JobState.ANSWERED, terminal="completed", answer=answer)
+    relay.answer(b"GET", f"/pre/v1/jobs/{JOB_ID}", 200, body)
+    assert (await api.get_job(JOB_ID)).answer == answer
+
+
+@pytest.mark.parametrize(
+    ("job_id", "wait"),
+    [
+        ("../../v1/me", 0),
+        (JOB_ID.upper(), 0),
+        (JOB_ID + "?wait=1", 0),
+        (JOB_ID, -1),
+        (JOB_ID, 31),
+        (JOB_ID, 1.5),
+        (JOB_ID, True),
+    ],
+)
+@twisted_test
+async def test_job_ids_and_waits_are_checked_before_any_request(
+    servers: Servers, job_id: str, wait: Any
+) -> None:
+    """A job id that is not a uuid4, or a wait outside 0..30 whole seconds, is refused."""
+    relay, api, _port = await http_relay(servers)
+    with pytest.raises(ValueError):
+        await api.get_job(job_id, wait)
+    if wait == 0:
+        with pytest.raises(ValueError):
+            await api.cancel_job(job_id)
+    assert relay.seen == []
+
+
+@twisted_test
+async def test_a_long_poll_is_not_cut_off_by_the_http_timeout(servers: Servers) -> None:
+    """With wait=30 the relay may stay silent 30 s: the timeout is the usual one after that."""
+    relay, _api, port = await http_relay(servers)
+    relay.hang = True
+    clock = Clock()
+    api = RelayApi(reactor, RelayUrl.parse(f"http://127.0.0.1:{port}"), CREDS, clock=clock)
+    pending = api.get_job(JOB_ID, 30)
+    await relay.arrived
+    clock.advance(30)
+    assert not pending.called
+    clock.advance(limits.HTTP_TIMEOUT_S - 0.5)
+    assert not pending.called
+    clock.advance(0.5)
+    with pytest.raises(RelayUnreachable, match=r"within 40 s"):
+        await pending

@@ -42,6 +42,7 @@ from agentcall.wire.frames import (
     CallAccepted,
     CallError,
     CallOutcome,
+    CallQueued,
     CallRequest,
     CallState,
     CallStatus,
@@ -457,6 +458,17 @@ async def test_place_call_returns_a_relay_call_error(relays: Relays) -> None:
         Script(on_open=[ready(Role.CALL)], on_message=[codec.encode(failure)])
     )
     assert await call(url, []) == failure
+
+
+@twisted_test
+async def test_place_call_returns_call_queued_as_its_end(relays: Relays) -> None:
+    """call_queued ends the call like an outcome: the relay kept it as a job."""
+    queued = CallQueued(job_id=CALL_ID, expires_at=1_750_259_200)
+    relay, url = await relays.start(
+        Script(on_open=[ready(Role.CALL)], on_message=[codec.encode(queued)])
+    )
+    assert await call(url, []) == queued
+    assert codec.decode_frame(await relay.messages.next()) == REQUEST
 
 
 @twisted_test

@@ -73,7 +73,7 @@ def test_file_is_private_and_in_wal_mode(home: Home, db: StateDb) -> None:
     assert os.stat(home.state_db_path).st_mode & 0o777 == 0o600
     assert os.stat(home.state_dir).st_mode & 0o777 == 0o700
     assert db.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 3)]
+    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 4)]
     db.pins.put(a_pin())
     # SQLite gives its side files the database file's mode.
     for suffix in ("-wal", "-shm"):
@@ -203,14 +203,15 @@ def test_closed_database_raises_store_error(home: Home) -> None:
         db.pins.put(a_pin())
 
 
-def test_the_state_schema_is_at_version_three_with_the_journal() -> None:
+def test_the_state_schema_is_at_version_four_with_the_sent_jobs() -> None:
     """Version 2 added the callee's bindings and the caller's open conversations, version 3 the
-    execution journal of mailbox jobs."""
-    assert STATE_SCHEMA.versions() == [1, 2, 3]
-    script = STATE_SCHEMA.full_script(3)
-    for table in ("pins", "replay", "contexts", "contexts_out", "journal"):
+    execution journal of mailbox jobs, version 4 the caller's sent jobs."""
+    assert STATE_SCHEMA.versions() == [1, 2, 3, 4]
+    script = STATE_SCHEMA.full_script(4)
+    for table in ("pins", "replay", "contexts", "contexts_out", "journal", "jobs_out"):
         assert f"CREATE TABLE {table} (" in script
     assert "CREATE TABLE journal (" not in STATE_SCHEMA.full_script(2)
+    assert "CREATE TABLE jobs_out (" not in STATE_SCHEMA.full_script(3)
 
 
 @pytest.mark.parametrize("start", STATE_SCHEMA.versions())
@@ -244,7 +245,7 @@ def test_a_version_one_database_upgrades_and_keeps_its_rows(home: Home, tmp_path
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (3,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (4,)
         assert db.pins.get(ORIGIN, KEN) == a_pin(highest_epoch=4)
         assert db.replay.keep_until(SENDER, REQUEST) == NOW + 30
         # The new tables work straight away.
@@ -297,7 +298,7 @@ def test_a_version_two_database_upgrades_and_keeps_its_conversations(
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (3,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (4,)
         assert db.contexts.get(binding.context_id) == binding
         assert db.connection.execute("SELECT COUNT(*) FROM journal").fetchone() == (0,)
         assert verifyObject(IJournal, db.journal)

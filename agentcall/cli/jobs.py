@@ -1,0 +1,359 @@
+"""``agentcall jobs list|get|cancel``: calls the relay kept as mailbox jobs, and their answers.
+
+``get`` prints an answered job's answer exactly as ``agentcall call`` prints a reply (the same
+:class:`~agentcall.cli.call.Reporter`: stdout, terminal-safe, the same ``--json`` object plus
+``job_id`` and ``state``); the work is :mod:`agentcall.caller.jobs`. Exit statuses: 0 answered
+(or, for ``list`` and ``cancel``, done), :data:`EXIT_PENDING` when the job has not ended yet,
+1 for a job that ended without an answer or any other failure, with one line on stderr.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from typing import TYPE_CHECKING, Any, Final
+
+from agentcall import limits
+from agentcall.cli.call import SUGGESTED_WAIT_S
+
+if TYPE_CHECKING:
+    from agentcall.caller.jobs import JobStatus
+    from agentcall.cli.call import Reporter
+    from agentcall.local.config import Config
+    from agentcall.local.home import Home
+    from agentcall.wire.http import JobInfo
+
+# EX_TEMPFAIL of sysexits.h: "try again later". `call` uses 0, 1 and 2 (usage) only.
+EXIT_PENDING: Final = 75
+MAX_WAIT_S: Final = int(limits.MAILBOX_TTL_S)
+
+DESCRIPTION = f"""\
+Calls the relay kept for you as mailbox jobs, and their answers.
+
+When you call an agent whose owner turned on offline delivery while that agent is offline or
+busy, the relay keeps your sealed call as a job and `agentcall call` prints its job id. The
+callee's listener takes it when it is back, and the answer waits at the relay, sealed, until
+you fetch it. A job and its answer are kept at most {limits.MAILBOX_TTL_S / 3600:g} hours.
+
+  list    your jobs, sent and received, newest first, with state and age
+  get     one job's state; once answered, its answer exactly as `agentcall call` prints it
+  cancel  cancel a job you sent (a running one is stopped like a live call)
+
+States: queued, delivered, running (pending); answered, failed (with a reason:
+delivery_failed, indeterminate_execution, revoked, rejected), cancelled, expired.
+
+Exit status of `get`: 0 with the answer; {EXIT_PENDING} when the job is still pending (ask again
+later, or wait longer); 1 when it ended without an answer (the reason's code is printed:
+delivery_failed, indeterminate_execution, revoked, protocol_error, canceled, expired) or on
+any other failure. Like calls, jobs cannot be used from inside an agent answering a call."""
+
+EPILOG = f"""\
+examples:
+  agentcall jobs list
+  agentcall jobs list @acme/ken --json | jq -r '.[] | select(.state == "answered") | .job_id'
+  agentcall jobs get @acme/ken 1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b --wait {SUGGESTED_WAIT_S}
+  agentcall jobs cancel @acme/ken 1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b"""
+
+
+def _job_id(text: str) -> str:
+    from agentcall import ids
+
+    value = text.lower() if text.isascii() else text
+    if not ids.is_job_id(value):
+        raise argparse.ArgumentTypeError(
+            f"{text!r} is not a job id (the id `agentcall call` printed, like "
+            "1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b)"
+        )
+    return value
+
+
+def _wait(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number of seconds") from None
+    if not 0 <= value <= MAX_WAIT_S:
+        raise argparse.ArgumentTypeError(f"the wait must be 0..{MAX_WAIT_S} seconds")
+    return value
+
+
+def _sub(sub: Any, name: str, summary: str, description: str, example: str) -> Any:
+    import textwrap
+
+    return sub.add_parser(
+        name,
+        help=summary,
+        # The formatter prints descriptions as written, so they are wrapped here.
+        description=textwrap.fill(description, width=92),
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    sub = parser.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND", required=True)
+    listing = _sub(
+        sub,
+        "list",
+        "Your jobs, sent and received, newest first.",
+        "Your jobs, sent and received (at most the newest "
+        f"{limits.MAX_JOBS_LISTED}), newest first: job id, side, the other party, state (with "
+        "the reason of a failure), age and expiry. ADDRESS keeps only the jobs with that "
+        "person. --json prints one JSON array of objects with job_id, side, address (the "
+        "other party), caller, callee, state, reason, attempts, cancel_requested, created_at "
+        "and expires_at (Unix seconds, UTC).",
+        "agentcall jobs list @acme/ken",
+    )
+    listing.add_argument(
+        "address", metavar="ADDRESS", nargs="?", help="only jobs with this contact or address"
+    )
+    listing.add_argument("--json", action="store_true", help="print one JSON array")
+    get = _sub(
+        sub,
+        "get",
+        "One job's state, and its answer once answered.",
+        "One job's state (on stderr); once answered, its answer on stdout exactly as "
+        "`agentcall call` prints it. --wait blocks until the job ends or SECONDS have "
+        f"passed. Exit 0 with the answer, {EXIT_PENDING} while still pending, 1 when it ended "
+        "without an answer (with the reason's code) or on any other failure. --json prints "
+        "the object `agentcall call --json` prints, plus job_id and state (a pending job: "
+        f'ok false, code "pending").',
+        f"agentcall jobs get @acme/ken 1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b --wait "
+        f"{SUGGESTED_WAIT_S}",
+    )
+    get.add_argument("address", metavar="ADDRESS", help="the agent you called (or who called)")
+    get.add_argument("job_id", metavar="JOB_ID", type=_job_id, help="as `agentcall call` printed")
+    get.add_argument(
+        "--wait",
+        type=_wait,
+        default=0,
+        metavar="SECONDS",
+        help=f"wait up to this long for the job to end (0..{MAX_WAIT_S}; default 0: just look)",
+    )
+    get.add_argument("--json", action="store_true", help="print one JSON object")
+    cancel = _sub(
+        sub,
+        "cancel",
+        "Cancel a job you sent.",
+        "Cancel a job you sent. A queued job is removed at once; a delivered or running one "
+        "is stopped like a live call (the agent's process group is killed) and ends "
+        "cancelled. Only the caller can cancel a job.",
+        "agentcall jobs cancel @acme/ken 1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b",
+    )
+    cancel.add_argument("address", metavar="ADDRESS", help="the agent you called")
+    cancel.add_argument(
+        "job_id", metavar="JOB_ID", type=_job_id, help="as `agentcall call` printed"
+    )
+    cancel.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+# --- showing -------------------------------------------------------------------------------------
+
+
+def job_json(info: JobInfo) -> dict[str, object]:
+    """One job as ``--json`` shows it (never an answer: lists carry none)."""
+    from agentcall.caller.jobs import peer_of
+
+    return {
+        "job_id": info.job_id,
+        "side": str(info.side),
+        "address": peer_of(info),
+        "caller": info.caller,
+        "callee": info.callee,
+        "state": str(info.state),
+        "reason": None if info.reason is None else str(info.reason),
+        "attempts": info.attempts,
+        "cancel_requested": info.cancel_requested,
+        "created_at": info.created_at,
+        "expires_at": info.expires_at,
+    }
+
+
+def age(seconds: float) -> str:
+    """A short age: ``42s``, ``5m``, ``3h``, ``2d``."""
+    seconds = max(0, int(seconds))
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds // size}{unit}"
+    return f"{seconds}s"
+
+
+def _state(info: JobInfo) -> str:
+    said = str(info.state)
+    if info.reason is not None:
+        said += f" ({info.reason})"
+    if info.cancel_requested and info.state in (info.state.DELIVERED, info.state.RUNNING):
+        said += ", cancelling"
+    return said
+
+
+def render_list(jobs: list[JobInfo], now: float) -> str:
+    from agentcall.caller.jobs import peer_of
+    from agentcall.cli.call import when
+
+    if not jobs:
+        return "no jobs"
+    rows = [["JOB ID", "SIDE", "WITH", "STATE", "AGE", "EXPIRES"]]
+    for info in jobs:
+        rows.append(
+            [
+                info.job_id,
+                str(info.side),
+                peer_of(info),
+                _state(info),
+                age(now - info.created_at),
+                when(info.expires_at),
+            ]
+        )
+    # Every column but the last is padded to its widest cell.
+    widths = [max(len(row[i]) for row in rows) for i in range(len(rows[0]))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(row, widths, strict=True)).rstrip()
+        for row in rows
+    )
+
+
+def _status_line(status: JobStatus, now: float) -> str:
+    info = status.info
+    way = "to" if str(info.side) == "sent" else "from"
+    tries = f", attempt {info.attempts}" if info.attempts and status.pending else ""
+    return (
+        f"job {info.job_id} {way} {status.address}: {_state(info)}{tries}, "
+        f"{age(now - info.created_at)} old"
+    )
+
+
+# --- running -------------------------------------------------------------------------------------
+
+
+def _setup(report: Reporter) -> tuple[Home, Config]:
+    from agentcall.cli.call import load_installation, refuse_nested
+    from agentcall.cli.main import CommandError
+
+    refuse_nested(report)
+    try:
+        return load_installation()
+    except CommandError as exc:
+        report.fail("not_set_up", str(exc))
+
+
+def _resolve(report: Reporter, home: Home, config: Config, target: str) -> str:
+    from agentcall.local.contacts import ContactBook
+    from agentcall.local.home import LocalStateError
+
+    try:
+        address = ContactBook(home).resolve(target, config.org)
+    except LocalStateError as exc:
+        report.fail("bad_target", str(exc))
+    report.address = address
+    return address
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.jobs_command == "list":
+        return _run_list(args)
+    if args.jobs_command == "get":
+        return _run_get(args)
+    return _run_cancel(args)
+
+
+def _run_list(args: argparse.Namespace) -> int:
+    from agentcall.caller import jobs
+    from agentcall.cli import call as call_cli
+    from agentcall.cli.render import safe_json
+
+    report = call_cli.Reporter(args.json)
+    home, config = _setup(report)
+    address = None if args.address is None else _resolve(report, home, config, args.address)
+
+    async def work(reactor: Any) -> tuple[list[JobInfo], float]:
+        api = call_cli.relay_api(reactor, config)
+        return await jobs.list_jobs(api, address), reactor.seconds()
+
+    try:
+        listed, now = call_cli.run_on_reactor(work)
+    except jobs.JobUnavailable as exc:
+        report.fail(exc.code, str(exc))
+    if args.json:
+        print(safe_json([job_json(info) for info in listed]))
+    else:
+        print(render_list(listed, now))
+    return 0
+
+
+def _run_get(args: argparse.Namespace) -> int:
+    from agentcall.caller import jobs
+    from agentcall.cli import call as call_cli
+    from agentcall.cli.render import safe_json
+    from agentcall.local.home import LocalStateError
+    from agentcall.local.keystore import load_keys
+
+    report = call_cli.Reporter(args.json, {"job_id": args.job_id})
+    home, config = _setup(report)
+    address = _resolve(report, home, config, args.address)
+    try:
+        keys = load_keys(home)
+    except LocalStateError as exc:
+        report.fail("local_error", str(exc))
+    if args.wait:
+        print(f"waiting up to {args.wait} s for job {args.job_id}…", file=sys.stderr, flush=True)
+
+    async def work(reactor: Any) -> tuple[JobStatus, float]:
+        api = call_cli.relay_api(reactor, config)
+        status = await jobs.fetch(
+            reactor, home, keys, config.relay_origin, api, address, args.job_id, wait_s=args.wait
+        )
+        return status, reactor.seconds()
+
+    try:
+        status, now = call_cli.run_on_reactor(work)
+    except jobs.JobUnavailable as exc:
+        report.fail(exc.code, str(exc))
+    info = status.info
+    print(_status_line(status, now), file=sys.stderr, flush=True)
+    report.extra["state"] = str(info.state)
+    if info.reason is not None:
+        report.extra["reason"] = str(info.reason)
+    if status.pending:
+        report.extra.update({"pending": True, "expires_at": info.expires_at})
+        report.fail(
+            "pending",
+            f"job {info.job_id} has not ended yet ({info.state}); ask again with `agentcall "
+            f"jobs get {status.address} {info.job_id} --wait {SUGGESTED_WAIT_S}`",
+            exit_code=EXIT_PENDING,
+        )
+    if status.result is not None:
+        return report.result(status.result, None)
+    # Answered, but sent to us: the answer is the caller's; the state is all there is.
+    if args.json:
+        print(safe_json({"ok": True, **job_json(info)}))
+    return 0
+
+
+def _run_cancel(args: argparse.Namespace) -> int:
+    from agentcall.caller import jobs
+    from agentcall.cli import call as call_cli
+    from agentcall.cli.render import safe_json
+
+    report = call_cli.Reporter(args.json, {"job_id": args.job_id})
+    home, config = _setup(report)
+    address = _resolve(report, home, config, args.address)
+
+    async def work(reactor: Any) -> JobInfo:
+        api = call_cli.relay_api(reactor, config)
+        return await jobs.cancel(home, config.relay_origin, api, address, args.job_id)
+
+    try:
+        info = call_cli.run_on_reactor(work)
+    except jobs.JobUnavailable as exc:
+        report.fail(exc.code, str(exc))
+    if args.json:
+        print(safe_json({"ok": True, **job_json(info)}))
+    elif info.state in jobs.PENDING_STATES:
+        print(
+            f"cancelling job {info.job_id} to {address}: it is {info.state}; its listener is "
+            f"told to stop it (`agentcall jobs get {address} {info.job_id}` shows when it has)"
+        )
+    else:
+        print(f"job {info.job_id} to {address}: {_state(info)}")
+    return 0
