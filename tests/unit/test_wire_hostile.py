@@ -202,7 +202,14 @@ def test_dropping_a_field(original: Any, data: st.DataObject) -> None:
         with pytest.raises(MalformedFrame):
             _decode_like(original, tree)
     else:
-        expected = attrs.evolve(original, **{field.alias: field.default})
+        try:
+            expected = attrs.evolve(original, **{field.alias: field.default})
+        except ValueError:
+            # The default makes a frame that cannot exist (a job_result with neither an answer
+            # nor an error): refused like any other.
+            with pytest.raises(MalformedFrame):
+                _decode_like(original, tree)
+            return
         assert _decode_like(original, tree) == expected
 
 
