@@ -1,10 +1,10 @@
 """The relay HTTP API's decisions, apart from twisted.web.
 
-Which route a method and path name, who may use each route, and whether a key record a member
-publishes may be stored. Pure: no sockets, no store, no clock. The adapter
-(:mod:`agentcall.relay.web`) parses the request, fetches what a rule needs (the authenticated
-member, the keys already published, ``now``) and renders the answer; every refusal here is an
-:class:`~agentcall.errors.ApiError`.
+Which route a method and path name, who may use each route, whether a key record a member
+publishes may be stored, and what a member may see of a mailbox job. Pure: no sockets, no
+store, no clock. The adapter (:mod:`agentcall.relay.web`) parses the request, fetches what a
+rule needs (the authenticated member, the keys already published, ``now``) and renders the
+answer; every refusal here is an :class:`~agentcall.errors.ApiError`.
 """
 
 from __future__ import annotations
@@ -15,11 +15,13 @@ from collections.abc import Mapping
 
 import attrs
 
-from agentcall import ids
+from agentcall import ids, limits
 from agentcall.crypto import records
-from agentcall.errors import ApiError, ApiErrorCode, CryptoError
-from agentcall.relay.store_interface import Member
-from agentcall.wire import http
+from agentcall.errors import ApiError, ApiErrorCode, CryptoError, MalformedFrame, StoreError
+from agentcall.relay.mailbox import Job, JobState
+from agentcall.relay.store_interface import Member, StoredJob
+from agentcall.wire import codec, http
+from agentcall.wire.frames import SealedEnvelope
 
 
 class Route(enum.Enum):
@@ -35,6 +37,10 @@ class Route(enum.Enum):
     PUBLISH_IDENTITY = "publish_identity"
     PUBLISH_ENCRYPTION = "publish_encryption"
     FETCH_KEYS = "fetch_keys"
+    SET_OFFLINE_DELIVERY = "set_offline_delivery"
+    LIST_JOBS = "list_jobs"
+    GET_JOB = "get_job"
+    CANCEL_JOB = "cancel_job"
 
 
 class Access(enum.Enum):
@@ -57,6 +63,11 @@ ACCESS: Mapping[Route, Access] = {
     Route.PUBLISH_IDENTITY: Access.MEMBER,
     Route.PUBLISH_ENCRYPTION: Access.MEMBER,
     Route.FETCH_KEYS: Access.MEMBER,
+    # Each member's own setting and own jobs only; a job of someone else is not found.
+    Route.SET_OFFLINE_DELIVERY: Access.MEMBER,
+    Route.LIST_JOBS: Access.MEMBER,
+    Route.GET_JOB: Access.MEMBER,
+    Route.CANCEL_JOB: Access.MEMBER,
 }
 
 _FIXED: Mapping[tuple[str, str], Route] = {
@@ -68,16 +79,23 @@ _FIXED: Mapping[tuple[str, str], Route] = {
     ("PUT", "/v1/keys/identity"): Route.PUBLISH_IDENTITY,
     ("PUT", "/v1/keys/encryption"): Route.PUBLISH_ENCRYPTION,
     ("GET", "/v1/presence"): Route.PRESENCE,
+    ("PUT", "/v1/me/offline-delivery"): Route.SET_OFFLINE_DELIVERY,
+    ("GET", "/v1/jobs"): Route.LIST_JOBS,
 }
 _FIXED_PATHS = frozenset(path for (_method, path) in _FIXED)
 _INVITE_REVOKE = re.compile(r"^/v1/invites/([0-9a-f]{64})/revoke$")
 _KEYS_OF = re.compile(r"^/v1/keys/([a-z0-9][a-z0-9-]{1,30})$")
+_JOB_ID = ids.JOB_ID_RE.pattern.removeprefix("^").removesuffix(r"\Z")
+_JOB = re.compile(rf"^/v1/jobs/({_JOB_ID})\Z")
+_JOB_CANCEL = re.compile(rf"^/v1/jobs/({_JOB_ID})/cancel\Z")
+_WAIT = re.compile(r"^[0-9]{1,3}\Z")
 
 
 @attrs.frozen
 class RouteMatch:
     route: Route
-    # The invite id (REVOKE_INVITE) or handle (FETCH_KEYS) the path names; None for the rest.
+    # The invite id (REVOKE_INVITE), handle (FETCH_KEYS) or job id (GET_JOB, CANCEL_JOB) the
+    # path names; None for the rest.
     argument: str | None = None
 
     @property
@@ -98,6 +116,10 @@ def match(method: str, path: str) -> RouteMatch:
         return RouteMatch(Route.REVOKE_INVITE, found.group(1))
     if method == "GET" and (found := _KEYS_OF.match(path)):
         return RouteMatch(Route.FETCH_KEYS, found.group(1))
+    if method == "GET" and (found := _JOB.match(path)):
+        return RouteMatch(Route.GET_JOB, found.group(1))
+    if method == "POST" and (found := _JOB_CANCEL.match(path)):
+        return RouteMatch(Route.CANCEL_JOB, found.group(1))
     if path in _FIXED_PATHS:
         raise ApiError(405, ApiErrorCode.METHOD_NOT_ALLOWED, f"{method} not allowed here")
     raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such route")
@@ -155,3 +177,64 @@ def published(keys: http.KeysResponse | None) -> http.KeysResponse:
     if keys is None:
         raise ApiError(404, ApiErrorCode.NOT_FOUND, "no published keys for that handle")
     return keys
+
+
+# --- the offline mailbox ----------------------------------------------------------------------
+
+
+def wait_seconds(values: list[bytes] | None) -> int:
+    """The ``wait`` query parameter of ``GET /v1/jobs/<id>``: absent is 0; otherwise exactly one
+    whole number of seconds, 0..``MAILBOX_MAX_WAIT_S`` (400 for anything else)."""
+    if not values:
+        return 0
+    text = values[0].decode("ascii", "replace") if len(values) == 1 else ""
+    if _WAIT.match(text) is None or int(text) > limits.MAILBOX_MAX_WAIT_S:
+        raise ApiError(
+            400,
+            ApiErrorCode.BAD_REQUEST,
+            f"wait must be a whole number of seconds, 0..{int(limits.MAILBOX_MAX_WAIT_S)}",
+        )
+    return int(text)
+
+
+def job_side(job: Job, member: Member) -> http.JobSide:
+    """Whether ``member`` sent or receives ``job``; 404 when neither, exactly as for a job
+    that does not exist (existence is never revealed)."""
+    if job.org == member.org and job.caller == member.handle:
+        return http.JobSide.SENT
+    if job.org == member.org and job.callee == member.handle:
+        return http.JobSide.RECEIVED
+    raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such job")
+
+
+def job_info(stored: StoredJob | Job | None, member: Member) -> http.JobInfo:
+    """A job as ``member`` may see it: metadata for either party; the sealed answer (with its
+    terminal) only for the caller of an answered job while the relay still holds it."""
+    if stored is None:
+        raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such job")
+    if isinstance(stored, Job):
+        stored = StoredJob(stored)
+    job = stored.job
+    side = job_side(job, member)
+    answer: SealedEnvelope | None = None
+    terminal = None
+    if side is http.JobSide.SENT and job.state is JobState.ANSWERED and stored.answer is not None:
+        try:
+            answer = codec.decode(stored.answer, SealedEnvelope, max_bytes=len(stored.answer))
+        except MalformedFrame as exc:
+            raise StoreError(f"the stored answer of job {job.job_id} is unreadable") from exc
+        terminal = stored.terminal
+    return http.JobInfo(
+        job_id=job.job_id,
+        side=side,
+        caller=ids.format_address(job.org, job.caller),
+        callee=ids.format_address(job.org, job.callee),
+        state=job.state,
+        created_at=int(job.created_at),
+        expires_at=int(job.expires_at),
+        attempts=job.attempts,
+        reason=job.reason,
+        cancel_requested=job.cancel_requested,
+        terminal=terminal if answer is not None else None,
+        answer=answer,
+    )

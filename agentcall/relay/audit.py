@@ -15,6 +15,8 @@ INVITE_ISSUE = "invite.issue"
 INVITE_REDEEM = "invite.redeem"
 INVITE_REVOKE = "invite.revoke"
 MEMBER_REGISTER = "member.register"
+# The member turned the offline mailbox on or off; detail "on" or "off".
+MEMBER_OFFLINE_DELIVERY = "member.offline_delivery"
 KEYS_IDENTITY_PUBLISH = "keys.identity.publish"
 KEYS_ENCRYPTION_PUBLISH = "keys.encryption.publish"
 CALL_SUBMIT = "call.submit"
@@ -43,6 +45,7 @@ EVENTS = frozenset(
         INVITE_REDEEM,
         INVITE_REVOKE,
         MEMBER_REGISTER,
+        MEMBER_OFFLINE_DELIVERY,
         KEYS_IDENTITY_PUBLISH,
         KEYS_ENCRYPTION_PUBLISH,
         CALL_SUBMIT,

@@ -17,6 +17,7 @@ a restart grants no fresh hour.
 
 from __future__ import annotations
 
+import collections
 import enum
 import functools
 import math
@@ -33,7 +34,7 @@ from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.audit import AuditEntry, AuditSink
 from agentcall.relay.ratelimit import SlidingWindowLimiter
-from agentcall.relay.store_interface import Directory, Submission, SubmissionLog
+from agentcall.relay.store_interface import Directory, MailboxStatus, Submission, SubmissionLog
 from agentcall.relay.switchboard import Channel, Switchboard
 from agentcall.wire import frames as fr
 from agentcall.wire.closecodes import CLOSE_NORMAL
@@ -83,6 +84,18 @@ class Timer(Protocol):
     ) -> Pending: ...
 
 
+class QueueDesk(Protocol):
+    """What the book needs of the offline mailbox (:class:`agentcall.relay.jobs.JobDesk`)."""
+
+    def status(self, org: str, callee: str) -> defer.Deferred[MailboxStatus | None]: ...
+
+    def enqueue(
+        self, org: str, caller: str, callee: str, request: fr.CallRequest
+    ) -> defer.Deferred[fr.CallQueued | fr.CallError]: ...
+
+    def live_call_ended(self, org: str, callee: str) -> None: ...
+
+
 class Phase(enum.IntEnum):
     """Where a call is; it only ever moves to a higher value.
 
@@ -127,7 +140,7 @@ class Call:
     cancel_sent: bool = False
 
 
-def _route_problem(
+def route_problem(
     envelope: fr.SealedEnvelope,
     direction: fr.Direction,
     *,
@@ -166,6 +179,7 @@ class CallBook:
         relay_origin: str,
         deadline_s: float = limits.CALL_DEADLINE_S,
         mint_call_id: Callable[[], str] = ids.mint_call_id,
+        desk: QueueDesk | None = None,
     ) -> None:
         self._clock = clock
         self._switchboard = switchboard
@@ -176,6 +190,9 @@ class CallBook:
         self._deadline_s = deadline_s
         self._mint_call_id = mint_call_id
         self._calls: dict[str, Call] = {}
+        # Live calls per callee: a callee with one is busy for the mailbox.
+        self._live_to: collections.Counter[tuple[str, str]] = collections.Counter()
+        self._desk = desk
         # Every caller connection that has sent a request, with the call it carries (None when
         # the request was refused). Kept until caller_gone, so a second request on the same
         # connection is refused even after the first call has ended.
@@ -191,6 +208,10 @@ class CallBook:
 
     def active_count(self) -> int:
         return len(self._calls)
+
+    def has_call_to(self, org: str, handle: str) -> bool:
+        """True while a live call to ``@org/handle`` is in flight on this relay."""
+        return self._live_to[(org, handle)] > 0
 
     # --- caller side -------------------------------------------------------------------------
 
@@ -220,8 +241,17 @@ class CallBook:
             return defer.succeed(None)
         self._held[channel] = []
 
-        def ring(exists: bool) -> None:
-            self._ring(exists, org, caller, target, channel, request)
+        desk = self._desk
+
+        def mailbox(exists: bool) -> defer.Deferred[tuple[bool, MailboxStatus | None]]:
+            # Only a call that may be queued asks about the callee's mailbox.
+            if not exists or not request.queue or desk is None:
+                return defer.succeed((exists, None))
+            return desk.status(org, target).addCallback(lambda status: (exists, status))
+
+        def ring(found: tuple[bool, MailboxStatus | None]) -> defer.Deferred[None] | None:
+            exists, status = found
+            return self._ring(exists, status, org, caller, target, channel, request)
 
         def lookup_failed(failure: Failure) -> None:
             # Nothing is said about the target; the caller may try again.
@@ -232,25 +262,39 @@ class CallBook:
             self._release(channel)
             return result
 
-        routed = self._directory.handle_exists(org, target).addCallbacks(ring, lookup_failed)
+        looked_up = self._directory.handle_exists(org, target).addCallback(mailbox)
+        routed = looked_up.addCallbacks(ring, lookup_failed)
         # A failure of the routing itself (a bug, not the directory) goes to the caller of submit.
         return routed.addBoth(release)
 
     def _ring(
         self,
         exists: bool,
+        status: MailboxStatus | None,
         org: str,
         caller: str,
         target: str,
         channel: Channel,
         request: fr.CallRequest,
-    ) -> None:
-        """The directory has answered: run the remaining checks, then ring the listener."""
+    ) -> defer.Deferred[None] | None:
+        """The directory has answered: run the remaining checks, then ring the listener, or
+        queue the call for a callee who opted in and is offline or busy."""
         now = self._clock.seconds()
         admitted = self._admit(org, caller, target, request, now=now) if exists else _UNKNOWN_HANDLE
+        if status is not None and status.offline_delivery and request.queue:
+            offline = isinstance(admitted, tuple) and admitted[0] is CallErrorCode.OFFLINE
+            busy = not isinstance(admitted, tuple) and (
+                self.has_call_to(org, target) or status.job_out
+            )
+            if offline or busy:
+                return self._enqueue(org, caller, target, channel, request)
         if isinstance(admitted, tuple):
             self._refuse(channel, org, caller, admitted)
-            return
+            return None
+        if not self._limiter.hit((org, caller, target), now):
+            limited = (CallErrorCode.RATE_LIMITED, "too many calls to this handle", "rate_limited")
+            self._refuse(channel, org, caller, limited)
+            return None
         listener = admitted
         call_id = self._new_call_id()
         call = Call(
@@ -265,6 +309,7 @@ class CallBook:
             deadline=self._clock.callLater(self._deadline_s, self._expire, call_id),
         )
         self._calls[call.call_id] = call
+        self._live_to[(org, target)] += 1
         self._caller_channels[channel] = call.call_id
         _log.info("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
         channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
@@ -277,6 +322,31 @@ class CallBook:
             )
         )
         self._audit(events.CALL_SUBMIT, call, actor=caller, target=target)
+        return None
+
+    def _enqueue(
+        self, org: str, caller: str, target: str, channel: Channel, request: fr.CallRequest
+    ) -> defer.Deferred[None]:
+        """Keep the call as a job; the caller hears ``call_queued`` only once it is stored."""
+        if self._desk is None:  # pragma: no cover - _ring queues only with a desk
+            raise RuntimeError("no mailbox to queue in")
+
+        def answered(frame: fr.CallQueued | fr.CallError) -> None:
+            if isinstance(frame, fr.CallQueued):
+                # Stored: it counts against the pair's hour like a call that rang.
+                self._limiter.hit((org, caller, target), self._clock.seconds())
+                channel.send(frame)
+                channel.close(CLOSE_NORMAL, "queued")
+            else:
+                detail = frame.detail or ""
+                self._refuse(channel, org, caller, (frame.code, detail, "mailbox_refused"))
+
+        def failed(failure: Failure) -> None:
+            # Nothing was acknowledged; the caller may try again.
+            _log.failure("job_enqueue_failed", failure=failure, org=org, caller=caller)
+            channel.close(CLOSE_NORMAL, "internal error")
+
+        return self._desk.enqueue(org, caller, target, request).addCallbacks(answered, failed)
 
     def _refuse(self, channel: Channel, org: str, caller: str, refusal: Refusal) -> None:
         code, detail, reason = refusal
@@ -315,7 +385,7 @@ class CallBook:
     ) -> Refusal | Channel:
         """The routing checks after the directory's, in order; the target's listener, or why
         not."""
-        problem = _route_problem(
+        problem = route_problem(
             request.envelope,
             fr.Direction.REQUEST,
             origin=self._relay_origin,
@@ -327,8 +397,8 @@ class CallBook:
             return (CallErrorCode.PROTOCOL_ERROR, "envelope route does not match", problem)
         self._prune_limiter(now)
         key = (org, caller, target)
-        # Peek first and record the hit only once the call really rings, so that attempts
-        # refused as offline do not use up the pair's budget.
+        # Peek first and record the hit only once the call really rings (or is queued), so that
+        # attempts refused as offline do not use up the pair's budget.
         wait = self._limiter.retry_after(key, now)
         if wait > 0:
             detail = f"too many calls to this handle; retry in {math.ceil(wait)} s"
@@ -336,8 +406,6 @@ class CallBook:
         listener = self._switchboard.listener_for(org, target)
         if listener is None:
             return (CallErrorCode.OFFLINE, "that handle is not listening", "offline")
-        if not self._limiter.hit(key, now):
-            return (CallErrorCode.RATE_LIMITED, "too many calls to this handle", "rate_limited")
         return listener
 
     def from_caller(self, channel: Channel, frame: fr.Frame) -> None:
@@ -421,7 +489,7 @@ class CallBook:
             call.caller_channel.send(fr.CallStatus(call_id=call.call_id, state=_STATUS_OF[to]))
 
     def _outcome(self, call: Call, frame: fr.CallOutcome) -> None:
-        problem = _route_problem(
+        problem = route_problem(
             frame.envelope,
             fr.Direction.RESPONSE,
             origin=self._relay_origin,
@@ -458,6 +526,7 @@ class CallBook:
         else:
             _log.info("outcome_dropped", call_id=call.call_id, org=call.org, event=event)
         self._audit(event, call, actor=call.target, target=call.caller, detail=detail)
+        self._ended(call)
 
     def _expire(self, call_id: str) -> None:
         call = self._calls.pop(call_id, None)
@@ -473,6 +542,17 @@ class CallBook:
             listener.send(fr.CancelCall(call_id=call_id))
         detail = call.phase.name.lower()
         self._audit(events.CALL_TIMEOUT, call, actor=None, target=call.target, detail=detail)
+        self._ended(call)
+
+    def _ended(self, call: Call) -> None:
+        """A live call is over: once a callee has none left, the mailbox may deliver to them."""
+        key = (call.org, call.target)
+        self._live_to[key] -= 1
+        if self._live_to[key] > 0:
+            return
+        del self._live_to[key]
+        if self._desk is not None:
+            self._desk.live_call_ended(call.org, call.target)
 
     # --- helpers -----------------------------------------------------------------------------
 

@@ -17,6 +17,8 @@ from twisted.web import resource
 from agentcall import limits
 from agentcall.relay.calls import CallBook, restore_windows
 from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
+from agentcall.relay.jobs import JobDesk
+from agentcall.relay.mailbox import MailboxLimits
 from agentcall.relay.protocol import RelayWebSocketFactory
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store_interface import RelayStore
@@ -36,6 +38,8 @@ class RelaySettings:
     call_deadline_s: float
     calls_per_hour: int
     door: DoorConfig
+    # The offline mailbox's numbers; the per-callee caps are relay options.
+    mailbox: MailboxLimits = attrs.field(factory=MailboxLimits)
 
 
 @attrs.frozen
@@ -46,6 +50,7 @@ class Relay:
     factory: GatedFactory
     door: Door
     calls: CallBook
+    jobs: JobDesk
     switchboard: Switchboard
     limiter: SlidingWindowLimiter
     # Fires once the rate windows hold the calls of the last hour; the relay listens after.
@@ -58,6 +63,19 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     # The windows start from the calls of the last hour, so a restart grants no fresh hour.
     limiter = SlidingWindowLimiter(settings.calls_per_hour, limits.RATE_WINDOW_S)
     windows_restored = restore_windows(store, limiter, reactor.seconds())
+
+    def live_call_to(org: str, handle: str) -> bool:
+        # Bound late: the desk and the book each need the other; the book is made just below.
+        return calls.has_call_to(org, handle)
+
+    jobs = JobDesk(
+        reactor,
+        store,
+        switchboard,
+        settings.relay_origin,
+        settings.mailbox,
+        live_call_to=live_call_to,
+    )
     calls = CallBook(
         reactor,
         switchboard,
@@ -66,19 +84,24 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         limiter,
         settings.relay_origin,
         deadline_s=settings.call_deadline_s,
+        desk=jobs,
     )
+    # Jobs outlive the process: the sweep is armed from the store (failures are logged).
+    jobs.start()
     door = Door(settings.door, reactor, store)
     ws_factory = RelayWebSocketFactory(
         settings.ws_url,
         store=store,
         switchboard=switchboard,
         calls=calls,
+        jobs=jobs,
         relay_origin=settings.relay_origin,
         reactor=reactor,
         door=door,
     )
     api = RelayApi(
         store=store,
+        jobs=jobs,
         switchboard=switchboard,
         clock=reactor,
         relay_origin=settings.relay_origin,
@@ -89,4 +112,4 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
     site = RelaySite(root, door, reactor)
     site.requestFactory = CappedRequest
-    return Relay(GatedFactory(site), door, calls, switchboard, limiter, windows_restored)
+    return Relay(GatedFactory(site), door, calls, jobs, switchboard, limiter, windows_restored)

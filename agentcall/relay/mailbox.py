@@ -27,6 +27,12 @@ States and the operations that move a job between them::
 
     QUEUED, DELIVERED or RUNNING at created_at + 72 h ----------------> EXPIRED
 
+A result can overtake the relay's view: an accept lost on the way (the listener's journal holds
+the job, the relay let the delivery lapse back to ``queued``) is still followed by the job's
+result, which :func:`answer` and :func:`fail` take from ``queued`` too; a late ``job_accepted``
+for a job delivered before is taken from ``queued`` as well, so a retry does not spend the
+attempts of a job that is already running.
+
 A running job whose lease lapses (its listener stopped renewing) ends ``failed`` with
 ``indeterminate_execution``: the agent may have run, and a job runs at most once. Leases and
 expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`.
@@ -50,31 +56,22 @@ import attrs
 
 from agentcall import limits
 from agentcall.relay import audit
+from agentcall.wire import http
+
+# The one definition of each is the wire's: the API shows exactly the states decided here.
+JobState = http.JobState
+FailureReason = http.JobFailureReason
 
 Member = tuple[str, str]
 """(org, handle): who acts on a job."""
 
 
-class JobState(enum.StrEnum):
-    QUEUED = "queued"
-    DELIVERED = "delivered"
-    RUNNING = "running"
-    ANSWERED = "answered"
-    FAILED = "failed"
-    CANCELLED = "cancelled"
-    EXPIRED = "expired"
-
-
 HOLDING_LEASE = frozenset({JobState.DELIVERED, JobState.RUNNING})
 OUTSTANDING = frozenset({JobState.QUEUED}) | HOLDING_LEASE
 TERMINAL = frozenset(JobState) - OUTSTANDING
-
-
-class FailureReason(enum.StrEnum):
-    DELIVERY_FAILED = "delivery_failed"  # no delivery was accepted within its lease, 3 times
-    INDETERMINATE_EXECUTION = "indeterminate_execution"  # accepted, then lost: may have run
-    REVOKED = "revoked"  # the caller or the callee left the organisation
-    REJECTED = "rejected"  # the listener refused the sealed request before admission
+# A result may come for a job the relay has put back in the queue (its accept was lost).
+_RESULT_FROM = OUTSTANDING
+_ACCEPTABLE = frozenset({JobState.QUEUED, JobState.DELIVERED})
 
 
 class Refusal(enum.StrEnum):
@@ -294,10 +291,18 @@ def next_delivery(
 def accept(
     jobs: Jobs, caps: MailboxLimits, job_id: str, by: Member, now: float
 ) -> Decision | Refused:
-    """The listener admitted the delivered job and starts it: running, with a fresh lease."""
-    job = _own(jobs, job_id, by, caller=False, now=now, states={JobState.DELIVERED})
+    """The listener admitted the delivered job and starts it: running, with a fresh lease.
+
+    Also from ``queued`` when the job was delivered before and no other job of the callee is
+    out: the accept came after its lease had lapsed, and the listener's journal holds it."""
+    job = _delivered_before(jobs, job_id, by, now, _ACCEPTABLE)
     if isinstance(job, Refused):
         return job
+    if job.state is JobState.QUEUED and any(
+        j.state in HOLDING_LEASE for j in jobs.values() if j.callee_member == by
+    ):
+        # Another job is out already: one lease at a time per callee, so this one stays queued.
+        return Refused(Refusal.WRONG_STATE)
     running = attrs.evolve(job, state=JobState.RUNNING, lease_until=now + caps.lease_s)
     return Decision(job_id, running, audit=(audit.JOB_ACCEPT,))
 
@@ -327,8 +332,9 @@ def answer(
     jobs: Jobs, job_id: str, by: Member, answer_bytes: int, now: float
 ) -> Decision | Refused:
     """A sealed answer came back (a refusal by the callee's policy, such as ``blocked``, is an
-    answer too, so a delivered job may be answered without an accept)."""
-    job = _own(jobs, job_id, by, caller=False, now=now, states=HOLDING_LEASE)
+    answer too, so a delivered job may be answered without an accept). From ``queued`` as well:
+    the result of a job whose accept was lost."""
+    job = _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
     if isinstance(job, Refused):
         return job
     if answer_bytes < 1:
@@ -342,8 +348,9 @@ def answer(
 def fail(
     jobs: Jobs, job_id: str, by: Member, reason: FailureReason, now: float
 ) -> Decision | Refused:
-    """The listener reports that the job failed (for instance indeterminate after a restart)."""
-    job = _own(jobs, job_id, by, caller=False, now=now, states=HOLDING_LEASE)
+    """The listener reports that the job failed (for instance indeterminate after a restart);
+    from ``queued`` as well, like :func:`answer`."""
+    job = _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
     if isinstance(job, Refused):
         return job
     return _end(job, JobState.FAILED, (audit.JOB_FAIL,), reason)
@@ -445,6 +452,17 @@ def _own(
     if now >= job.expires_at:
         return Refused(Refusal.EXPIRED)
     if job.state not in frozenset(states):
+        return Refused(Refusal.WRONG_STATE)
+    return job
+
+
+def _delivered_before(
+    jobs: Jobs, job_id: str, by: Member, now: float, states: Iterable[JobState]
+) -> Job | Refused:
+    """The callee's live job in ``states``; a queued one only if it was delivered before (a
+    job never handed out cannot have been accepted or answered)."""
+    job = _own(jobs, job_id, by, caller=False, now=now, states=states)
+    if isinstance(job, Job) and job.state is JobState.QUEUED and job.attempts == 0:
         return Refused(Refusal.WRONG_STATE)
     return job
 

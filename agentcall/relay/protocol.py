@@ -1,9 +1,11 @@
 """The relay's WebSocket adapter: autobahn in, typed frames out, decisions in the cores.
 
 One socket per party at ``/v1/ws``. ``?role=listen`` holds a listener session for the
-authenticated identity; ``?role=call&to=HANDLE`` carries exactly one call. The protocol only
+authenticated identity (with ``&mailbox=1`` it also takes offline-mailbox deliveries);
+``?role=call&to=HANDLE`` carries exactly one call. The protocol only
 authenticates, enforces sizes, decodes, and hands frames to :class:`CallBook` and
-:class:`Switchboard`; it never decides routing itself. The front door
+:class:`Switchboard`, and a listener's job frames to :class:`JobDesk`; it never decides routing
+itself. The front door
 (:class:`~agentcall.relay.door.Door`) caps caller sockets per identity, sees every failed
 authentication, and gives a caller socket a deadline for its ``call_request``.
 """
@@ -29,6 +31,7 @@ from agentcall.relay.auth import authenticate_headers
 from agentcall.relay.calls import CallBook
 from agentcall.relay.door import Door, source_of
 from agentcall.relay.gate import TurnedAway
+from agentcall.relay.jobs import JobDesk
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.wire import codec, frames
@@ -71,6 +74,8 @@ class RelayWebSocket(WebSocketServerProtocol):
         self.member: Member | None = None
         self.role: frames.Role | None = None
         self.target: str | None = None
+        # A listener that said mailbox=1 takes offline-mailbox deliveries.
+        self.mailbox = False
         self.channel: WebSocketChannel | None = None
         # Not `is_open`: autobahn keeps its own Deferred under that name.
         self.opened = False
@@ -108,6 +113,8 @@ class RelayWebSocket(WebSocketServerProtocol):
         if self.role is frames.Role.CALL:
             to = params.get("to", [])
             self.target = to[0] if len(to) == 1 else None
+        else:
+            self.mailbox = params.get("mailbox", []) == ["1"]
         self._authenticating = True
 
         def checked(result: object) -> object:
@@ -166,7 +173,12 @@ class RelayWebSocket(WebSocketServerProtocol):
             )
         if self.role is frames.Role.LISTEN:
             self.factory.switchboard.attach_listener(member.org, member.handle, self.channel)
-            _log.info("listener_attached", org=member.org, handle=member.handle)
+            _log.info(
+                "listener_attached", org=member.org, handle=member.handle, mailbox=self.mailbox
+            )
+            self.factory.jobs.listener_attached(
+                member.org, member.handle, self.channel, mailbox=self.mailbox
+            )
 
     def _call_request_overdue(self) -> None:
         """A caller socket that answers pings but never asks for a call holds a socket for
@@ -253,6 +265,10 @@ class RelayWebSocket(WebSocketServerProtocol):
             # A listener's bad frame concerns only its own calls; drop it, keep the session.
             _log.info("listener_frame_malformed", org=member.org, handle=member.handle)
             return
+        if isinstance(frame, frames.JOB_FRAMES_FROM_LISTENER):
+            # The desk logs and absorbs its own failures; the result only says it is done.
+            self.factory.jobs.from_listener(member.org, member.handle, channel, frame)
+            return
         self.factory.calls.from_listener(member.org, member.handle, channel, frame)
 
     def _routing_failed(self, failure: Failure, channel: WebSocketChannel) -> None:
@@ -279,6 +295,7 @@ class RelayWebSocket(WebSocketServerProtocol):
         if self.role is frames.Role.LISTEN:
             self.factory.switchboard.detach_listener(member.org, member.handle, channel)
             self.factory.calls.listener_gone(member.org, member.handle, channel)
+            self.factory.jobs.listener_gone(member.org, member.handle, channel)
             _log.info("listener_detached", org=member.org, handle=member.handle, code=code)
         else:
             self.factory.calls.caller_gone(channel)
@@ -294,6 +311,7 @@ class RelayWebSocketFactory(WebSocketServerFactory):
         store: RelayStore,
         switchboard: Switchboard,
         calls: CallBook,
+        jobs: JobDesk,
         relay_origin: str,
         reactor: Any,
         door: Door,
@@ -304,6 +322,7 @@ class RelayWebSocketFactory(WebSocketServerFactory):
         self.store = store
         self.switchboard = switchboard
         self.calls = calls
+        self.jobs = jobs
         self.relay_origin = relay_origin
         self.setProtocolOptions(
             # Leave room above the request cap so an oversize request is answered with

@@ -1,6 +1,7 @@
 """The relay's registry: orgs, members, invites, published keys and audit rows.
 
-This module (with :mod:`agentcall.relay.store_keys`) holds every SQL statement of the relay.
+This module (with :mod:`agentcall.relay.store_keys` and :mod:`agentcall.relay.store_jobs`) holds
+every SQL statement of the relay.
 :class:`SqliteRegistry` is synchronous ``sqlite3``; :class:`SqliteRelayStore` is the relay's
 asynchronous :class:`~agentcall.relay.store_interface.RelayStore` over it. The queries run on
 the reactor thread and their Deferreds have fired when they are returned (``defer.execute``):
@@ -19,7 +20,8 @@ from __future__ import annotations
 
 import os
 import sqlite3
-from typing import Any
+from collections.abc import Callable
+from typing import Any, TypeVar
 
 import attrs
 from twisted.internet import defer
@@ -28,13 +30,19 @@ from twisted.internet.defer import Deferred
 from agentcall import ids, limits
 from agentcall.db import open_database, packaged_schema, transaction
 from agentcall.errors import ApiError, ApiErrorCode, StoreError
-from agentcall.relay import audit, store_keys
+from agentcall.relay import audit, store_jobs, store_keys
 from agentcall.relay.audit import AuditEntry
 from agentcall.relay.auth import hash_secret, secret_matches
+from agentcall.relay.mailbox import Decision, Job, Refused
 from agentcall.relay.store_interface import (
     AuditRow,
+    Decide,
+    JobScope,
+    MailboxStatus,
     Member,
     RelayStore,
+    SealedBytes,
+    StoredJob,
     Submission,
 )
 from agentcall.wire.http import (
@@ -59,6 +67,7 @@ __all__ = [
 ]
 
 RELAY_SCHEMA = packaged_schema("relay")
+T = TypeVar("T")
 
 # Names people would mistake for the service itself or its staff.
 RESERVED_HANDLES = frozenset(
@@ -421,18 +430,77 @@ class SqliteRegistry:
 
     def submissions_since(self, since: float) -> list[Submission]:
         # Per organisation so each query walks the (org, at) index, not the whole audit table.
+        # A queued call used up the pair's budget like one that rang.
         found: list[Submission] = []
         for (org,) in self._read_all("SELECT org FROM orgs ORDER BY org", ()):
             rows = self._read_all(
-                "SELECT actor, target, at FROM audit WHERE org = ? AND at >= ? AND event = ?"
-                " AND actor IS NOT NULL AND target IS NOT NULL ORDER BY at, id",
-                (org, since, audit.CALL_SUBMIT),
+                "SELECT actor, target, at FROM audit WHERE org = ? AND at >= ?"
+                " AND event IN (?, ?) AND actor IS NOT NULL AND target IS NOT NULL"
+                " ORDER BY at, id",
+                (org, since, audit.CALL_SUBMIT, audit.JOB_QUEUE),
             )
             found += [Submission(org, caller, callee, at) for caller, callee, at in rows]
         found.sort(key=lambda submission: submission.at)
         return found
 
+    # --- the offline mailbox ------------------------------------------------------------
+
+    def decide_jobs(
+        self,
+        scope: JobScope,
+        decide: Decide,
+        *,
+        actor: str | None,
+        at: float,
+        sealed: SealedBytes | None = None,
+    ) -> list[Decision] | Refused:
+        def write_audit(
+            event: str,
+            org: str,
+            who: str | None,
+            target: str | None,
+            job_id: str,
+            detail: str | None,
+        ) -> None:
+            self._audit(event, org, actor=who, target=target, at=at, detail=detail, call_id=job_id)
+
+        with transaction(self._conn):
+            return store_jobs.decide(
+                self._conn, scope, decide, actor=actor, sealed=sealed, write_audit=write_audit
+            )
+
+    def get_job(self, job_id: str) -> StoredJob | None:
+        return self._reading(store_jobs.get, job_id)
+
+    def jobs_of(self, org: str, handle: str, limit: int) -> list[Job]:
+        return self._reading(store_jobs.of_member, org, handle, limit)
+
+    def next_job_deadline(self, metadata_grace_s: float) -> float | None:
+        return self._reading(store_jobs.next_deadline, metadata_grace_s)
+
+    def mailbox_status(self, org: str, handle: str) -> MailboxStatus | None:
+        return self._reading(store_jobs.status, org, handle)
+
+    def set_offline_delivery(self, org: str, handle: str, enabled: bool, now: float) -> None:
+        with transaction(self._conn):
+            if store_jobs.set_opt_in(self._conn, org, handle, enabled):
+                detail = "on" if enabled else "off"
+                self._audit(
+                    audit.MEMBER_OFFLINE_DELIVERY,
+                    org,
+                    actor=handle,
+                    target=handle,
+                    at=now,
+                    detail=detail,
+                )
+
     # --- helpers ------------------------------------------------------------------------
+
+    def _reading(self, query: Callable[..., T], *args: object) -> T:
+        try:
+            return query(self._conn, *args)
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
 
     def _read(self, sql: str, params: tuple[object, ...]) -> Any:
         try:
@@ -552,3 +620,33 @@ class SqliteRelayStore:
 
     def submissions_since(self, since: float) -> Deferred[list[Submission]]:
         return defer.execute(self.registry.submissions_since, since)
+
+    def decide_jobs(
+        self,
+        scope: JobScope,
+        decide: Decide,
+        *,
+        actor: str | None,
+        at: float,
+        sealed: SealedBytes | None = None,
+    ) -> Deferred[list[Decision] | Refused]:
+        return defer.execute(
+            self.registry.decide_jobs, scope, decide, actor=actor, at=at, sealed=sealed
+        )
+
+    def get_job(self, job_id: str) -> Deferred[StoredJob | None]:
+        return defer.execute(self.registry.get_job, job_id)
+
+    def jobs_of(self, org: str, handle: str, limit: int) -> Deferred[list[Job]]:
+        return defer.execute(self.registry.jobs_of, org, handle, limit)
+
+    def next_job_deadline(self, metadata_grace_s: float) -> Deferred[float | None]:
+        return defer.execute(self.registry.next_job_deadline, metadata_grace_s)
+
+    def mailbox_status(self, org: str, handle: str) -> Deferred[MailboxStatus | None]:
+        return defer.execute(self.registry.mailbox_status, org, handle)
+
+    def set_offline_delivery(
+        self, org: str, handle: str, enabled: bool, now: float
+    ) -> Deferred[None]:
+        return defer.execute(self.registry.set_offline_delivery, org, handle, enabled, now)

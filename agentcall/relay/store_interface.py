@@ -18,6 +18,7 @@ implementation and fake alike.
 
 from __future__ import annotations
 
+from collections.abc import Callable, Mapping, Sequence
 from typing import Protocol
 
 import attrs
@@ -25,6 +26,8 @@ from twisted.internet.defer import Deferred
 
 from agentcall import ids
 from agentcall.relay.audit import AuditSink
+from agentcall.relay.mailbox import Decision, Job, Refused
+from agentcall.wire.frames import Terminal
 from agentcall.wire.http import (
     AgentKind,
     InviteInfo,
@@ -66,12 +69,125 @@ class AuditRow:
 
 @attrs.frozen
 class Submission:
-    """One call the relay let ring: who called whom, and when (from its ``call.submit`` row)."""
+    """One call the relay let ring or queued: who called whom, and when (from its
+    ``call.submit`` or ``job.queue`` row)."""
 
     org: str
     caller: str
     callee: str
     at: float
+
+
+@attrs.frozen
+class OneJob:
+    """The scope of one job, by id."""
+
+    job_id: str
+
+
+@attrs.frozen
+class JobsOf:
+    """The scope of every job (any state) that some members of one organisation sent or
+    receive: a caller and a callee for an enqueue, a callee for a delivery."""
+
+    org: str
+    handles: tuple[str, ...]
+
+
+@attrs.frozen
+class JobsDue:
+    """The scope of the jobs about which time decides something at ``now``: a lease lapsed,
+    expiry (of an outstanding job or of held ciphertext), or the end of the metadata grace."""
+
+    now: float
+    metadata_grace_s: float
+
+
+JobScope = OneJob | JobsOf | JobsDue
+
+Decide = Callable[[Mapping[str, Job]], Sequence[Decision] | Refused]
+"""A pure decision over the rows of a scope (:mod:`agentcall.relay.mailbox`). It may run in a
+database thread, inside the transaction: it reads only its argument and what it closes over."""
+
+
+@attrs.frozen
+class SealedBytes:
+    """Sealed bytes to keep with a decision about ``job_id``: the encoded request envelope of a
+    job being queued, or the encoded answer envelope (with its terminal) of a job answered."""
+
+    job_id: str
+    request: bytes | None = None
+    answer: bytes | None = None
+    terminal: Terminal | None = None
+
+    def __attrs_post_init__(self) -> None:
+        if (self.request is None) == (self.answer is None):
+            raise ValueError("sealed bytes are a request or an answer")
+        if (self.answer is None) != (self.terminal is None):
+            raise ValueError("an answer comes with its terminal")
+
+
+@attrs.frozen
+class StoredJob:
+    """A job's row with the sealed bytes still kept for it (ciphertext; never opened)."""
+
+    job: Job
+    request: bytes | None = None
+    answer: bytes | None = None
+    terminal: Terminal | None = None
+
+
+@attrs.frozen
+class MailboxStatus:
+    """What routing needs to know of a callee: opted in, and a job of theirs out to them."""
+
+    offline_delivery: bool
+    job_out: bool
+
+
+class JobStore(Protocol):
+    """The offline mailbox's rows. The store is the truth: several relays may share it, so
+    nothing above it keeps jobs in memory as anything more than a hint."""
+
+    def decide_jobs(
+        self,
+        scope: JobScope,
+        decide: Decide,
+        *,
+        actor: str | None,
+        at: float,
+        sealed: SealedBytes | None = None,
+    ) -> Deferred[list[Decision] | Refused]:
+        """In one transaction: load the rows of ``scope``, run ``decide`` on them, and persist
+        what it decided (rows inserted, updated or deleted; sealed bytes dropped; ``sealed``
+        kept when its job is queued or answered; one audit row per event, ``actor`` causing it
+        at ``at``). The decisions, or the refusal (then nothing is written)."""
+        ...
+
+    def get_job(self, job_id: str) -> Deferred[StoredJob | None]:
+        """The job with the sealed bytes kept for it, or None."""
+        ...
+
+    def jobs_of(self, org: str, handle: str, limit: int) -> Deferred[list[Job]]:
+        """The jobs ``@org/handle`` sent or receives, newest first, at most ``limit``."""
+        ...
+
+    def next_job_deadline(self, metadata_grace_s: float) -> Deferred[float | None]:
+        """The earliest time :func:`agentcall.relay.mailbox.sweep` would decide something
+        (``mailbox.next_deadline`` over every row), or None."""
+        ...
+
+    def mailbox_status(self, org: str, handle: str) -> Deferred[MailboxStatus | None]:
+        """The member's opt-in and whether a job is out to them; None for no such member."""
+        ...
+
+    def set_offline_delivery(
+        self, org: str, handle: str, enabled: bool, now: float
+    ) -> Deferred[None]:
+        """Store the member's opt-in (audited ``member.offline_delivery`` when it changes).
+
+        404 ``not_found`` for no such member."""
+        ...
 
 
 class Directory(Protocol):
@@ -86,12 +202,13 @@ class SubmissionLog(Protocol):
     """The calls that rang, as their ``call.submit`` audit rows remember them."""
 
     def submissions_since(self, since: float) -> Deferred[list[Submission]]:
-        """Every call submitted at or after ``since``, in every organisation, oldest first."""
+        """Every call submitted (rung or queued) at or after ``since``, in every organisation,
+        oldest first."""
         ...
 
 
-class RelayStore(Directory, AuditSink, SubmissionLog, Protocol):
-    """The relay's registry: orgs, members, invites, published keys, audit rows."""
+class RelayStore(Directory, AuditSink, SubmissionLog, JobStore, Protocol):
+    """The relay's registry: orgs, members, invites, published keys, audit rows, jobs."""
 
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:
         """Create the organisation unless it exists; True when it was created."""

@@ -23,6 +23,10 @@ if TYPE_CHECKING:
 
 _log = Logger(namespace="agentcall.relay")
 
+# The largest per-callee mailbox caps an operator may set (a sanity bound, not a product number).
+MAILBOX_MAX_QUEUED_OPTION = 100_000
+MAILBOX_MAX_BYTES_OPTION = 64 * 1024**3
+
 
 class Options(usage.Options):
     synopsis = "--database FILE --listen ENDPOINT --url PUBLIC_URL [options]"
@@ -118,6 +122,21 @@ class Options(usage.Options):
             "Registration attempts per source address per minute before 429 (1-10000).",
         ],
         [
+            "mailbox-max-queued",
+            None,
+            str(limits.MAILBOX_MAX_QUEUED_PER_CALLEE),
+            "Calls the offline mailbox keeps waiting for one callee at most; more are refused "
+            f"busy (1-{MAILBOX_MAX_QUEUED_OPTION}).",
+        ],
+        [
+            "mailbox-max-bytes",
+            None,
+            str(limits.MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE),
+            "Bytes of sealed requests the offline mailbox keeps for one callee at most; at least "
+            f"one largest request ({limits.MAX_REQUEST_FRAME_BYTES}) and at most "
+            f"{MAILBOX_MAX_BYTES_OPTION}.",
+        ],
+        [
             "auth-failures-per-minute",
             None,
             str(limits.AUTH_FAILURES_PER_MINUTE),
@@ -139,6 +158,17 @@ class Options(usage.Options):
         self["call-deadline"] = _bounded(self["call-deadline"], "--call-deadline", 1, 360, float)
         self["calls-per-hour"] = _bounded(self["calls-per-hour"], "--calls-per-hour", 1, 1000, int)
         self["door"] = _door_config(self, _open_file_limit())
+        self["mailbox-max-queued"] = _bounded(
+            self["mailbox-max-queued"], "--mailbox-max-queued", 1, MAILBOX_MAX_QUEUED_OPTION, int
+        )
+        # A cap below one largest request would refuse every big call as too large, forever.
+        self["mailbox-max-bytes"] = _bounded(
+            self["mailbox-max-bytes"],
+            "--mailbox-max-bytes",
+            limits.MAX_REQUEST_FRAME_BYTES,
+            MAILBOX_MAX_BYTES_OPTION,
+            int,
+        )
 
 
 def _open_file_limit() -> int:
@@ -193,7 +223,9 @@ def _bounded(value: str, name: str, lo: float, hi: float, kind: type[Any]) -> An
     except ValueError as exc:
         raise usage.UsageError(f"{name} must be a number") from exc
     if not lo <= number <= hi:
-        raise usage.UsageError(f"{name} must be between {lo:g} and {hi:g}")
+        # Whole numbers in full: "68719476736", not "6.87195e+10".
+        low, high = (int(lo), int(hi)) if kind is int else (f"{lo:g}", f"{hi:g}")
+        raise usage.UsageError(f"{name} must be between {low} and {high}")
     return number
 
 
@@ -250,6 +282,7 @@ class ListeningService(service.Service):
 def settings_from(config: Options) -> RelaySettings:
     """The checked options as the one frozen value a relay is composed from."""
     from agentcall.relay.composition import RelaySettings
+    from agentcall.relay.mailbox import MailboxLimits
 
     relay_url = config["relay_url"]
     return RelaySettings(
@@ -259,6 +292,10 @@ def settings_from(config: Options) -> RelaySettings:
         call_deadline_s=config["call-deadline"],
         calls_per_hour=config["calls-per-hour"],
         door=config["door"],
+        mailbox=MailboxLimits(
+            max_queued_per_callee=config["mailbox-max-queued"],
+            max_queued_bytes_per_callee=config["mailbox-max-bytes"],
+        ),
     )
 
 
@@ -300,6 +337,8 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_per_source=caps.per_source,
         max_handshakes=caps.handshakes,
         max_callers_per_identity=caps.callers_per_identity,
+        mailbox_max_queued=settings.mailbox.max_queued_per_callee,
+        mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,
     )
     return top
 

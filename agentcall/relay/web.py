@@ -35,6 +35,7 @@ from agentcall.relay.door import (
     upgrade_required,
 )
 from agentcall.relay.gate import TurnedAway
+from agentcall.relay.jobs import JobDesk
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
@@ -81,6 +82,7 @@ class RelayApi(resource.Resource):
         self,
         *,
         store: RelayStore,
+        jobs: JobDesk,
         switchboard: Switchboard,
         clock: IReactorTime,
         relay_origin: str,
@@ -90,6 +92,7 @@ class RelayApi(resource.Resource):
         super().__init__()
         self._door = door
         self._store = store
+        self._jobs = jobs
         self._switchboard = switchboard
         self._clock = clock
         self._origin = relay_origin
@@ -108,12 +111,18 @@ class RelayApi(resource.Resource):
 
     async def _respond(self, request: server.Request, gone: list[Failure]) -> None:
         try:
-            status, body = 200, await self._answer(request)
+            status, body = 200, await self._answer(request, gone)
+        except defer.CancelledError:
+            if not gone:
+                raise
+            # A long-poll released because its client went away: nobody to answer.
+            _log.info("api_client_gone", path=_path(request), status=None)
+            return
         except Exception:
             status, body = _refusal(request, Failure(), self._door)
         _finish(request, gone, status, body)
 
-    async def _answer(self, request: server.Request) -> object:
+    async def _answer(self, request: server.Request, gone: list[Failure]) -> object:
         if getattr(request, "too_large", False):
             raise ApiError(413, ApiErrorCode.BODY_TOO_LARGE, "request body too large")
         found = rules.match(request.method.decode("ascii", "replace"), _path(request))
@@ -125,21 +134,48 @@ class RelayApi(resource.Resource):
             return await self._register(request)
         member = await self._authenticated(request)
         rules.authorize(found.route, member)
-        return await self._as_member(found, request, member)
+        return await self._as_member(found, request, member, gone)
 
     async def _as_member(
-        self, found: RouteMatch, request: server.Request, member: Member
+        self, found: RouteMatch, request: server.Request, member: Member, gone: list[Failure]
     ) -> object:
         now = self._clock.seconds()
         match found.route:
             case Route.ME:
+                status = await self._store.mailbox_status(member.org, member.handle)
                 return http.WhoAmIResponse(
                     org=member.org,
                     handle=member.handle,
                     address=member.address,
                     role=member.role,
                     relay_origin=self._origin,
+                    offline_delivery=status is not None and status.offline_delivery,
                 )
+            case Route.SET_OFFLINE_DELIVERY:
+                wanted = _body(request, http.OfflineDelivery)
+                await self._store.set_offline_delivery(
+                    member.org, member.handle, wanted.enabled, now
+                )
+                _log.info(
+                    "offline_delivery_set",
+                    org=member.org,
+                    handle=member.handle,
+                    enabled=wanted.enabled,
+                )
+                return wanted
+            case Route.LIST_JOBS:
+                listed = await self._store.jobs_of(
+                    member.org, member.handle, limits.MAX_JOBS_LISTED
+                )
+                return http.JobList(jobs=tuple(rules.job_info(job, member) for job in listed))
+            case Route.GET_JOB:
+                wait_s = rules.wait_seconds(request.args.get(b"wait"))
+                waiting = self._jobs.job_for(member, _argument(found), wait_s)
+                if wait_s > 0:
+                    _release_when_gone(request, gone, waiting)
+                return await waiting
+            case Route.CANCEL_JOB:
+                return await self._jobs.cancel(member, _argument(found))
             case Route.PRESENCE:
                 # Self only: presence of others would be a free directory of who is at their desk.
                 return http.PresenceResponse(
@@ -209,6 +245,16 @@ class RelayApi(resource.Resource):
             token=token,
             relay_origin=self._origin,
         )
+
+
+def _release_when_gone(
+    request: server.Request, gone: list[Failure], waiting: defer.Deferred[Any]
+) -> None:
+    """Cancel a long-poll once its HTTP client has gone, so nothing is held for nobody."""
+    if gone:
+        waiting.cancel()
+        return
+    request.notifyFinish().addErrback(lambda _failure: waiting.cancel())
 
 
 def _refusal(request: server.Request, failure: Failure, door: Door) -> tuple[int, object]:

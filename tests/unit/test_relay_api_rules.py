@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from typing import Any
 
 import attrs
 import pytest
@@ -12,11 +13,16 @@ from agentcall.crypto.keys import EncryptionKey
 from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.relay import api_rules as rules
 from agentcall.relay.api_rules import Access, Route, RouteMatch
-from agentcall.relay.store_interface import Member
-from agentcall.wire.http import KeysResponse, MemberRole
+from agentcall.relay.mailbox import FailureReason, Job, JobState
+from agentcall.relay.store_interface import Member, StoredJob
+from agentcall.wire import codec
+from agentcall.wire.frames import Direction, Terminal
+from agentcall.wire.http import JobSide, KeysResponse, MemberRole
 from tests.unit.crypto_helpers import DAY, NOW, ORIGIN, make_party, rotate
+from tests.unit.relay_helpers import sealed_looking
 
 INVITE_ID = "0f" * 32
+JOB_ID = "0e4b7f0a-1c2d-4e5f-8a9b-0c1d2e3f4a5b"
 ANN = Member(org="acme", handle="ann", role=MemberRole.MEMBER, agent_kind=None, created_at=0.0)
 ADA = attrs.evolve(ANN, handle="ada", role=MemberRole.ADMIN)
 
@@ -41,6 +47,10 @@ ROUTES = {
     # The fixed key routes are PUT only, so handles named like them are still fetched.
     ("GET", "/v1/keys/identity"): RouteMatch(Route.FETCH_KEYS, "identity"),
     ("GET", "/v1/keys/encryption"): RouteMatch(Route.FETCH_KEYS, "encryption"),
+    ("PUT", "/v1/me/offline-delivery"): RouteMatch(Route.SET_OFFLINE_DELIVERY),
+    ("GET", "/v1/jobs"): RouteMatch(Route.LIST_JOBS),
+    ("GET", f"/v1/jobs/{JOB_ID}"): RouteMatch(Route.GET_JOB, JOB_ID),
+    ("POST", f"/v1/jobs/{JOB_ID}/cancel"): RouteMatch(Route.CANCEL_JOB, JOB_ID),
 }
 FIXED_PATHS = {
     "/v1/status",
@@ -50,6 +60,8 @@ FIXED_PATHS = {
     "/v1/invites",
     "/v1/keys/identity",
     "/v1/keys/encryption",
+    "/v1/me/offline-delivery",
+    "/v1/jobs",
 }
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 PATHS = sorted(
@@ -66,6 +78,10 @@ PATHS = sorted(
         f"/v1/invites/{INVITE_ID.upper()}/revoke",
         f"/v1/invites/{INVITE_ID[:-2]}/revoke",
         "/v1/me/more",
+        f"/v1/jobs/{JOB_ID.upper()}",
+        f"/v1/jobs/{JOB_ID[:-1]}",
+        f"/v1/jobs/{JOB_ID}/more",
+        "/v1/jobs/not-a-job",
     }
 )
 
@@ -219,3 +235,79 @@ def test_published_keys_or_404() -> None:
     with pytest.raises(ApiError) as exc:
         rules.published(None)
     assert refusal(exc) == (404, ApiErrorCode.NOT_FOUND)
+
+
+# --- the offline mailbox -------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("raw", "seconds"), [(None, 0), ([], 0), ([b"0"], 0), ([b"30"], 30)])
+def test_wait_is_a_whole_number_of_seconds_up_to_the_cap(
+    raw: list[bytes] | None, seconds: int
+) -> None:
+    assert rules.wait_seconds(raw) == seconds
+
+
+@pytest.mark.parametrize(
+    "raw", [[b"31"], [b"-1"], [b"1.5"], [b""], [b"1e1"], [b" 3"], [b"3", b"4"], [b"0030"]]
+)
+def test_any_other_wait_is_400(raw: list[bytes]) -> None:
+    with pytest.raises(ApiError) as exc:
+        rules.wait_seconds(raw)
+    assert refusal(exc) == (400, ApiErrorCode.BAD_REQUEST)
+
+
+def _job(**changes: Any) -> Job:
+    job = Job(JOB_ID, "acme", "ann", "ken", 100, 1000.5, 1000.5 + 72 * 3600)
+    return attrs.evolve(job, **changes)
+
+
+def _answered() -> StoredJob:
+    answer = sealed_looking(Direction.RESPONSE, "@acme/ken", "@acme/ann", ORIGIN)
+    job = _job(state=JobState.ANSWERED, answer_bytes=300, attempts=1, last_delivery=1)
+    return StoredJob(job, answer=codec.encode(answer), terminal=Terminal.COMPLETED)
+
+
+def test_the_caller_sees_the_answer_of_an_answered_job() -> None:
+    info = rules.job_info(_answered(), ANN)
+    assert (info.side, info.state, info.terminal) == (
+        JobSide.SENT,
+        JobState.ANSWERED,
+        Terminal.COMPLETED,
+    )
+    assert info.answer is not None and info.answer.from_ == "@acme/ken"
+    assert (info.caller, info.callee, info.created_at) == ("@acme/ann", "@acme/ken", 1000)
+
+
+def test_the_callee_and_lists_never_get_the_answer() -> None:
+    ken = attrs.evolve(ANN, handle="ken")
+    info = rules.job_info(_answered(), ken)
+    assert (info.side, info.answer, info.terminal) == (JobSide.RECEIVED, None, None)
+    listed = rules.job_info(_answered().job, ANN)
+    assert (listed.answer, listed.terminal) == (None, None)
+
+
+@pytest.mark.parametrize(
+    "asker",
+    [
+        attrs.evolve(ANN, handle="bob"),
+        attrs.evolve(ANN, org="beta"),
+        attrs.evolve(ANN, org="beta", handle="ken"),
+    ],
+)
+def test_someone_elses_job_is_not_found_exactly_like_no_job(asker: Member) -> None:
+    with pytest.raises(ApiError) as theirs:
+        rules.job_info(_answered(), asker)
+    with pytest.raises(ApiError) as none:
+        rules.job_info(None, asker)
+    assert refusal(theirs) == refusal(none) == (404, ApiErrorCode.NOT_FOUND)
+    assert theirs.value.message == none.value.message
+
+
+def test_a_failed_job_shows_its_reason() -> None:
+    failed = _job(state=JobState.FAILED, reason=FailureReason.DELIVERY_FAILED, attempts=3)
+    info = rules.job_info(failed, ANN)
+    assert (info.state, info.reason, info.attempts) == (
+        JobState.FAILED,
+        FailureReason.DELIVERY_FAILED,
+        3,
+    )

@@ -702,3 +702,62 @@ def test_random_operation_sequences_keep_every_invariant(ops: list[tuple[object,
         decisions += [box.apply(d) for d in sweep(box.jobs, SMALL, now)]
         check_invariants(box, before, decisions)
         check_swept(box, now)
+
+
+# --- results that overtake the relay's view ----------------------------------------------
+
+
+def lapse_once(box: Mailbox) -> None:
+    """Deliver j1 and let its lease lapse: it is back in the queue after one attempt."""
+    deliver(box)
+    swept(box, T0 + LEASE)
+    assert (state(box, "j1"), box.jobs["j1"].attempts) == (JobState.QUEUED, 1)
+
+
+def test_the_states_are_the_wires_one_definition() -> None:
+    from agentcall.wire import http
+
+    assert JobState is http.JobState and FailureReason is http.JobFailureReason
+
+
+def test_a_result_for_a_job_back_in_the_queue_is_taken_as_its_result() -> None:
+    """The accept was lost, the delivery lapsed; the answer that follows still ends the job."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_once(box)
+    d = run(box, lambda: answer(box.jobs, "j1", KEN, 321, T0 + LEASE + 5))
+    assert (d.audit, d.effects) == ((audit.JOB_COMPLETE,), (DropRequest("j1"),))
+    assert (state(box, "j1"), box.jobs["j1"].answer_bytes) == (JobState.ANSWERED, 321)
+
+
+def test_a_failure_for_a_job_back_in_the_queue_ends_it() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_once(box)
+    reason = FailureReason.INDETERMINATE_EXECUTION
+    run(box, lambda: fail(box.jobs, "j1", KEN, reason, T0 + LEASE + 5))
+    assert (state(box, "j1"), box.jobs["j1"].reason) == (JobState.FAILED, reason)
+
+
+def test_a_job_never_delivered_takes_no_result_and_no_accept() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    wrong = Refused(Refusal.WRONG_STATE)
+    assert fail(box.jobs, "j1", KEN, FailureReason.REJECTED, T0) == wrong
+    assert accept(box.jobs, CAPS, "j1", KEN, T0) == wrong
+    assert state(box, "j1") is JobState.QUEUED
+
+
+def test_a_late_accept_runs_a_job_back_in_the_queue_unless_another_is_out() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    ok(queue(box, "j2", caller="bo", now=T0 + 1))
+    lapse_once(box)
+    later = T0 + LEASE + 1
+    # bo's job is out now: j1's late accept would make two at once.
+    assert deliver(box, later).job_id == "j2"
+    assert accept(box.jobs, CAPS, "j1", KEN, later) == Refused(Refusal.WRONG_STATE)
+    run(box, lambda: decline(box.jobs, CAPS, "j2", KEN, later))
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, later + 1))
+    job = box.jobs["j1"]
+    assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, later + 1 + LEASE, 1)

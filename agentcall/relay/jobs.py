@@ -1,0 +1,466 @@
+"""The offline mailbox's desk: the Twisted glue between sockets, the store and the pure core.
+
+Every decision is made by :mod:`agentcall.relay.mailbox` inside one store transaction
+(:meth:`~agentcall.relay.store_interface.JobStore.decide_jobs`); the desk only acts on what was
+committed: it tells a caller ``call_queued`` after the job is stored, hands a job to an idle
+mailbox-capable listener (``job_delivery``), acknowledges a listener's result after it is stored
+(``job_ack``), tells a listener to drop a job (``cancel_job``), runs the sweep on a timer armed
+at the store's next deadline, and releases long-polls when a job ends.
+
+The store is the truth, so several relays may share it: the desk keeps in memory only what
+belongs to this process (which listener sockets said ``mailbox=1``, the sweep timer, the
+waiting HTTP requests). A job ended by another relay wakes no waiter here; the waiter's own
+timeout answers it, and the client asks again.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from twisted.internet import defer
+from twisted.python.failure import Failure
+
+from agentcall import ids
+from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, MalformedFrame
+from agentcall.logevents import Logger
+from agentcall.relay import api_rules, mailbox
+from agentcall.relay.calls import Pending, Timer, route_problem
+from agentcall.relay.mailbox import Decision, MailboxLimits, Refusal, Refused, TellListenerCancel
+from agentcall.relay.store_interface import (
+    JobsDue,
+    JobsOf,
+    JobStore,
+    MailboxStatus,
+    Member,
+    OneJob,
+    SealedBytes,
+    StoredJob,
+)
+from agentcall.relay.switchboard import Channel, Switchboard
+from agentcall.wire import codec
+from agentcall.wire import frames as fr
+from agentcall.wire.http import JobInfo
+
+_log = Logger(namespace="agentcall.relay.jobs")
+
+# After a sweep the store could not run, try again this much later (a periodic job never dies).
+SWEEP_RETRY_S = 60.0
+
+_ERRORS = {
+    fr.JobError.INDETERMINATE_EXECUTION: mailbox.FailureReason.INDETERMINATE_EXECUTION,
+    fr.JobError.REJECTED: mailbox.FailureReason.REJECTED,
+}
+# Refusals after which a listener still holding the job should stop working on it.
+_OVER = frozenset({Refusal.ENDED, Refusal.EXPIRED})
+
+
+def queue_refusal(reason: Refusal, caps: MailboxLimits) -> str:
+    """What a caller is told when its call cannot be queued (``call_error busy``)."""
+    if reason is Refusal.BUSY:
+        return (
+            f"you have {caps.max_outstanding_per_caller} calls waiting in mailboxes; "
+            "cancel one or wait for an answer"
+        )
+    if reason is Refusal.CALLEE_QUEUE_FULL:
+        return f"that handle's mailbox is full ({caps.max_queued_per_callee} calls waiting)"
+    if reason is Refusal.CALLEE_BYTES_FULL:
+        return "that handle's mailbox is full (it holds as many bytes as it may)"
+    if reason is Refusal.TOO_LARGE:
+        return "the request is larger than that handle's mailbox can hold"
+    return "the call could not be queued; try again"
+
+
+def _listed(result: Decision | Refused | None) -> list[Decision] | Refused:
+    if result is None:
+        return []
+    return result if isinstance(result, Refused) else [result]
+
+
+class JobDesk:
+    """The offline mailbox of one relay process, over the shared store."""
+
+    def __init__(
+        self,
+        clock: Timer,
+        store: JobStore,
+        switchboard: Switchboard,
+        relay_origin: str,
+        caps: MailboxLimits | None = None,
+        *,
+        live_call_to: Callable[[str, str], bool] = lambda _org, _handle: False,
+        mint_job_id: Callable[[], str] = ids.mint_job_id,
+    ) -> None:
+        self._clock = clock
+        self._store = store
+        self._switchboard = switchboard
+        self._origin = relay_origin
+        self.caps = caps or MailboxLimits()
+        self._live_call_to = live_call_to
+        self._mint_job_id = mint_job_id
+        # Listener sockets of this process that said mailbox=1, by identity.
+        self._mailbox_listeners: dict[tuple[str, str], Channel] = {}
+        self._waiters: dict[str, list[defer.Deferred[None]]] = {}
+        self._sweep: Pending | None = None
+        self._sweep_at: float | None = None
+
+    def start(self) -> defer.Deferred[None]:
+        """Arm the sweep from the store (at start-up: jobs outlive the process)."""
+        return self._rearm()
+
+    def stop(self) -> None:
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        self._sweep = self._sweep_at = None
+
+    # --- the caller's side (CallBook) ------------------------------------------------------
+
+    def status(self, org: str, callee: str) -> defer.Deferred[MailboxStatus | None]:
+        return self._store.mailbox_status(org, callee)
+
+    def enqueue(
+        self, org: str, caller: str, callee: str, request: fr.CallRequest
+    ) -> defer.Deferred[fr.CallQueued | fr.CallError]:
+        """Store the request as a job; ``call_queued`` once committed, or ``call_error busy``."""
+        now = self._clock.seconds()
+        job_id = self._mint_job_id()
+        sealed = codec.encode(request.envelope)
+        caps = self.caps
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
+            return _listed(
+                mailbox.enqueue(
+                    jobs,
+                    caps,
+                    job_id=job_id,
+                    org=org,
+                    caller=caller,
+                    callee=callee,
+                    request_bytes=len(sealed),
+                    now=now,
+                )
+            )
+
+        def stored(result: list[Decision] | Refused) -> fr.CallQueued | fr.CallError:
+            if isinstance(result, Refused):
+                _log.info("job_refused", org=org, caller=caller, reason=str(result.reason))
+                detail = queue_refusal(result.reason, caps)
+                return fr.CallError(code=CallErrorCode.BUSY, detail=detail)
+            self._after(result)
+            (decision,) = result
+            expires_at = decision.job.expires_at if decision.job is not None else now
+            _log.info("job_queued", job_id=job_id, org=org, caller=caller, callee=callee)
+            return fr.CallQueued(job_id=job_id, expires_at=int(expires_at))
+
+        scope = JobsOf(org, (caller, callee))
+        return self._store.decide_jobs(
+            scope,
+            decide,
+            actor=caller,
+            at=now,
+            sealed=SealedBytes(job_id, request=sealed),
+        ).addCallback(stored)
+
+    def live_call_ended(self, org: str, callee: str) -> None:
+        """The last live call to ``callee`` on this relay ended: they may be free for a job."""
+        self._kick(org, callee)
+
+    # --- the callee's listener ---------------------------------------------------------------
+
+    def listener_attached(self, org: str, handle: str, channel: Channel, *, mailbox: bool) -> None:
+        if not mailbox:
+            self._mailbox_listeners.pop((org, handle), None)
+            return
+        self._mailbox_listeners[(org, handle)] = channel
+        self._kick(org, handle)
+
+    def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
+        # What it held stays out until its lease lapses: a reconnected session may still finish.
+        if self._mailbox_listeners.get((org, handle)) is channel:
+            del self._mailbox_listeners[(org, handle)]
+
+    def from_listener(
+        self, org: str, handle: str, channel: Channel, frame: fr.Frame
+    ) -> defer.Deferred[None]:
+        """A job frame from the listener session of ``@org/handle`` (about its own jobs only)."""
+        now = self._clock.seconds()
+        by = (org, handle)
+        caps = self.caps
+        if isinstance(frame, fr.JobResult):
+            return self._result(org, handle, channel, frame, now)
+        choose: Callable[[mailbox.Jobs], Decision | Refused | None]
+        if isinstance(frame, fr.JobAccepted):
+            choose = lambda jobs: mailbox.accept(jobs, caps, frame.job_id, by, now)  # noqa: E731
+        elif isinstance(frame, fr.JobDeclined):
+            choose = lambda jobs: mailbox.decline(jobs, caps, frame.job_id, by, now)  # noqa: E731
+        elif isinstance(frame, fr.JobRenew):
+            choose = lambda jobs: mailbox.renew(jobs, caps, frame.job_id, by, now)  # noqa: E731
+        else:
+            _log.info("listener_job_frame_ignored", org=org, handle=handle, frame_type=frame.type)
+            return defer.succeed(None)
+        job_id = frame.job_id
+
+        def done(result: list[Decision] | Refused) -> None:
+            if isinstance(result, Refused):
+                _log.info("job_frame_refused", job_id=job_id, org=org, reason=str(result.reason))
+                if result.reason in _OVER:
+                    channel.send(fr.CancelJob(job_id=job_id))
+                return
+            self._after(result)
+            if any(d.job is not None and d.job.cancel_requested for d in result):
+                # The listener may have missed the first cancel_job (it was offline then).
+                channel.send(fr.CancelJob(job_id=job_id))
+
+        decided = self._store.decide_jobs(
+            OneJob(job_id), lambda jobs: _listed(choose(jobs)), actor=handle, at=now
+        )
+        return decided.addCallback(done).addErrback(self._failed, "job_frame_failed", job_id)
+
+    def _result(
+        self, org: str, handle: str, channel: Channel, frame: fr.JobResult, now: float
+    ) -> defer.Deferred[None]:
+        by = (org, handle)
+        job_id = frame.job_id
+        envelope = frame.envelope
+        answer = None if envelope is None else codec.encode(envelope)
+        origin = self._origin
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
+            if frame.error is fr.JobError.CANCELED:
+                return _listed(mailbox.cancel_done(jobs, job_id, by, now))
+            if frame.error is not None:
+                return _listed(mailbox.fail(jobs, job_id, by, _ERRORS[frame.error], now))
+            if envelope is None or answer is None:  # pragma: no cover - JobResult guarantees it
+                return Refused(Refusal.WRONG_STATE)
+            job = jobs.get(job_id)
+            if job is not None:
+                # Checked like a live call's outcome, against the job's own caller.
+                problem = route_problem(
+                    envelope,
+                    fr.Direction.RESPONSE,
+                    origin=origin,
+                    org=job.org,
+                    sender=job.callee,
+                    to=job.caller,
+                )
+                if problem is not None:
+                    reason = mailbox.FailureReason.REJECTED
+                    return _listed(mailbox.fail(jobs, job_id, by, reason, now))
+            return _listed(mailbox.answer(jobs, job_id, by, len(answer), now))
+
+        sealed = None
+        if answer is not None and frame.terminal is not None:
+            sealed = SealedBytes(job_id, answer=answer, terminal=frame.terminal)
+
+        def done(result: list[Decision] | Refused) -> None:
+            if isinstance(result, Refused):
+                # Acknowledged all the same: nobody needs it any more, so it stops coming.
+                _log.info("job_result_dropped", job_id=job_id, org=org, reason=str(result.reason))
+            else:
+                for decision in result:
+                    state = decision.job.state if decision.job is not None else None
+                    _log.info("job_result_stored", job_id=job_id, org=org, state=str(state))
+                self._after(result)
+            channel.send(fr.JobAck(job_id=job_id))
+
+        decided = self._store.decide_jobs(
+            OneJob(job_id), decide, actor=handle, at=now, sealed=sealed
+        )
+        # A store failure sends no ack: the listener sends the result again on its next connection.
+        return decided.addCallback(done).addErrback(self._failed, "job_result_failed", job_id)
+
+    # --- the caller over HTTP -----------------------------------------------------------------
+
+    def cancel(self, member: Member, job_id: str) -> defer.Deferred[JobInfo]:
+        """The caller cancels its job; 404 for a job that is not theirs, 409 once it ended."""
+        now = self._clock.seconds()
+        by = (member.org, member.handle)
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
+            return _listed(mailbox.cancel(jobs, job_id, by, now))
+
+        def done(result: list[Decision] | Refused) -> defer.Deferred[JobInfo]:
+            if isinstance(result, Refused):
+                if result.reason is Refusal.UNKNOWN_JOB:
+                    raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such job")
+                if result.reason in _OVER:
+                    raise ApiError(409, ApiErrorCode.JOB_ENDED, "the job has already ended")
+                # CANCEL_PENDING: cancelling twice is harmless; the job is shown as it is.
+            else:
+                _log.info("job_cancel", job_id=job_id, org=member.org)
+                self._after(result)
+            return self.job_for(member, job_id, 0)
+
+        scope = OneJob(job_id)
+        return self._store.decide_jobs(scope, decide, actor=member.handle, at=now).addCallback(done)
+
+    def job_for(self, member: Member, job_id: str, wait_s: int) -> defer.Deferred[JobInfo]:
+        """The job as ``member`` may see it; with ``wait_s``, once it has ended or the time is
+        up. Cancelling the returned Deferred (the HTTP client went away) releases the wait."""
+
+        def seen(stored: StoredJob | None) -> JobInfo | defer.Deferred[JobInfo]:
+            info = api_rules.job_info(stored, member)
+            if wait_s <= 0 or info.state not in _WAITING:
+                return info
+            return self._wait(job_id, wait_s).addCallback(lambda _: self.job_for(member, job_id, 0))
+
+        return self._store.get_job(job_id).addCallback(seen)
+
+    def _wait(self, job_id: str, wait_s: float) -> defer.Deferred[None]:
+        timer: list[Pending] = []
+
+        def forget(waiter: defer.Deferred[None]) -> None:
+            waiting = self._waiters.get(job_id, [])
+            if waiter in waiting:
+                waiting.remove(waiter)
+            if not waiting:
+                self._waiters.pop(job_id, None)
+            if timer and timer[0].active():
+                timer[0].cancel()
+
+        waiter: defer.Deferred[None] = defer.Deferred(canceller=forget)
+
+        def time_up() -> None:
+            forget(waiter)
+            waiter.callback(None)
+
+        timer.append(self._clock.callLater(wait_s, time_up))
+        waiter.addBoth(_passing(lambda: forget(waiter)))
+        self._waiters.setdefault(job_id, []).append(waiter)
+        return waiter
+
+    def waiting(self) -> int:
+        """How many long-polls are held (for tests and the operator's view)."""
+        return sum(len(w) for w in self._waiters.values())
+
+    # --- after a commit ---------------------------------------------------------------------
+
+    def _after(self, decisions: list[Decision]) -> None:
+        """Carry out what the store has committed: tell listeners, wake long-polls, deliver the
+        next job to whoever may now be free, and re-arm the sweep."""
+        free: set[tuple[str, str]] = set()
+        for decision in decisions:
+            for effect in decision.effects:
+                if isinstance(effect, TellListenerCancel):
+                    listener = self._switchboard.listener_for(effect.org, effect.callee)
+                    if listener is not None:
+                        listener.send(fr.CancelJob(job_id=effect.job_id))
+            job = decision.job
+            if job is None or job.state in mailbox.TERMINAL:
+                self._wake(decision.job_id)
+            if job is not None and job.state not in mailbox.HOLDING_LEASE:
+                free.add(job.callee_member)
+        for org, callee in sorted(free):
+            self._kick(org, callee)
+        self._rearm()
+
+    def _wake(self, job_id: str) -> None:
+        for waiter in list(self._waiters.pop(job_id, [])):
+            waiter.callback(None)
+
+    def _kick(self, org: str, callee: str) -> None:
+        """Hand the callee's next job to their listener if it takes jobs and is idle."""
+        channel = self._mailbox_listeners.get((org, callee))
+        if channel is None or self._switchboard.listener_for(org, callee) is not channel:
+            return
+        if self._live_call_to(org, callee):
+            return
+        now = self._clock.seconds()
+        caps = self.caps
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
+            return _listed(mailbox.next_delivery(jobs, caps, org, callee, now))
+
+        decided = self._store.decide_jobs(JobsOf(org, (callee,)), decide, actor=None, at=now)
+        decided.addCallback(self._deliver, org, callee)
+        decided.addErrback(self._failed, "job_delivery_failed", None)
+
+    def _deliver(
+        self, result: list[Decision] | Refused, org: str, callee: str
+    ) -> defer.Deferred[None] | None:
+        if isinstance(result, Refused) or not result:
+            return None
+        (decision,) = result
+        self._rearm()
+
+        def send(stored: StoredJob | None) -> None:
+            channel = self._mailbox_listeners.get((org, callee))
+            if stored is None or stored.request is None or channel is None:
+                # Gone meanwhile (cancelled, or the listener left): the lease takes it back.
+                return
+            job = stored.job
+            try:
+                envelope = codec.decode(
+                    stored.request, fr.SealedEnvelope, max_bytes=len(stored.request)
+                )
+            except MalformedFrame:
+                _log.error("job_request_unreadable", job_id=job.job_id, org=org)
+                return
+            _log.info("job_delivered", job_id=job.job_id, org=org, attempt=job.attempts)
+            channel.send(
+                fr.JobDelivery(
+                    job_id=job.job_id,
+                    from_=job.caller,
+                    envelope=envelope,
+                    expires_at=int(job.expires_at),
+                    attempt=job.attempts,
+                )
+            )
+
+        return self._store.get_job(decision.job_id).addCallback(send)
+
+    # --- the sweep ----------------------------------------------------------------------------
+
+    def _rearm(self) -> defer.Deferred[None]:
+        asked = self._store.next_job_deadline(self.caps.metadata_grace_s)
+        armed = asked.addCallback(self._arm)
+        return armed.addErrback(self._failed, "job_sweep_arm_failed", None)
+
+    def _arm(self, at: float | None) -> None:
+        """Sweep at ``at`` unless an earlier sweep is already armed: an early sweep decides
+        nothing and re-arms, a late one would leave a lease or an expiry waiting."""
+        if at is None:
+            return
+        if self._sweep is not None and self._sweep.active() and self._sweep_at is not None:
+            if self._sweep_at <= at:
+                return
+            self._sweep.cancel()
+        self._sweep_at = at
+        self._sweep = self._clock.callLater(max(0.0, at - self._clock.seconds()), self._run_sweep)
+
+    def _run_sweep(self) -> None:
+        # The timer's own time, never earlier: a float rounding must not leave it undecided.
+        now = max(self._clock.seconds(), self._sweep_at or 0.0)
+        self._sweep = self._sweep_at = None
+        caps = self.caps
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision]:
+            return mailbox.sweep(jobs, caps, now)
+
+        def swept(result: list[Decision] | Refused) -> None:
+            if isinstance(result, Refused):  # pragma: no cover - a sweep never refuses
+                return
+            if result:
+                _log.info("jobs_swept", decisions=len(result))
+            self._after(result)
+
+        def failed(failure: Failure) -> None:
+            _log.failure("job_sweep_failed", failure=failure)
+            self._arm(self._clock.seconds() + SWEEP_RETRY_S)
+
+        scope = JobsDue(now, caps.metadata_grace_s)
+        self._store.decide_jobs(scope, decide, actor=None, at=now).addCallbacks(swept, failed)
+
+    def _failed(self, failure: Failure, event: str, job_id: str | None) -> None:
+        # Logged and absorbed: a store failure must not become an unhandled error in a Deferred.
+        _log.failure(event, failure=failure, job_id=job_id)
+
+
+_WAITING = frozenset(mailbox.OUTSTANDING)
+
+
+def _passing(step: Callable[[], object]) -> Callable[[object], object]:
+    def run(result: object) -> object:
+        step()
+        return result
+
+    return run

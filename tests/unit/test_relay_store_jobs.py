@@ -1,0 +1,343 @@
+"""The mailbox half of the relay store on a real SQLite file: rows, sealed bytes, the opt-in,
+deadlines, the scope of a sweep, and the upgrade from schema v1."""
+
+from __future__ import annotations
+
+import functools
+import sqlite3
+from collections.abc import Iterator
+from pathlib import Path
+
+import attrs
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from agentcall import limits
+from agentcall.db import open_database
+from agentcall.errors import ApiError, StoreError
+from agentcall.relay import audit, mailbox
+from agentcall.relay.audit import AuditEntry
+from agentcall.relay.mailbox import Decision, Job, JobState, MailboxLimits, Refusal, Refused
+from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
+from agentcall.relay.store_interface import (
+    JobsDue,
+    JobsOf,
+    MailboxStatus,
+    OneJob,
+    SealedBytes,
+    StoredJob,
+    Submission,
+)
+from agentcall.wire.frames import Terminal
+from agentcall.wire.http import MemberRole
+from tests.hypothesis_profiles import examples
+from tests.unit.relay_helpers import Fired
+from tests.unit.test_db_engine import only_version
+
+T0 = 1_750_000_000.0
+CAPS = MailboxLimits()
+J1 = "00000000-0000-4000-8000-000000000001"
+REQUEST = b'{"ct":"sealed-request-bytes"}'
+ANSWER = b'{"ct":"sealed-answer-bytes"}'
+
+
+@pytest.fixture
+def store(tmp_path: Path) -> Iterator[Fired]:
+    opened = Fired(open_relay_store(tmp_path / "relay.sqlite"))
+    opened.ensure_org("acme", T0)
+    for handle in ("ana", "ken"):
+        secret, _ = opened.create_invite(
+            "acme",
+            created_by=None,
+            role=MemberRole.MEMBER,
+            expires_in_days=7,
+            description=None,
+            now=T0,
+        )
+        opened.register("acme", secret, handle, None, T0)
+    yield opened
+    opened.close()
+
+
+def enqueue(store: Fired, job_id: str = J1, *, now: float = T0, caller: str = "ana") -> object:
+    def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
+        result = mailbox.enqueue(
+            jobs,
+            CAPS,
+            job_id=job_id,
+            org="acme",
+            caller=caller,
+            callee="ken",
+            request_bytes=len(REQUEST),
+            now=now,
+        )
+        return [result] if isinstance(result, Decision) else result
+
+    return store.decide_jobs(
+        JobsOf("acme", (caller, "ken")),
+        decide,
+        actor=caller,
+        at=now,
+        sealed=SealedBytes(job_id, request=REQUEST),
+    )
+
+
+def one(
+    store: Fired, job_id: str, step: object, *, actor: str | None = "ken", **kw: object
+) -> object:
+    def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
+        result = step(jobs)  # type: ignore[operator]
+        if result is None:
+            return []
+        return [result] if isinstance(result, Decision) else result
+
+    return store.decide_jobs(OneJob(job_id), decide, actor=actor, at=T0 + 1, **kw)
+
+
+def audit_of(store: Fired, job_id: str) -> list[tuple[str, str | None, str | None, str | None]]:
+    return [
+        (row.event, row.actor, row.target, row.detail)
+        for row in store.audit_rows("acme", limit=500)
+        if row.call_id == job_id
+    ]
+
+
+def test_an_enqueue_stores_the_row_the_request_and_its_audit_row(store: Fired) -> None:
+    decisions = enqueue(store)
+    assert isinstance(decisions, list) and len(decisions) == 1
+    stored = store.get_job(J1)
+    assert stored == StoredJob(decisions[0].job, request=REQUEST)
+    assert audit_of(store, J1) == [(audit.JOB_QUEUE, "ana", "ken", f"bytes={len(REQUEST)}")]
+
+
+def test_a_refusal_writes_nothing(store: Fired) -> None:
+    enqueue(store)
+    rows = len(store.audit_rows("acme", limit=500))
+    assert enqueue(store) == Refused(Refusal.DUPLICATE_JOB)
+    assert len(store.audit_rows("acme", limit=500)) == rows
+    assert audit_of(store, J1) == [(audit.JOB_QUEUE, "ana", "ken", f"bytes={len(REQUEST)}")]
+
+
+def test_a_new_job_without_its_request_is_refused_and_rolled_back(store: Fired) -> None:
+    def decide(jobs: mailbox.Jobs) -> list[Decision]:
+        job = Job(J1, "acme", "ana", "ken", 10, T0, T0 + 10)
+        return [Decision(J1, job, audit=(audit.JOB_QUEUE,))]
+
+    with pytest.raises(ValueError, match="sealed request"):
+        store.decide_jobs(OneJob(J1), decide, actor="ana", at=T0)
+    assert store.get_job(J1) is None and audit_of(store, J1) == []
+
+
+def test_an_answer_replaces_the_request(store: Fired) -> None:
+    enqueue(store)
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    sealed = SealedBytes(J1, answer=ANSWER, terminal=Terminal.COMPLETED)
+    one(
+        store,
+        J1,
+        lambda jobs: mailbox.answer(jobs, J1, ("acme", "ken"), len(ANSWER), T0 + 1),
+        sealed=sealed,
+    )
+    stored = store.get_job(J1)
+    assert (stored.request, stored.answer, stored.terminal) == (None, ANSWER, Terminal.COMPLETED)
+    assert stored.job.state is JobState.ANSWERED
+    assert audit_of(store, J1)[1:] == [
+        (audit.JOB_DELIVER, None, "ken", "attempt=1"),
+        (audit.JOB_COMPLETE, "ken", "ana", "completed"),
+    ]
+
+
+def test_an_answer_without_its_bytes_is_refused(store: Fired) -> None:
+    enqueue(store)
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    with pytest.raises(ValueError, match="sealed answer"):
+        one(store, J1, lambda jobs: mailbox.answer(jobs, J1, ("acme", "ken"), 5, T0 + 1))
+    assert store.get_job(J1).job.state is JobState.DELIVERED
+
+
+def test_ending_drops_every_sealed_byte_and_forgetting_the_row(store: Fired) -> None:
+    enqueue(store)
+    one(store, J1, lambda jobs: mailbox.cancel(jobs, J1, ("acme", "ana"), T0), actor="ana")
+    stored = store.get_job(J1)
+    assert (stored.job.state, stored.request, stored.answer) == (JobState.CANCELLED, None, None)
+    later = T0 + CAPS.ttl_s + CAPS.metadata_grace_s
+    store.decide_jobs(
+        JobsDue(later, CAPS.metadata_grace_s),
+        lambda jobs: mailbox.sweep(jobs, CAPS, later),
+        actor=None,
+        at=later,
+    )
+    assert store.get_job(J1) is None
+
+
+def test_jobs_of_lists_both_sides_newest_first_and_bounded(store: Fired) -> None:
+    for i in range(3):
+        enqueue(store, f"00000000-0000-4000-8000-00000000000{i}", now=T0 + i)
+    ana = [job.job_id[-1] for job in store.jobs_of("acme", "ana", 10)]
+    ken = [job.job_id[-1] for job in store.jobs_of("acme", "ken", 2)]
+    assert (ana, ken) == (["2", "1", "0"], ["2", "1"])
+    assert store.jobs_of("acme", "bob", 10) == []
+
+
+def test_mailbox_status_and_the_opt_in(store: Fired) -> None:
+    assert store.mailbox_status("acme", "ken") == MailboxStatus(False, False)
+    assert store.mailbox_status("acme", "nobody") is None
+    store.set_offline_delivery("acme", "ken", True, T0)
+    store.set_offline_delivery("acme", "ken", True, T0 + 1)
+    store.set_offline_delivery("acme", "ken", False, T0 + 2)
+    rows = [
+        (r.event, r.actor, r.detail)
+        for r in store.audit_rows("acme", limit=500)
+        if r.event == audit.MEMBER_OFFLINE_DELIVERY
+    ]
+    assert rows == [
+        (audit.MEMBER_OFFLINE_DELIVERY, "ken", "on"),
+        (audit.MEMBER_OFFLINE_DELIVERY, "ken", "off"),
+    ]
+    with pytest.raises(ApiError) as missing:
+        store.set_offline_delivery("acme", "nobody", True, T0)
+    assert missing.value.status == 404
+    store.set_offline_delivery("acme", "ken", True, T0)
+    enqueue(store)
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    assert store.mailbox_status("acme", "ken") == MailboxStatus(True, True)
+
+
+def test_queued_calls_count_in_the_restored_rate_windows(store: Fired) -> None:
+    enqueue(store)
+    store.record(AuditEntry(audit.CALL_SUBMIT, "acme", "ana", "ken", "c1", T0 + 5, None))
+    assert store.submissions_since(T0) == [
+        Submission("acme", "ana", "ken", T0),
+        Submission("acme", "ana", "ken", T0 + 5),
+    ]
+
+
+def test_a_row_no_decision_can_produce_is_a_store_error(store: Fired, tmp_path: Path) -> None:
+    enqueue(store)
+    raw = sqlite3.connect(tmp_path / "relay.sqlite")
+    raw.execute("UPDATE jobs SET reason = 'rejected' WHERE job_id = ?", (J1,))
+    raw.commit()
+    raw.close()
+    with pytest.raises(StoreError, match="no decision can produce"):
+        store.get_job(J1)
+
+
+def test_a_v1_database_upgrades_with_its_members_opted_out(tmp_path: Path) -> None:
+    path = tmp_path / "old.sqlite"
+    old = open_database(path, only_version(RELAY_SCHEMA, 1, tmp_path / "v1")).connection
+    old.execute("INSERT INTO orgs (org, created_at) VALUES ('acme', 1)")
+    old.execute(
+        "INSERT INTO members (org, handle, role, token_hash, agent_kind, created_at)"
+        " VALUES ('acme', 'ken', 'member', ?, NULL, 1)",
+        ("0" * 64,),
+    )
+    old.close()
+    upgraded = Fired(open_relay_store(path))
+    assert upgraded.mailbox_status("acme", "ken") == MailboxStatus(False, False)
+    upgraded.set_offline_delivery("acme", "ken", True, T0)
+    assert upgraded.mailbox_status("acme", "ken") == MailboxStatus(True, False)
+    upgraded.close()
+
+
+# --- the sweep's scope and deadline match the core's over every row ----------------------------
+
+ops = st.lists(
+    st.tuples(
+        st.sampled_from(["enqueue", "deliver", "accept", "answer", "wait"]),
+        st.sampled_from([1.0, limits.MAILBOX_LEASE_S, 3600.0, limits.MAILBOX_TTL_S / 2]),
+    ),
+    max_size=25,
+)
+
+
+def _op(name: str, job_id: str, target: str, now: float, jobs: mailbox.Jobs) -> object:
+    """One operation of the random sequences below, as the core decides it over ``jobs``."""
+    ken = ("acme", "ken")
+    if name == "enqueue":
+        return mailbox.enqueue(
+            jobs, CAPS, job_id=job_id, org="acme", caller="ana", callee="ken", request_bytes=10,
+            now=now,
+        )  # fmt: skip
+    if name == "deliver":
+        return mailbox.next_delivery(jobs, CAPS, "acme", "ken", now)
+    if name == "accept":
+        return mailbox.accept(jobs, CAPS, target, ken, now)
+    if name == "answer":
+        return mailbox.answer(jobs, target, ken, 5, now)
+    return None
+
+
+def _as_decisions(result: object) -> list[Decision]:
+    return [result] if isinstance(result, Decision) else []
+
+
+@settings(max_examples=examples(60), deadline=None)
+@given(ops)
+def test_the_due_scope_and_the_deadline_agree_with_the_core(
+    tmp_path_factory: pytest.TempPathFactory, steps: list[tuple[str, float]]
+) -> None:
+    """Whatever the rows, the store's sweep scope and deadline are the core's over all rows."""
+    path = tmp_path_factory.mktemp("due") / "relay.sqlite"
+    store = Fired(open_relay_store(path))
+    box = mailbox.Mailbox()
+    now = T0
+    for serial, (name, wait) in enumerate(steps):
+        job_id = f"00000000-0000-4000-8000-{serial:012d}"
+        ids = sorted(box.jobs)
+        target = ids[serial % len(ids)] if ids else job_id
+        if name == "wait":
+            now += wait
+        sealed = None
+        if name == "enqueue":
+            sealed = SealedBytes(job_id, request=REQUEST)
+        elif name == "answer":
+            sealed = SealedBytes(target, answer=ANSWER, terminal=Terminal.FAILED)
+        op = functools.partial(_op, name, job_id, target, now)
+        for decision in _as_decisions(op(box.jobs)):
+            box.apply(decision)
+        store.decide_jobs(
+            JobsOf("acme", ("ana", "ken")),
+            lambda jobs, op=op: _as_decisions(op(jobs)),
+            actor=None,
+            at=now,
+            sealed=sealed,
+        )
+        # The rows in the file are the core's rows.
+        assert {j.job_id: j for j in store.jobs_of("acme", "ken", 500)} == box.jobs
+        deadline = store.next_job_deadline(CAPS.metadata_grace_s)
+        assert deadline == mailbox.next_deadline(box.jobs, CAPS)
+        expected = mailbox.sweep(box.jobs, CAPS, now)
+        sweep = functools.partial(mailbox.sweep, caps=CAPS, now=now)
+        due = JobsDue(now, CAPS.metadata_grace_s)
+        assert store.decide_jobs(due, sweep, actor=None, at=now) == expected
+        for decision in expected:
+            box.apply(decision)
+    store.close()
+
+
+def test_holds_ciphertext_matches_the_sealed_table(store: Fired, tmp_path: Path) -> None:
+    enqueue(store)
+    raw = sqlite3.connect(tmp_path / "relay.sqlite")
+    assert raw.execute("SELECT COUNT(*) FROM job_sealed").fetchone() == (1,)
+    raw.close()
+    one(store, J1, lambda jobs: mailbox.cancel(jobs, J1, ("acme", "ana"), T0), actor="ana")
+    raw = sqlite3.connect(tmp_path / "relay.sqlite")
+    assert raw.execute("SELECT COUNT(*) FROM job_sealed").fetchone() == (0,)
+    raw.close()
+    assert attrs.asdict(store.get_job(J1).job)["holds_ciphertext"] is False
