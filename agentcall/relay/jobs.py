@@ -20,7 +20,7 @@ from collections.abc import Callable
 from twisted.internet import defer
 from twisted.python.failure import Failure
 
-from agentcall import ids
+from agentcall import ids, limits
 from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, MalformedFrame
 from agentcall.logevents import Logger
 from agentcall.relay import api_rules, mailbox
@@ -45,6 +45,11 @@ _log = Logger(namespace="agentcall.relay.jobs")
 
 # After a sweep the store could not run, try again this much later (a periodic job never dies).
 SWEEP_RETRY_S = 60.0
+# A listener that declined a delivery is busy with something this relay does not see (a call
+# through another relay, an agent still running after its call timed out) or is stopping: offer
+# it nothing for this long, unless it is seen to become free sooner (its live call ends here, or
+# it reconnects). Without the pause a busy listener would be offered the queue in a tight loop.
+DECLINE_REST_S = limits.MAILBOX_LEASE_S
 
 _ERRORS = {
     fr.JobError.INDETERMINATE_EXECUTION: mailbox.FailureReason.INDETERMINATE_EXECUTION,
@@ -102,6 +107,8 @@ class JobDesk:
         self._waiters: dict[str, list[defer.Deferred[None]]] = {}
         self._sweep: Pending | None = None
         self._sweep_at: float | None = None
+        # Callees whose listener declined a delivery, with the timer that ends their rest.
+        self._resting: dict[tuple[str, str], Pending] = {}
 
     def start(self) -> defer.Deferred[None]:
         """Arm the sweep from the store (at start-up: jobs outlive the process)."""
@@ -111,6 +118,8 @@ class JobDesk:
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         self._sweep = self._sweep_at = None
+        for key in list(self._resting):
+            self._stop_resting(*key)
 
     # --- the caller's side (CallBook) ------------------------------------------------------
 
@@ -162,6 +171,7 @@ class JobDesk:
 
     def live_call_ended(self, org: str, callee: str) -> None:
         """The last live call to ``callee`` on this relay ended: they may be free for a job."""
+        self._stop_resting(org, callee)
         self._kick(org, callee)
 
     # --- the callee's listener ---------------------------------------------------------------
@@ -171,6 +181,7 @@ class JobDesk:
             self._mailbox_listeners.pop((org, handle), None)
             return
         self._mailbox_listeners[(org, handle)] = channel
+        self._stop_resting(org, handle)
         self._kick(org, handle)
 
     def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
@@ -205,6 +216,8 @@ class JobDesk:
                 if result.reason in _OVER:
                     channel.send(fr.CancelJob(job_id=job_id))
                 return
+            if isinstance(frame, fr.JobDeclined):
+                self._rest(org, handle)
             self._after(result)
             if any(d.job is not None and d.job.cancel_requested for d in result):
                 # The listener may have missed the first cancel_job (it was offline then).
@@ -357,10 +370,28 @@ class JobDesk:
         for waiter in list(self._waiters.pop(job_id, [])):
             waiter.callback(None)
 
+    def _rest(self, org: str, callee: str) -> None:
+        self._stop_resting(org, callee)
+        self._resting[(org, callee)] = self._clock.callLater(
+            DECLINE_REST_S, self._rested, org, callee
+        )
+
+    def _rested(self, org: str, callee: str) -> None:
+        self._resting.pop((org, callee), None)
+        self._kick(org, callee)
+
+    def _stop_resting(self, org: str, callee: str) -> None:
+        timer = self._resting.pop((org, callee), None)
+        if timer is not None and timer.active():
+            timer.cancel()
+
     def _kick(self, org: str, callee: str) -> None:
-        """Hand the callee's next job to their listener if it takes jobs and is idle."""
+        """Hand the callee's next job to their listener if it takes jobs, is idle, and has not
+        just declined one."""
         channel = self._mailbox_listeners.get((org, callee))
         if channel is None or self._switchboard.listener_for(org, callee) is not channel:
+            return
+        if (org, callee) in self._resting:
             return
         if self._live_call_to(org, callee):
             return

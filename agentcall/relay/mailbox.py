@@ -320,12 +320,20 @@ def renew(
 def decline(
     jobs: Jobs, caps: MailboxLimits, job_id: str, by: Member, now: float
 ) -> Decision | Refused:
-    """The listener cannot take the delivered job now (busy, or gone): the attempt is spent
-    early, as if its lease had lapsed."""
+    """The listener cannot take the delivered job now (busy with a call the relay did not see,
+    or stopping): the job waits in the queue again and the attempt is given back, because the
+    listener said so and nothing ran. Only silence (a lapsed lease) spends attempts, so a busy
+    callee never turns a job into ``delivery_failed``; the relay waits before delivering to a
+    listener that declined (:class:`~agentcall.relay.jobs.JobDesk`)."""
     job = _own(jobs, job_id, by, caller=False, now=now, states={JobState.DELIVERED})
     if isinstance(job, Refused):
         return job
-    return _lapse(job, caps)
+    if job.cancel_requested:
+        return _end(job, JobState.CANCELLED, ())
+    waiting = attrs.evolve(
+        job, state=JobState.QUEUED, lease_until=None, attempts=max(0, job.attempts - 1)
+    )
+    return Decision(job_id, waiting)
 
 
 def answer(

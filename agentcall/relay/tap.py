@@ -328,6 +328,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     ).setServiceParent(top)
     internet.TimerService(600, lambda: _prune(relay.limiter, reactor)).setServiceParent(top)
     _DoorFlush(relay.door).setServiceParent(top)
+    _MailboxTimers(relay.jobs).setServiceParent(top)
     caps = settings.door.caps
     _log.info(
         "relay_configured",
@@ -354,6 +355,18 @@ class _DoorFlush(internet.TimerService):
     def stopService(self) -> Any:
         result = super().stopService()
         self._door.flush(final=True)
+        return result
+
+
+class _MailboxTimers(service.Service):
+    """Stops the mailbox's sweep and rest timers with the relay (the desk arms them itself)."""
+
+    def __init__(self, jobs: Any) -> None:
+        self._jobs = jobs
+
+    def stopService(self) -> Any:
+        result = super().stopService()
+        self._jobs.stop()
         return result
 
 

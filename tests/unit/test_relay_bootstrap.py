@@ -142,3 +142,24 @@ def test_the_relay_service_refuses_a_loose_database_with_one_line(tmp_path: Path
         tap.makeService(options, reactor=MemoryReactorClock())
     assert str(exc.value).startswith("agentcall-relay: relay database")
     assert f"chmod go-w {path}" in str(exc.value)
+
+
+def test_the_relay_service_stops_the_mailbox_timers_with_it(tmp_path: Path) -> None:
+    """Stopping the relay cancels the mailbox's sweep and rest timers (none left armed)."""
+    from twisted.application.service import MultiService
+    from twisted.internet.testing import MemoryReactorClock
+
+    from agentcall.relay import tap
+
+    path = tmp_path / "relay.db"
+    bootstrap(path, "acme", URL, T0)
+    options = tap.Options()
+    options.parseOptions(["--database", str(path), "--url", "http://127.0.0.1:8765"])
+    top = tap.makeService(options, reactor=MemoryReactorClock())
+    assert isinstance(top, MultiService)
+    (timers,) = [s for s in top if isinstance(s, tap._MailboxTimers)]
+    stopped: list[bool] = []
+    timers._jobs = type("Jobs", (), {"stop": lambda _self: stopped.append(True)})()
+    timers.startService()
+    timers.stopService()
+    assert stopped == [True]

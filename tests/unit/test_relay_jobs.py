@@ -16,7 +16,7 @@ from agentcall import limits
 from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, StoreError
 from agentcall.relay import audit
 from agentcall.relay.calls import CallBook
-from agentcall.relay.jobs import SWEEP_RETRY_S, JobDesk
+from agentcall.relay.jobs import DECLINE_REST_S, SWEEP_RETRY_S, JobDesk
 from agentcall.relay.mailbox import FailureReason, JobState, MailboxLimits
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import SqliteRelayStore, open_relay_store
@@ -391,12 +391,34 @@ def test_a_delivery_never_accepted_is_retried_then_fails_after_three(relay: Desk
     assert len(deliveries(ken)) == 3
 
 
-def test_a_declined_delivery_goes_to_the_next_job(relay: Desk) -> None:
+def test_a_declining_listener_rests_then_gets_the_next_job(relay: Desk) -> None:
+    """A decline gives the attempt back and pauses deliveries to that listener (it is busy
+    with something this relay does not see), so a busy callee never burns a job's attempts."""
     first, second = relay.queued("ana"), relay.queued("bob")
     ken = relay.listen()
     relay.send(ken, JobDeclined(job_id=first))
+    assert deliveries(ken) == [first]
+    assert relay.job(first).job.attempts == 0 and relay.state(first) is JobState.QUEUED
+    relay.clock.advance(DECLINE_REST_S - 1)
+    assert deliveries(ken) == [first]
+    relay.clock.advance(1)
+    # bob has not been served yet, so his job goes first.
     assert deliveries(ken) == [first, second]
-    assert relay.job(first).job.attempts == 1 and relay.state(first) is JobState.QUEUED
+    for _ in range(5):
+        relay.send(ken, JobDeclined(job_id=deliveries(ken)[-1]))
+        relay.clock.advance(DECLINE_REST_S)
+    # Offered in turn, never failed: each holds at most the attempt it is out on now.
+    assert len(deliveries(ken)) == 7
+    assert {relay.state(first), relay.state(second)} == {JobState.QUEUED, JobState.DELIVERED}
+    assert relay.job(first).job.attempts + relay.job(second).job.attempts == 1
+
+
+def test_a_declining_listener_is_offered_a_job_when_it_reconnects(relay: Desk) -> None:
+    job_id = relay.queued("ana")
+    ken = relay.listen()
+    relay.send(ken, JobDeclined(job_id=job_id))
+    again = relay.listen()
+    assert deliveries(again) == [job_id]
 
 
 def test_results_are_stored_then_acked(tmp_path: Path) -> None:

@@ -241,17 +241,30 @@ def test_a_lapsed_lease_is_retried_then_fails_delivery_after_three_attempts() ->
     assert not job.holds_ciphertext
 
 
-def test_decline_spends_an_attempt_at_once() -> None:
+def test_decline_gives_the_attempt_back() -> None:
+    """A busy listener says so; only silence spends attempts, so declines never fail a job."""
     box = Mailbox()
     ok(queue(box, "j1"))
-    for _ in range(2):
+    for _ in range(CAPS.max_attempts + 2):
         deliver(box)
-        run(box, lambda: decline(box.jobs, CAPS, "j1", KEN, T0))
-        assert state(box, "j1") is JobState.QUEUED
-    deliver(box)
-    d = run(box, lambda: decline(box.jobs, CAPS, "j1", KEN, T0))
+        d = run(box, lambda: decline(box.jobs, CAPS, "j1", KEN, T0))
+        job = box.jobs["j1"]
+        assert (job.state, job.attempts, job.lease_until) == (JobState.QUEUED, 0, None)
+        assert d.audit == () and d.effects == ()
+    # Silence still counts: three lapsed leases end it.
+    for n in range(CAPS.max_attempts):
+        deliver(box, T0 + n * (LEASE + 1))
+        swept(box, T0 + n * (LEASE + 1) + LEASE)
     assert box.jobs["j1"].reason is FailureReason.DELIVERY_FAILED
-    assert d.audit == (audit.JOB_FAIL,)
+
+
+def test_a_declined_job_that_was_being_cancelled_ends_cancelled() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: cancel(box.jobs, "j1", ANA, T0))
+    run(box, lambda: decline(box.jobs, CAPS, "j1", KEN, T0))
+    assert state(box, "j1") is JobState.CANCELLED
 
 
 def test_a_running_job_whose_lease_lapses_is_indeterminate_never_rerun() -> None:
