@@ -8,9 +8,11 @@ and loses nothing; a listener killed with SIGKILL while the agent runs never run
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
+import sqlite3
 import subprocess
 import time
 from collections.abc import Iterator
@@ -55,6 +57,17 @@ def _queue(world: World, address: str, message: str) -> dict[str, Any]:
     assert body["ok"] is True and body["queued"] is True, body
     assert body["address"] == address
     return dict(body)
+
+
+def _audit(world: World, event: str, job_id: str) -> list[tuple[str | None, str | None]]:
+    """The relay's audit rows of one event about one job: (actor, detail)."""
+    uri = f"file:{world.relay.database}?mode=ro"
+    with contextlib.closing(sqlite3.connect(uri, uri=True)) as db:
+        rows = db.execute(
+            "SELECT actor, detail FROM audit WHERE event = ? AND call_id = ? ORDER BY id",
+            (event, job_id),
+        ).fetchall()
+    return [(actor, detail) for actor, detail in rows]
 
 
 def _relay_files(world: World) -> list[Path]:
@@ -222,6 +235,9 @@ def test_a_listener_killed_mid_run_never_runs_the_job_again(world: World, tmp_pa
         body = _json(got)
         assert body["state"] == "failed" and body["code"] == "indeterminate_execution"
         assert len(xia.agent_runs()) == 1
+        # The restarted listener's journal said so (the relay's lease lapse would also end it
+        # indeterminate, but with the relay as actor): the at-most-once record did its work.
+        assert _audit(world, "job.fail", job_id) == [("xia", "indeterminate_execution")]
     finally:
         xia.stop()
 
@@ -243,3 +259,30 @@ def test_a_call_to_a_busy_callee_is_queued_and_runs_next(world: World, tmp_path:
     finally:
         gate.release()
         yan.stop()
+
+
+def test_an_answer_finished_while_the_relay_was_down_still_arrives(
+    world: World, tmp_path: Path
+) -> None:
+    """SIGKILL of the relay while a job runs; the agent finishes while the relay is down; the
+    listener keeps the sealed answer in its journal and sends it once the relay is back."""
+    zoe, gate = _held_callee(world, "zoe", tmp_path)
+    job_id = _queue(world, "@acme/zoe", "finish while the relay is away")["job_id"]
+    listener = zoe.start_listener()
+    try:
+        gate.wait_started()
+        world.relay.process.send_signal(signal.SIGKILL)
+        world.relay.process.wait(timeout=30)
+        mark = listener.log.mark()
+        assert gate.release()
+        listener.log.wait_for(r"agent_finished", since=mark)
+        world.relay.restart()
+        got = world.ann.cli("jobs", "get", "@acme/zoe", job_id, "--wait", "180", "--json")
+        assert got.returncode == 0, got.stdout + got.stderr
+        body = _json(got)
+        assert body["state"] == "answered"
+        assert body["text"] == "FAKE-AGENT-ANSWER: finish while the relay is away"
+        assert len(zoe.agent_runs()) == 1
+    finally:
+        gate.release()
+        zoe.stop()
