@@ -15,10 +15,12 @@ knows every job that may have run:
 A stored reply is the encoded ``job_result`` exactly as sent to the relay (ciphertext and
 routing only), or a :class:`~agentcall.wire.frames.JobError` the listener reports in clear. Rows
 are pruned :data:`HORIZON_S` (the 72 h mailbox TTL plus the allowed clock skew) after acceptance;
-:func:`on_delivery` refuses a new job whose expiry lies further ahead than that, so a pruned job
-can only come back already expired and is still not run. The skew is there because a job's
-expiry is stamped by the relay's clock: a relay slightly ahead of us must not make every fresh
-job look too far ahead.
+:func:`on_delivery` refuses a new job whose expiry lies further ahead than that, so no job can
+outlive its row. The desk passes the relay's expiry capped at its own ``now`` plus the TTL (a
+relay whose clock runs ahead must not get every fresh job refused), so the desk's deliveries never
+meet this refusal; a job delivered again after its row is pruned is still never run, because its
+sealed request's signed expiry has passed by then (the pipeline refuses to open it) and the
+replay window keeps its request id until that expiry.
 
 Pure rules (:func:`on_delivery`, :func:`on_restart`, :func:`start`, :func:`seal`,
 :func:`acknowledge`) take ``now`` and return values; :class:`SqliteJournal` keeps the rows in
@@ -171,8 +173,10 @@ def on_delivery(
 ) -> Delivery:
     """What to do with a delivery of ``job_id`` given its journal row (None: never seen).
 
-    ``expires_at`` is the job's expiry as the listener checked it (the sealed request's);
-    ``running_here`` says whether this process is running the job's agent right now.
+    ``expires_at`` is the job's expiry as the relay stamped it on the delivery (by the relay's
+    clock; the desk caps it at its own ``now`` plus the TTL), not the sealed request's, which
+    only the pipeline sees once it opens the request. ``running_here`` says whether this
+    process is running the job's agent right now.
     """
     if entry is not None:
         if entry.job_id != job_id:

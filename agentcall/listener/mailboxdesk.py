@@ -8,14 +8,23 @@ enters any prompt. A caller blocked since they queued the job gets a sealed ``bl
 as the job's result, exactly as a live call would.
 
 - ``job_delivery``: while a call or job runs here, or the listener is stopping, the desk says
-  ``job_declined`` and writes nothing. Otherwise the execution journal decides
+  ``job_declined`` and writes nothing. A delivery whose envelope is not routed as a request
+  from the delivery's caller to this listener through this relay (:func:`route_problem`, no
+  key needed) is answered ``rejected`` and writes nothing either: every journal row is an
+  fsync'd write kept for days, and a hostile relay must not be able to make them at will.
+  Otherwise the execution journal decides
   (:meth:`~agentcall.listener.journal.IJournal.deliver`, which commits the ``accepted`` row
   before it returns): run it (``job_accepted``, then the pipeline under the job id as call
   id), send its stored result again, report ``indeterminate_execution`` (it may have run
-  before a crash), wait for the run in progress, or refuse it (``rejected``).
+  before a crash), say ``job_accepted`` again for the run in progress, or refuse it
+  (``rejected``).
 - While a job runs the desk renews its lease (``job_renew`` every
   :data:`~agentcall.limits.MAILBOX_RENEW_S`), from ``job_accepted`` to its result, since the
-  relay counts the job as running from the accept on.
+  relay counts the job as running from the accept on. The accept itself may be lost (no
+  socket when it was sent, or a relay that restarted before committing it), and a relay that
+  never saw it lets the job's lease lapse and ends it ``delivery_failed`` while the agent
+  runs; so ``job_accepted`` is sent again for each running job on every new relay connection
+  and on a repeated delivery of the job.
 - The pipeline's terminal frame becomes one ``job_result``: a sealed ``call_outcome`` becomes
   the answer with its terminal, ``call_rejected`` the error ``rejected``, ``call_cancelled``
   the error ``canceled``. It is stored in the journal *before* it is sent, and sent again on
@@ -34,7 +43,7 @@ import attrs
 from twisted.internet.interfaces import IReactorTime
 from twisted.internet.task import LoopingCall
 
-from agentcall import limits
+from agentcall import ids, limits
 from agentcall.errors import MalformedFrame, StoreError
 from agentcall.listener.core import CallPipeline
 from agentcall.listener.journal import (
@@ -55,6 +64,7 @@ from agentcall.wire.frames import (
     CallOutcome,
     CallRejected,
     CancelJob,
+    Direction,
     Frame,
     IncomingCall,
     JobAccepted,
@@ -84,6 +94,27 @@ def incoming_of(delivery: JobDelivery) -> IncomingCall:
         envelope=delivery.envelope,
         correlation_id=delivery.job_id.replace("-", ""),
     )
+
+
+def route_problem(
+    delivery: JobDelivery, *, org: str, address: str, relay_origin: str
+) -> str | None:
+    """Why the delivered envelope cannot be a request to us (None: its route is ours).
+
+    These are the route checks opening the envelope makes anyway
+    (:func:`~agentcall.crypto.envelope.open_request`), done on the clear header before the
+    delivery is journalled, so a delivery that could never open writes nothing.
+    """
+    envelope = delivery.envelope
+    if envelope.direction is not Direction.REQUEST:
+        return "not_a_request"
+    if envelope.relay_origin != relay_origin:
+        return "other_relay"
+    if envelope.to != address:
+        return "not_to_us"
+    if envelope.from_ != ids.format_address(org, delivery.from_):
+        return "not_from_the_caller"
+    return None
 
 
 def result_of(job_id: str, frame: Frame) -> tuple[JobResult, StoredReply] | None:
@@ -192,8 +223,14 @@ class MailboxDesk:
         )
 
     def relay_ready(self) -> None:
-        """A relay connection became usable: send every unacknowledged result again."""
+        """A relay connection became usable: say ``job_accepted`` again for every job running
+        here, then send every unacknowledged result again."""
         now = self._clock.seconds()
+        # The relay may never have processed the first accept; one that did takes it again as
+        # a no-op. Before the results, so the relay hears of the running job first.
+        for job_id in tuple(self._running):
+            if self._runs_here(job_id) and not self._send(JobAccepted(job_id=job_id)):
+                break
         sent = 0
         for job_id in tuple(self._unacked):
             try:
@@ -238,18 +275,32 @@ class MailboxDesk:
             _log.info("job_declined", job_id=job_id, reason=reason)
             self._send(JobDeclined(job_id=job_id))
             return
-        try:
-            incoming = incoming_of(delivery)
-        except ValueError:
-            _log.warn("job_refused", job_id=job_id, reason="not_a_call")
+        problem = route_problem(
+            delivery,
+            org=self._pipeline.config.org,
+            address=self._pipeline.keys.address,
+            relay_origin=self._pipeline.keys.relay_origin,
+        )
+        if problem is None:
+            try:
+                incoming = incoming_of(delivery)
+            except ValueError:
+                problem = "not_a_call"
+        if problem is not None:
+            _log.warn("job_refused", job_id=job_id, reason=problem)
             self._send(JobResult(job_id=job_id, error=JobError.REJECTED))
             return
+        now = self._clock.seconds()
+        # The relay stamps expires_at by its own clock; one running ahead by more than the
+        # journal's allowed skew would get every fresh job refused. Capped at our own
+        # now + TTL instead: the journal's refusal is only there so a job cannot outlive its
+        # row (kept TTL + skew from now), and a job redelivered after the prune is still never
+        # run, because the sealed request's own signed expiry (at most TTL after it was
+        # issued) has passed by then and the replay window holds its id until that expiry.
+        expires_at = min(float(delivery.expires_at), now + limits.MAILBOX_TTL_S)
         try:
             decision = self._journal.deliver(
-                job_id,
-                expires_at=float(delivery.expires_at),
-                running_here=running_here,
-                now=self._clock.seconds(),
+                job_id, expires_at=expires_at, running_here=running_here, now=now
             )
         except StoreError:
             # Nothing was committed, so nothing may run; the relay retries the delivery.
@@ -266,7 +317,10 @@ class MailboxDesk:
             self._unacked[job_id] = None
             self._send(stored_result(job_id, decision.reply))
         elif isinstance(decision, InProgress):
+            # A relay redelivering the job we run never got (or lost) our accept.
             _log.info("job_in_progress", job_id=job_id)
+            if self._runs_here(job_id):
+                self._send(JobAccepted(job_id=job_id))
         elif isinstance(decision, Refused):
             _log.info("job_refused", job_id=job_id, reason=str(decision.reason))
             self._send(JobResult(job_id=job_id, error=JobError.REJECTED))
@@ -289,6 +343,15 @@ class MailboxDesk:
             self._job_over(None, job, JobError.REJECTED)
             return
         done.addBoth(self._job_over, job)
+
+    def _runs_here(self, job_id: str) -> bool:
+        """Whether ``job_id`` runs here and has no result yet (so may be accepted again).
+
+        A job with a result has said so to the relay instead; one whose result could not be
+        journalled must be left to lapse into indeterminate_execution, not be said to run.
+        """
+        job = self._running.get(job_id)
+        return job is not None and not job.ended
 
     def _renew(self, job_id: str) -> None:
         # A periodic job never raises (LoopingCall would stop); a missed renew is harmless.

@@ -9,8 +9,9 @@ retried on the next connection instead of stopping the listener.
 :class:`ListenerService` composes the relay connection, the call pipeline, the mailbox desk
 (queued jobs, run through the same pipeline, journalled in ``state.sqlite``) and a periodic key
 check. Before it dials, the desk's journal marks every job that may have run before a crash as
-``indeterminate_execution``; every result the relay has not acknowledged is sent again whenever
-a relay connection becomes ready.
+``indeterminate_execution``; whenever a relay connection becomes ready, the desk says
+``job_accepted`` again for the job running here (the relay may have lost the first) and sends
+again every result the relay has not acknowledged.
 
 Stopping it (SIGTERM under twistd) refuses new calls and jobs, stops a running agent and waits
 for it (bounded by the kill grace plus a little), sends what can still be sent, and closes the
