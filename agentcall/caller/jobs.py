@@ -16,7 +16,7 @@ is not the job's outcome (unknown job, relay unreachable, no local record) raise
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol
 
 import attrs
@@ -204,14 +204,29 @@ async def fetch(
 ) -> JobStatus:
     """The job ``job_id`` with ``address``; waits up to ``wait_s`` for it to end.
 
-    The relay's long poll holds each request at most ``MAILBOX_MAX_WAIT_S``; this loops until
-    the job has ended or our own deadline has passed. An answered job we sent comes back opened
-    and verified (``result``), an ended one with its error code.
+    An answered job we sent comes back opened and verified (``result``), an ended one with its
+    error code.
     """
     if not ids.is_job_id(job_id):
         raise JobUnavailable("bad_request", f"{job_id!r} is not a job id")
+    _check_wait(wait_s)
+    info = await _follow(reactor, api, address, job_id, wait_s)
+    return _settle(info, address, home, keys, relay_origin, reactor.seconds())
+
+
+def _check_wait(wait_s: float) -> None:
     if not 0 <= wait_s <= limits.MAILBOX_TTL_S:
         raise JobUnavailable("bad_request", f"the wait must be 0..{limits.MAILBOX_TTL_S:g} s")
+
+
+async def _follow(
+    reactor: Any, api: JobRoutes, address: str, job_id: str, wait_s: float
+) -> JobInfo:
+    """The job once it has ended, or as it is after ``wait_s`` (asked at least once).
+
+    The relay's long poll holds each request at most ``MAILBOX_MAX_WAIT_S`` and answers as soon
+    as the job ends, so this asks again until then or until our own deadline has passed.
+    """
     deadline = reactor.seconds() + wait_s
     while True:
         remaining = deadline - reactor.seconds()
@@ -221,11 +236,10 @@ async def fetch(
         _check_peer(info, address)
         now = reactor.seconds()
         if info.state not in PENDING_STATES or now >= deadline or wait == 0:
-            break
+            return info
         if now - asked_at < MIN_POLL_INTERVAL_S:
             # A relay that answered at once with no news is not asked again in a tight loop.
             await task.deferLater(reactor, MIN_POLL_INTERVAL_S, lambda: None)
-    return _settle(info, address, home, keys, relay_origin, reactor.seconds())
 
 
 async def list_jobs(api: JobRoutes, address: str | None = None) -> list[JobInfo]:
@@ -236,15 +250,30 @@ async def list_jobs(api: JobRoutes, address: str | None = None) -> list[JobInfo]
 
 
 async def cancel(
-    home: Home, relay_origin: str, api: JobRoutes, address: str, job_id: str
+    reactor: Any,
+    home: Home,
+    relay_origin: str,
+    api: JobRoutes,
+    address: str,
+    job_id: str,
+    *,
+    wait_s: float,
+    on_wait: Callable[[JobInfo], None] | None = None,
 ) -> JobInfo:
-    """Cancel a job we sent to ``address``; the job as the relay reports it afterwards.
+    """Cancel a job we sent to ``address``; the job as the relay last reported it.
 
     The job is looked at first, so a job id paired with the wrong address (or a job sent to
     us, which only its caller may cancel) is refused before anything is changed.
+
+    A queued job ends ``cancelled`` at once. A delivered or running one is only marked: its
+    listener is told, kills the agent's process group and reports back, so this follows the
+    job for up to ``wait_s`` (``on_wait`` is told first) until it ends. It usually ends
+    ``cancelled``, but an answer (or a failure) that reached the relay first wins; the job
+    comes back still pending when the wait ran out, or at once with ``wait_s`` 0.
     """
     if not ids.is_job_id(job_id):
         raise JobUnavailable("bad_request", f"{job_id!r} is not a job id")
+    _check_wait(wait_s)
     info: JobInfo = await _ask(api.get_job(job_id), job_id)
     _check_peer(info, address)
     if info.side is JobSide.RECEIVED:
@@ -255,9 +284,32 @@ async def cancel(
         )
     if info.state not in PENDING_STATES:
         raise JobUnavailable("job_ended", f"job {job_id} has already ended ({info.state})")
-    done: JobInfo = await _ask(api.cancel_job(job_id), job_id)
+    try:
+        done: JobInfo = await _ask(api.cancel_job(job_id), job_id)
+    except JobUnavailable as exc:
+        if exc.code != "job_ended":
+            raise
+        # It ended between our look and the cancel (its answer came in, say): what it ended
+        # as is the outcome to report, exactly as if it had ended while we waited.
+        done = await _ask(api.get_job(job_id), job_id)
+        _check_peer(done, address)
+        if done.state in PENDING_STATES:
+            raise exc from None
+    if done.state in PENDING_STATES and wait_s > 0:
+        if on_wait is not None:
+            on_wait(done)
+        try:
+            done = await _follow(reactor, api, address, job_id, wait_s)
+        except JobUnavailable as exc:
+            # The cancel itself went through; say so, or the user may think nothing happened.
+            raise JobUnavailable(
+                exc.code,
+                f"the listener has been told to stop job {job_id}, but following it failed: "
+                f"{exc} (`agentcall jobs get {address} {job_id}` shows whether it has stopped)",
+            ) from None
     if done.state is JobState.CANCELLED:
         # Nothing will come back to open: the stored request (message included) can go now.
+        # Any other end keeps it: an answer that won the race is opened with it.
         with contextlib.suppress(AgentCallError), _state(home) as db:
             db.sent_jobs(relay_origin).forget(job_id)
     return done

@@ -3,8 +3,9 @@
 ``get`` prints an answered job's answer exactly as ``agentcall call`` prints a reply (the same
 :class:`~agentcall.cli.call.Reporter`: stdout, terminal-safe, the same ``--json`` object plus
 ``job_id`` and ``state``); the work is :mod:`agentcall.caller.jobs`. Exit statuses: 0 answered
-(or, for ``list`` and ``cancel``, done), :data:`EXIT_PENDING` when the job has not ended yet,
-1 for a job that ended without an answer or any other failure, with one line on stderr.
+(for ``list``, done; for ``cancel``, the job has ended, cancelled or answered first),
+:data:`EXIT_PENDING` when the job has not ended yet, 1 for a job that ended without an answer
+(``get``) or any other failure, with one line on stderr.
 """
 
 from __future__ import annotations
@@ -26,6 +27,9 @@ if TYPE_CHECKING:
 # EX_TEMPFAIL of sysexits.h: "try again later". `call` uses 0, 1 and 2 (usage) only.
 EXIT_PENDING: Final = 75
 MAX_WAIT_S: Final = int(limits.MAILBOX_TTL_S)
+# How long `jobs cancel` follows a delivered or running job by default: the listener kills the
+# agent within seconds of being told, so a minute covers a slow listener without hanging.
+CANCEL_WAIT_S: Final = 60
 
 DESCRIPTION = f"""\
 Calls the relay kept for you as mailbox jobs, and their answers.
@@ -37,7 +41,7 @@ you fetch it. A job and its answer are kept at most {limits.MAILBOX_TTL_S / 3600
 
   list    your jobs, sent and received, newest first, with state and age
   get     one job's state; once answered, its answer exactly as `agentcall call` prints it
-  cancel  cancel a job you sent (a running one is stopped like a live call)
+  cancel  cancel a job you sent (a running one is stopped like a live call; waits until it has)
 
 States: queued, delivered, running (pending); answered, failed (with a reason:
 delivery_failed, indeterminate_execution, revoked, rejected), cancelled, expired.
@@ -45,7 +49,13 @@ delivery_failed, indeterminate_execution, revoked, rejected), cancelled, expired
 Exit status of `get`: 0 with the answer; {EXIT_PENDING} when the job is still pending (ask again
 later, or wait longer); 1 when it ended without an answer (the reason's code is printed:
 delivery_failed, indeterminate_execution, revoked, protocol_error, canceled, expired) or on
-any other failure. Like calls, jobs cannot be used from inside an agent answering a call."""
+any other failure.
+
+Exit status of `cancel`: 0 once the job has ended: cancelled, or answered (or failed) before
+the cancel reached it (an answer is kept: fetch it with `get`); {EXIT_PENDING} when a delivered or
+running job has not stopped within --wait (its listener has been told to stop it); 1 when the
+job had already ended or on any other failure. Like calls, jobs cannot be used from inside an
+agent answering a call."""
 
 EPILOG = f"""\
 examples:
@@ -135,14 +145,29 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub,
         "cancel",
         "Cancel a job you sent.",
-        "Cancel a job you sent. A queued job is removed at once; a delivered or running one "
-        "is stopped like a live call (the agent's process group is killed) and ends "
-        "cancelled. Only the caller can cancel a job.",
+        "Cancel a job you sent. A queued job is removed at once. A delivered or running one "
+        "is stopped like a live call (its listener kills the agent's process group), and "
+        f"this waits up to --wait SECONDS (default {CANCEL_WAIT_S}) for it to end, then says "
+        "how it ended. Exit 0 once it has ended: cancelled, or answered (or failed) before the "
+        "cancel reached it (an answer is kept; the command that fetches it is printed). Exit "
+        f"{EXIT_PENDING} when it has not ended within the wait (or with --wait 0): its "
+        "listener has been told to stop it, and `agentcall jobs get` shows when it has. Exit 1 "
+        "when the job had already ended or on any other failure. --json prints one object: ok "
+        "and the job as `jobs list --json` shows it, its final state included (not ended: ok "
+        'false, code "pending", pending true). Only the caller can cancel a job.',
         "agentcall jobs cancel @acme/ken 1b4e28ba-2fa1-4d3b-a3f5-ef19b5a7633b",
     )
     cancel.add_argument("address", metavar="ADDRESS", help="the agent you called")
     cancel.add_argument(
         "job_id", metavar="JOB_ID", type=_job_id, help="as `agentcall call` printed"
+    )
+    cancel.add_argument(
+        "--wait",
+        type=_wait,
+        default=CANCEL_WAIT_S,
+        metavar="SECONDS",
+        help=f"wait up to this long for a delivered or running job to stop (0..{MAX_WAIT_S}; "
+        f"default {CANCEL_WAIT_S}; 0: do not wait)",
     )
     cancel.add_argument("--json", action="store_true", help="print one JSON object")
 
@@ -334,26 +359,57 @@ def _run_cancel(args: argparse.Namespace) -> int:
     from agentcall.caller import jobs
     from agentcall.cli import call as call_cli
     from agentcall.cli.render import safe_json
+    from agentcall.wire.http import JobState
 
     report = call_cli.Reporter(args.json, {"job_id": args.job_id})
     home, config = _setup(report)
     address = _resolve(report, home, config, args.address)
 
+    def waiting(info: JobInfo) -> None:
+        # Only said when it waits: a queued job is cancelled without delay.
+        print(
+            f"cancelling job {info.job_id} to {address}: it is {info.state}; waiting up to "
+            f"{args.wait} s for its listener to stop it…",
+            file=sys.stderr,
+            flush=True,
+        )
+
     async def work(reactor: Any) -> JobInfo:
         api = call_cli.relay_api(reactor, config)
-        return await jobs.cancel(home, config.relay_origin, api, address, args.job_id)
+        return await jobs.cancel(
+            reactor,
+            home,
+            config.relay_origin,
+            api,
+            address,
+            args.job_id,
+            wait_s=args.wait,
+            on_wait=waiting,
+        )
 
     try:
         info = call_cli.run_on_reactor(work)
     except jobs.JobUnavailable as exc:
         report.fail(exc.code, str(exc))
+    get = f"agentcall jobs get {address} {info.job_id}"
+    if info.state in jobs.PENDING_STATES:
+        # Like a pending `jobs get`: not ended yet, ask again later; the cancel itself stands.
+        report.extra.update({**job_json(info), "pending": True})
+        waited = f" after {args.wait} s" if args.wait else ""
+        report.fail(
+            "pending",
+            f"job {info.job_id} to {address} is still {info.state}{waited}: its listener has "
+            f"been told to stop it; `{get} --wait {SUGGESTED_WAIT_S}` shows when it has",
+            exit_code=EXIT_PENDING,
+        )
     if args.json:
         print(safe_json({"ok": True, **job_json(info)}))
-    elif info.state in jobs.PENDING_STATES:
-        print(
-            f"cancelling job {info.job_id} to {address}: it is {info.state}; its listener is "
-            f"told to stop it (`agentcall jobs get {address} {info.job_id}` shows when it has)"
-        )
+    elif info.state is JobState.CANCELLED:
+        print(f"job {info.job_id} to {address}: cancelled")
+    elif info.state is JobState.ANSWERED:
+        print(f"job {info.job_id} to {address}: answered before the cancel reached it")
+        print(f"the answer is kept; fetch it: {get}")
     else:
-        print(f"job {info.job_id} to {address}: {_state(info)}")
+        # Failed or expired meanwhile: it has stopped, though not because of this cancel.
+        print(f"job {info.job_id} to {address}: {_state(info)} before it could be cancelled")
     return 0

@@ -27,7 +27,7 @@ from agentcall.local.statedb import STATE_SCHEMA, SqlitePinStorage, StateDb
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.frames import CallError, CallOutcome, CallQueued, CallRequest, CallStatus
-from agentcall.wire.http import JobFailureReason, JobSide, JobState
+from agentcall.wire.http import JobFailureReason, JobInfo, JobSide, JobState
 from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.cli_helpers import NOW, ORIGIN, install, run_with_clock
 from tests.unit.crypto_helpers import Party, make_party
@@ -511,19 +511,141 @@ def test_lists_are_newest_first_and_filtered_by_the_other_party() -> None:
     ]
 
 
+def cancel(
+    ann: Any, relay: FakeJobRelay, *, wait_s: float = 60, address: str = KEN
+) -> tuple[JobInfo, float, list[JobInfo]]:
+    """(the job as cancel leaves it, the seconds it took on the clock, what on_wait was told)."""
+    told: list[JobInfo] = []
+
+    async def work(reactor: Any) -> tuple[JobInfo, float]:
+        relay.clock = reactor
+        start = reactor.seconds()
+        done = await jobs.cancel(
+            reactor, ann[0], ORIGIN, relay, address, JOB_ID, wait_s=wait_s, on_wait=told.append
+        )
+        return done, reactor.seconds() - start
+
+    done, took = run_with_clock(work)
+    return done, took, told
+
+
+def stored(ann: Any) -> SentJob | None:
+    db = StateDb.open(ann[0])
+    try:
+        return db.sent_jobs(ORIGIN).get(JOB_ID)
+    finally:
+        db.close()
+
+
+RUNNING = job(state=JobState.RUNNING, attempts=1)
+STOPPING = job(state=JobState.RUNNING, attempts=1, cancel_requested=True)
+
+
 def test_cancel_checks_the_job_first_then_forgets_the_stored_request(ann: Any, ken: Party) -> None:
-    """A queued job of ours is cancelled; its stored request (message included) goes."""
+    """A queued job of ours is cancelled at once, without waiting; its stored request goes."""
     _sealed, request = seal_request(ann[2], ken)
     remember(ann[0], request, ken)
     relay = FakeJobRelay()
-    done = run_jobs(jobs.cancel(ann[0], ORIGIN, relay, KEN, JOB_ID))
+    done, took, told = cancel(ann, relay)
     assert done.state is JobState.CANCELLED
     assert relay.asked == [("get", JOB_ID, "0"), ("cancel", JOB_ID)]
-    db = StateDb.open(ann[0])
-    try:
-        assert db.sent_jobs(ORIGIN).get(JOB_ID) is None
-    finally:
-        db.close()
+    assert (took, told) == (0, [])
+    assert stored(ann) is None
+
+
+@pytest.mark.parametrize("state", [JobState.DELIVERED, JobState.RUNNING])
+def test_cancel_of_a_running_job_follows_it_until_it_is_cancelled(
+    ann: Any, ken: Party, state: JobState
+) -> None:
+    """Marked, then long-polled: the listener stops the agent 30 s in, and the job ends
+    cancelled; only then does the stored request go."""
+    _sealed, request = seal_request(ann[2], ken)
+    remember(ann[0], request, ken)
+    marked = job(state=state, attempts=1, cancel_requested=True)
+    relay = FakeJobRelay(
+        script=[job(state=state, attempts=1), marked, job(state=JobState.CANCELLED, attempts=1)],
+        cancel_answer=marked,
+    )
+    done, took, told = cancel(ann, relay)
+    assert done.state is JobState.CANCELLED
+    assert relay.asked == [
+        ("get", JOB_ID, "0"),
+        ("cancel", JOB_ID),
+        ("get", JOB_ID, "30"),
+        ("get", JOB_ID, "30"),
+    ]
+    assert (took, told) == (30, [marked])
+    assert stored(ann) is None
+
+
+def test_an_answer_that_wins_the_race_is_kept_and_still_opens(ann: Any, ken: Party) -> None:
+    """The answer reached the relay before the listener stopped the agent: the job ends
+    answered, the stored request stays, and `get` opens the answer as usual."""
+    relay = queued_and_answered(ann, ken, Reply(text="done anyway"))
+    answer = relay.script[0]
+    relay.script = [RUNNING, answer]
+    relay.cancel_answer = STOPPING
+    done, _took, _told = cancel(ann, relay)
+    assert done.state is JobState.ANSWERED
+    assert stored(ann) is not None
+    status, _took = fetch(ann, FakeJobRelay(script=[answer]))
+    assert status.result is not None and status.result.reply is not None
+    assert status.result.reply.text == "done anyway"
+
+
+def test_an_answer_that_came_between_the_look_and_the_cancel_is_reported(
+    ann: Any, ken: Party
+) -> None:
+    """The relay refuses the cancel (job_ended) because the job was just answered: that is
+    the same race, reported as answered rather than as an error."""
+    relay = queued_and_answered(ann, ken, Reply(text="just in time"))
+    relay.script = [RUNNING, relay.script[0]]
+    relay.cancel_answer = ApiError(409, ApiErrorCode.JOB_ENDED, "ended")
+    done, took, told = cancel(ann, relay)
+    assert done.state is JobState.ANSWERED
+    assert relay.asked == [("get", JOB_ID, "0"), ("cancel", JOB_ID), ("get", JOB_ID, "0")]
+    assert (took, told) == (0, [])
+    assert stored(ann) is not None
+
+
+def test_cancel_stops_following_when_the_wait_runs_out(ann: Any, ken: Party) -> None:
+    """Still running after 45 s: returned as it is (pending), the stored request kept, the
+    relay never asked to hold a request longer than its long poll allows."""
+    _sealed, request = seal_request(ann[2], ken)
+    remember(ann[0], request, ken)
+    relay = FakeJobRelay(script=[RUNNING, STOPPING], cancel_answer=STOPPING)
+    done, took, told = cancel(ann, relay, wait_s=45)
+    assert (done.state, done.cancel_requested) == (JobState.RUNNING, True)
+    assert [asked[2] for asked in relay.asked if asked[0] == "get"] == ["0", "30", "15"]
+    assert (took, told) == (45, [STOPPING])
+    assert stored(ann) is not None
+
+
+def test_cancel_with_no_wait_returns_the_marked_job_at_once(ann: Any) -> None:
+    relay = FakeJobRelay(script=[RUNNING, job(state=JobState.CANCELLED)], cancel_answer=STOPPING)
+    done, took, told = cancel(ann, relay, wait_s=0)
+    assert done == STOPPING
+    assert relay.asked == [("get", JOB_ID, "0"), ("cancel", JOB_ID)]
+    assert (took, told) == (0, [])
+
+
+@attrs.define
+class RelayLostAfterCancel(FakeJobRelay):
+    """The cancel goes through, then the relay can no longer be reached."""
+
+    def cancel_job(self, job_id: str) -> defer.Deferred[JobInfo]:
+        done = super().cancel_job(job_id)
+        self.fail = RelayUnreachable("relay.example refused the connection")
+        return done
+
+
+def test_trouble_while_following_says_the_cancel_went_through(ann: Any) -> None:
+    relay = RelayLostAfterCancel(script=[RUNNING], cancel_answer=STOPPING)
+    with pytest.raises(JobUnavailable) as lost:
+        cancel(ann, relay)
+    assert lost.value.code == "connection_failed"
+    assert f"told to stop job {JOB_ID}" in str(lost.value)
+    assert f"agentcall jobs get {KEN} {JOB_ID}" in str(lost.value)
 
 
 @pytest.mark.parametrize(
@@ -540,15 +662,16 @@ def test_cancel_refuses_before_changing_anything(
     """Another person's pairing, a job sent to us, or an ended job: nothing is cancelled."""
     relay = FakeJobRelay(script=[info])
     with pytest.raises(JobUnavailable) as refused:
-        run_jobs(jobs.cancel(ann[0], ORIGIN, relay, address, JOB_ID))
+        cancel(ann, relay, address=address)
     assert refused.value.code == code
     assert ("cancel", JOB_ID) not in relay.asked
 
 
 def test_cancel_of_a_job_that_ended_meanwhile_says_so(ann: Any) -> None:
+    """The relay refuses the cancel as ended but shows nothing ended: its refusal stands."""
     relay = FakeJobRelay(cancel_answer=ApiError(409, ApiErrorCode.JOB_ENDED, "ended"))
     with pytest.raises(JobUnavailable) as refused:
-        run_jobs(jobs.cancel(ann[0], ORIGIN, relay, KEN, JOB_ID))
+        cancel(ann, relay)
     assert refused.value.code == "job_ended"
 
 

@@ -19,7 +19,7 @@ from agentcall.client.api import RelayUnreachable
 from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.local.home import Home
 from agentcall.local.keystore import LocalKeys
-from agentcall.wire.http import JobFailureReason, JobSide, JobState
+from agentcall.wire.http import JobFailureReason, JobInfo, JobSide, JobState
 from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.cli_helpers import NOW, ORIGIN, install, isolate, run_with_clock
 from tests.unit.crypto_helpers import Party, make_party
@@ -302,6 +302,8 @@ def test_an_unknown_job_is_a_clear_error(world: World, capsys: pytest.CaptureFix
         (["jobs", "get", KEN, JOB_ID, "--wait", "nan"], "is not a whole number of seconds"),
         (["jobs", "get", KEN, JOB_ID, "--wait", "999999999"], "the wait must be 0..259200"),
         (["jobs", "cancel", KEN, "1b4e28ba"], "is not a job id"),
+        (["jobs", "cancel", KEN, JOB_ID, "--wait", "-5"], "the wait must be 0..259200"),
+        (["jobs", "cancel", KEN, JOB_ID, "--wait", "1m"], "is not a whole number of seconds"),
         (["jobs", "get", KEN], "required: JOB_ID"),
     ],
 )
@@ -360,21 +362,112 @@ def test_jobs_are_refused_inside_an_answering_agent(
 
 
 def test_cancel_a_queued_job(world: World, capsys: pytest.CaptureFixture[str]) -> None:
-    code, out, _err = run(capsys, "jobs", "cancel", KEN, JOB_ID)
+    """Removed at once: nothing waited for, nothing said about waiting."""
+    code, out, err = run(capsys, "jobs", "cancel", KEN, JOB_ID)
     assert code == 0
     assert out == f"job {JOB_ID} to {KEN}: cancelled\n"
-    assert world.relay.asked[-1] == ("cancel", JOB_ID)
+    assert err == ""
+    assert world.relay.asked == [("get", JOB_ID, "0"), ("cancel", JOB_ID)]
 
 
-def test_cancel_a_running_job_in_json(world: World, capsys: pytest.CaptureFixture[str]) -> None:
-    """A running job is marked; it ends cancelled once its listener stops the agent."""
-    world.relay.cancel_answer = job(state=JobState.RUNNING, cancel_requested=True, attempts=1)
+RUNNING = job(state=JobState.RUNNING, attempts=1)
+STOPPING = job(state=JobState.RUNNING, attempts=1, cancel_requested=True)
+
+
+def stopping(world: World, *then: JobInfo) -> None:
+    """A running job whose cancel is accepted; the relay then reports ``then``."""
+    world.relay.script = [RUNNING, *then]
+    world.relay.cancel_answer = STOPPING
+
+
+def test_cancel_a_running_job_waits_until_it_is_cancelled(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stopping(world, STOPPING, job(state=JobState.CANCELLED, attempts=1))
+    code, out, err = run(capsys, "jobs", "cancel", KEN, JOB_ID)
+    assert code == 0
+    assert out == f"job {JOB_ID} to {KEN}: cancelled\n"
+    assert err == (
+        f"cancelling job {JOB_ID} to {KEN}: it is running; waiting up to 60 s for its "
+        "listener to stop it…\n"
+    )
+    assert [asked[2] for asked in world.relay.asked if asked[0] == "get"] == ["0", "30", "30"]
+    stopping(world, job(state=JobState.CANCELLED, attempts=1))
     code, out, _err = run(capsys, "jobs", "cancel", KEN, JOB_ID, "--json")
     assert code == 0
     body = json.loads(out)
-    assert (body["ok"], body["state"], body["cancel_requested"]) == (True, "running", True)
+    assert (body["ok"], body["state"], body["job_id"]) == (True, "cancelled", JOB_ID)
+
+
+def test_an_answer_that_wins_the_race_is_not_lost(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Answered before the listener stopped the agent: exit 0, and the command that fetches
+    the answer, which then prints it."""
+    world.answer(Reply(text="finished first"))
+    answer = world.relay.script[0]
+    stopping(world, answer)
     code, out, _err = run(capsys, "jobs", "cancel", KEN, JOB_ID)
-    assert out.startswith(f"cancelling job {JOB_ID} to {KEN}: it is running")
+    assert code == 0
+    assert out == (
+        f"job {JOB_ID} to {KEN}: answered before the cancel reached it\n"
+        f"the answer is kept; fetch it: agentcall jobs get {KEN} {JOB_ID}\n"
+    )
+    stopping(world, answer)
+    code, out, _err = run(capsys, "jobs", "cancel", KEN, JOB_ID, "--json")
+    body = json.loads(out)
+    assert (code, body["ok"], body["state"]) == (0, True, "answered")
+    world.relay.script = [answer]
+    code, out, _err = run(capsys, "jobs", "get", KEN, JOB_ID)
+    assert (code, out) == (0, "finished first\n")
+
+
+def test_a_job_that_fails_while_being_cancelled_says_how_it_ended(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    failed = job(state=JobState.FAILED, reason=JobFailureReason.INDETERMINATE_EXECUTION, attempts=1)
+    stopping(world, failed)
+    code, out, _err = run(capsys, "jobs", "cancel", KEN, JOB_ID)
+    assert code == 0
+    assert out == (
+        f"job {JOB_ID} to {KEN}: failed (indeterminate_execution) before it could be cancelled\n"
+    )
+
+
+def test_cancel_that_outlasts_its_wait_exits_pending(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Still running after the default 60 s: exit 75, the command to check, ok false."""
+    stopping(world, STOPPING)
+    code, out, err = run(capsys, "jobs", "cancel", KEN, JOB_ID, "--json")
+    assert code == EXIT_PENDING == 75
+    body = json.loads(out)
+    assert (body["ok"], body["code"], body["pending"]) == (False, "pending", True)
+    assert (body["state"], body["cancel_requested"], body["job_id"]) == ("running", True, JOB_ID)
+    assert body["expires_at"] == EXPIRES
+    assert [asked[2] for asked in world.relay.asked if asked[0] == "get"] == ["0", "30", "30"]
+    assert err.rstrip().endswith(
+        f"is still running after 60 s: its listener has been told to stop it; "
+        f"`agentcall jobs get {KEN} {JOB_ID} --wait 600` shows when it has"
+    )
+    stopping(world, STOPPING)
+    code, out, _err = run(capsys, "jobs", "cancel", KEN, JOB_ID, "--wait", "45")
+    assert (code, out) == (75, "")
+    assert [asked[2] for asked in world.relay.asked if asked[0] == "get"][-2:] == ["30", "15"]
+
+
+def test_cancel_with_no_wait_returns_at_once(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    stopping(world, job(state=JobState.CANCELLED, attempts=1))
+    code, out, err = run(capsys, "jobs", "cancel", KEN, JOB_ID, "--wait", "0")
+    assert (code, out) == (EXIT_PENDING, "")
+    assert world.relay.asked == [("get", JOB_ID, "0"), ("cancel", JOB_ID)]
+    assert "waiting" not in err
+    assert err == (
+        f"agentcall: job {JOB_ID} to {KEN} is still running: its listener has been told to "
+        f"stop it; `agentcall jobs get {KEN} {JOB_ID} --wait 600` shows when it has\n"
+    )
 
 
 def test_cancel_of_an_ended_job_is_an_error(
