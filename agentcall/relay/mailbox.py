@@ -31,7 +31,8 @@ A result can overtake the relay's view: an accept lost on the way (the listener'
 the job, the relay let the delivery lapse back to ``queued``) is still followed by the job's
 result, which :func:`answer` and :func:`fail` take from ``queued`` too; a late ``job_accepted``
 for a job delivered before is taken from ``queued`` as well, so a retry does not spend the
-attempts of a job that is already running.
+attempts of a job that is already running. A renew of a job not yet seen running is taken as its
+lost accept (:func:`renew`).
 
 A running job whose lease lapses (its listener stopped renewing) ends ``failed`` with
 ``indeterminate_execution``: the agent may have run, and a job runs at most once. Leases and
@@ -310,10 +311,18 @@ def accept(
 def renew(
     jobs: Jobs, caps: MailboxLimits, job_id: str, by: Member, now: float
 ) -> Decision | Refused:
-    """The agent is still running: the lease runs ``lease_s`` from now."""
-    job = _own(jobs, job_id, by, caller=False, now=now, states={JobState.RUNNING})
+    """The agent is still running: the lease runs ``lease_s`` from now.
+
+    A renew of a job the relay still sees as delivered (or back in ``queued`` after a delivery)
+    is taken as its accept, under the same rule as :func:`accept`: only a listener whose journal
+    accepted the job renews it, so its ``job_accepted`` was lost (the socket dropped, or the
+    relay stopped before it was stored). Refusing would let the lease lapse, deliver the job
+    again and end it ``delivery_failed`` while its agent runs, dropping the answer."""
+    job = _own(jobs, job_id, by, caller=False, now=now)
     if isinstance(job, Refused):
         return job
+    if job.state is not JobState.RUNNING:
+        return accept(jobs, caps, job_id, by, now)
     return Decision(job_id, attrs.evolve(job, lease_until=now + caps.lease_s))
 
 

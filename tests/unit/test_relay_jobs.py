@@ -677,3 +677,24 @@ def test_a_sweep_the_store_cannot_run_is_retried(tmp_path: Path) -> None:
     held[0]._holding.clear()
     relay.clock.advance(SWEEP_RETRY_S)
     assert relay.job(job_id).job.attempts == 2
+
+
+def test_a_lost_accept_is_made_good_by_the_renews_and_the_answer_is_kept(relay: Desk) -> None:
+    """The relay never saw job_accepted; the running agent's renews keep the job running past
+    its delivery lease, it is never delivered again, and its answer is stored."""
+    job_id = relay.queued()
+    ken = relay.listen()
+    for _ in range(6):  # a minute of renews: twice the lease
+        relay.clock.advance(limits.MAILBOX_RENEW_S)
+        relay.send(ken, JobRenew(job_id=job_id))
+    assert (relay.state(job_id), deliveries(ken)) == (JobState.RUNNING, [job_id])
+    env = answer_envelope()
+    relay.send(ken, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=env))
+    assert relay.state(job_id) is JobState.ANSWERED
+    assert not ken.of_type(CancelJob)
+    assert relay.events(job_id) == [
+        audit.JOB_QUEUE,
+        audit.JOB_DELIVER,
+        audit.JOB_ACCEPT,
+        audit.JOB_COMPLETE,
+    ]

@@ -334,7 +334,6 @@ def test_wrong_state_refusals() -> None:
     assert renew(box.jobs, CAPS, "j1", KEN, T0) == wrong
     assert answer(box.jobs, "j1", KEN, 5, T0) == wrong
     deliver(box)
-    assert renew(box.jobs, CAPS, "j1", KEN, T0) == wrong
     assert cancel_done(box.jobs, "j1", KEN, T0) == wrong
     run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
     assert accept(box.jobs, CAPS, "j1", KEN, T0) == wrong
@@ -772,5 +771,35 @@ def test_a_late_accept_runs_a_job_back_in_the_queue_unless_another_is_out() -> N
     assert accept(box.jobs, CAPS, "j1", KEN, later) == Refused(Refusal.WRONG_STATE)
     run(box, lambda: decline(box.jobs, CAPS, "j2", KEN, later))
     run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, later + 1))
+    job = box.jobs["j1"]
+    assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, later + 1 + LEASE, 1)
+
+
+# --- a renew stands for a lost accept ------------------------------------------------------------
+
+
+def test_a_renew_of_a_delivered_job_is_taken_as_its_lost_accept() -> None:
+    """The accept never reached the relay, but the agent runs and renews: running, not retried."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    d = run(box, lambda: renew(box.jobs, CAPS, "j1", KEN, T0 + 10))
+    assert d.audit == (audit.JOB_ACCEPT,)
+    job = box.jobs["j1"]
+    assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, T0 + 10 + LEASE, 1)
+
+
+def test_a_renew_of_a_job_back_in_the_queue_runs_it_unless_another_is_out() -> None:
+    """The same rule as a late accept: delivered before, and no other job of the callee out."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    ok(queue(box, "j2", caller="bo", now=T0 + 1))
+    lapse_once(box)
+    later = T0 + LEASE + 1
+    assert deliver(box, later).job_id == "j2"
+    assert renew(box.jobs, CAPS, "j1", KEN, later) == Refused(Refusal.WRONG_STATE)
+    run(box, lambda: decline(box.jobs, CAPS, "j2", KEN, later))
+    d = run(box, lambda: renew(box.jobs, CAPS, "j1", KEN, later + 1))
+    assert d.audit == (audit.JOB_ACCEPT,)
     job = box.jobs["j1"]
     assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, later + 1 + LEASE, 1)
