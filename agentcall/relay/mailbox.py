@@ -36,7 +36,8 @@ lost accept (:func:`renew`).
 
 A running job whose lease lapses (its listener stopped renewing) ends ``failed`` with
 ``indeterminate_execution``: the agent may have run, and a job runs at most once. Leases and
-expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`.
+expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`, and
+at its start-up first gives every held lease a grace (:func:`restart_grace`).
 
 Cancelling a delivered or running job does not end it at once: it is marked, the listener is
 told (:class:`TellListenerCancel`) and the job ends ``cancelled`` on :func:`cancel_done` or when
@@ -403,6 +404,22 @@ def sweep(jobs: Jobs, caps: MailboxLimits, now: float) -> list[Decision]:
         decision = _sweep_one(job, caps, now)
         if decision is not None:
             decisions.append(decision)
+    return decisions
+
+
+def restart_grace(
+    jobs: Jobs, now: float, grace_s: float = limits.MAILBOX_RESTART_GRACE_S
+) -> list[Decision]:
+    """At the relay's start-up: every held lease runs at least ``grace_s`` from ``now``.
+
+    While the relay was down no listener could renew, so leases lapsed that say nothing about
+    the listeners; sweeping them at once would fail running jobs ``indeterminate_execution``
+    (and drop the answers that follow) before any listener could reconnect. A lease already
+    longer is kept; nothing is audited (no job changes state)."""
+    decisions = []
+    for job in _sorted(jobs.values()):
+        if job.lease_until is not None and job.lease_until < now + grace_s:
+            decisions.append(Decision(job.job_id, attrs.evolve(job, lease_until=now + grace_s)))
     return decisions
 
 

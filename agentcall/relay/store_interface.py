@@ -103,7 +103,13 @@ class JobsDue:
     metadata_grace_s: float
 
 
-JobScope = OneJob | JobsOf | JobsDue
+@attrs.frozen
+class JobsHeld:
+    """The scope of every job holding a lease (delivered or running), in every organisation:
+    the relay's start-up grace. Few rows: at most one per callee."""
+
+
+JobScope = OneJob | JobsOf | JobsDue | JobsHeld
 
 Decide = Callable[[Mapping[str, Job]], Sequence[Decision] | Refused]
 """A pure decision over the rows of a scope (:mod:`agentcall.relay.mailbox`). It may run in a

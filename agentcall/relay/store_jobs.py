@@ -19,6 +19,7 @@ from agentcall.relay.mailbox import Decision, DropCiphertext, DropRequest, Job, 
 from agentcall.relay.store_interface import (
     Decide,
     JobScope,
+    JobsDue,
     JobsOf,
     MailboxStatus,
     OneJob,
@@ -64,6 +65,12 @@ _SELECT_DUE = (
     " OR (expires_at <= ? AND (state IN ('queued', 'delivered', 'running')"
     "     OR holds_ciphertext = 1))"
     " OR expires_at <= ?"
+)
+# The partial index jobs_by_lease holds exactly these rows.
+_SELECT_HELD = (
+    "SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery"
+    " FROM jobs WHERE lease_until IS NOT NULL"
 )
 _INSERT = (
     "INSERT INTO jobs (job_id, org, caller, callee, request_bytes, created_at, expires_at,"
@@ -132,9 +139,11 @@ def load(conn: sqlite3.Connection, scope: JobScope) -> dict[str, Job]:
             rows += conn.execute(
                 _SELECT_OF_MEMBER, (scope.org, handle, scope.org, handle)
             ).fetchall()
-    else:
+    elif isinstance(scope, JobsDue):
         now = scope.now
         rows = conn.execute(_SELECT_DUE, (now, now, now - scope.metadata_grace_s)).fetchall()
+    else:
+        rows = conn.execute(_SELECT_HELD).fetchall()
     jobs = (_job(row) for row in rows)
     return {job.job_id: job for job in jobs}
 

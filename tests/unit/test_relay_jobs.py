@@ -651,8 +651,9 @@ def test_a_restart_keeps_jobs_and_answers_and_rearms_the_sweep(tmp_path: Path) -
     second = Desk(path, clock=clock, fresh=False)
     assert fired(second.desk.job_for(member("ana"), answered, 0)).answer == env
     assert second.state(waiting) is JobState.DELIVERED
-    # Nobody touched the desk since the start: the sweep was armed from the store.
-    second.clock.advance(LEASE)
+    # Nobody touched the desk since the start: the sweep was armed from the store, at the end
+    # of the restart grace its lease was given.
+    second.clock.advance(limits.MAILBOX_RESTART_GRACE_S)
     assert second.state(waiting) is JobState.QUEUED
     back = second.listen()
     assert deliveries(back) == [waiting]
@@ -698,3 +699,78 @@ def test_a_lost_accept_is_made_good_by_the_renews_and_the_answer_is_kept(relay: 
         audit.JOB_ACCEPT,
         audit.JOB_COMPLETE,
     ]
+
+
+def test_a_restart_gives_held_jobs_a_grace_before_their_leases_lapse(tmp_path: Path) -> None:
+    """The relay was down longer than a lease: the job its listener was running is not failed
+    at start-up; the listener reconnects within the grace, renews, and its answer is stored."""
+    path = tmp_path / "relay.sqlite"
+    first = Desk(path)
+    first.opt_in("ken")
+    job_id = first.queued()
+    first.send(first.listen(), JobAccepted(job_id=job_id))
+    first.desk.stop()
+    first.sqlite.close()
+
+    clock = Clock()
+    clock.advance(T0 + 10 * LEASE)  # down for ten leases
+    second = Desk(path, clock=clock, fresh=False)
+    second.clock.advance(limits.MAILBOX_RESTART_GRACE_S - 1)
+    assert second.state(job_id) is JobState.RUNNING
+    ken = second.listen()
+    second.send(ken, JobRenew(job_id=job_id))
+    second.send(
+        ken, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=answer_envelope())
+    )
+    assert second.state(job_id) is JobState.ANSWERED
+
+
+def test_a_held_job_whose_listener_never_returns_lapses_after_the_restart_grace(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.sqlite"
+    first = Desk(path)
+    first.opt_in("ken")
+    job_id = first.queued()
+    first.send(first.listen(), JobAccepted(job_id=job_id))
+    first.desk.stop()
+    first.sqlite.close()
+
+    clock = Clock()
+    clock.advance(T0 + 10 * LEASE)
+    second = Desk(path, clock=clock, fresh=False)
+    second.clock.advance(limits.MAILBOX_RESTART_GRACE_S)
+    job = second.job(job_id).job
+    assert (job.state, job.reason) == (JobState.FAILED, FailureReason.INDETERMINATE_EXECUTION)
+
+
+def test_a_restart_grace_the_store_cannot_take_is_retried_before_any_sweep(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.sqlite"
+    first = Desk(path)
+    first.opt_in("ken")
+    job_id = first.queued()
+    first.send(first.listen(), JobAccepted(job_id=job_id))
+    first.desk.stop()
+    first.sqlite.close()
+
+    held: list[HeldStore] = []
+
+    def wrap(store: SqliteRelayStore) -> RelayStore:
+        held.append(HeldStore(store, "decide_jobs"))
+        return cast(RelayStore, held[0])
+
+    clock = Clock()
+    clock.advance(T0 + 10 * LEASE)
+    second = Desk(path, clock=clock, fresh=False, wrap=wrap)
+    with capturedLogs() as logged:
+        held[0].fail(StoreError("database is locked"))
+    assert "job_restart_grace_failed" in [e.get("event") for e in logged]
+    held[0]._holding.clear()
+    second.clock.advance(SWEEP_RETRY_S)
+    # Graced from the retry's time: no sweep ran in between to fail it.
+    assert second.job(job_id).job.lease_until == T0 + 10 * LEASE + SWEEP_RETRY_S + (
+        limits.MAILBOX_RESTART_GRACE_S
+    )
+    assert second.state(job_id) is JobState.RUNNING

@@ -38,6 +38,7 @@ from agentcall.relay.mailbox import (
     next_deadline,
     next_delivery,
     renew,
+    restart_grace,
     revoke,
     sweep,
 )
@@ -803,3 +804,37 @@ def test_a_renew_of_a_job_back_in_the_queue_runs_it_unless_another_is_out() -> N
     assert d.audit == (audit.JOB_ACCEPT,)
     job = box.jobs["j1"]
     assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, later + 1 + LEASE, 1)
+
+
+# --- a relay restart gives held leases a grace ---------------------------------------------------
+
+RESTART = limits.MAILBOX_RESTART_GRACE_S
+
+
+def test_a_restart_grace_extends_every_held_lease_and_nothing_else() -> None:
+    """Leases that lapsed (or would lapse) while the relay was down run to at least now + the
+    grace, so listeners can reconnect; a lease already longer and unheld jobs are untouched."""
+    box = Mailbox()
+    for job_id, callee in (("run", "ken"), ("out", "lee"), ("long", "max"), ("wait", "ken")):
+        ok(queue(box, job_id, callee=callee))
+    deliver(box)  # "run"
+    run(box, lambda: accept(box.jobs, CAPS, "run", KEN, T0))
+    deliver(box, callee="lee")  # "out"
+    deliver(box, callee="max")  # "long"
+    restarted = T0 + 3600
+    box.jobs["long"] = attrs.evolve(box.jobs["long"], lease_until=restarted + 2 * RESTART)
+    decisions = [box.apply(d) for d in restart_grace(box.jobs, restarted)]
+    assert [(d.job_id, d.audit, d.effects) for d in decisions] == [("out", (), ()), ("run", (), ())]
+    leases = {j: box.jobs[j].lease_until for j in ("run", "out", "long", "wait")}
+    assert leases == {
+        "run": restarted + RESTART,
+        "out": restarted + RESTART,
+        "long": restarted + 2 * RESTART,
+        "wait": None,
+    }
+    assert (state(box, "run"), state(box, "out")) == (JobState.RUNNING, JobState.DELIVERED)
+
+
+def test_the_restart_grace_outlasts_a_reconnect_and_one_lease() -> None:
+    longest_reconnect = limits.RECONNECT_MAX_S + limits.RECONNECT_JITTER_S
+    assert longest_reconnect + limits.MAILBOX_LEASE_S < RESTART

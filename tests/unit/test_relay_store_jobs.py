@@ -22,6 +22,7 @@ from agentcall.relay.mailbox import Decision, Job, JobState, MailboxLimits, Refu
 from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
 from agentcall.relay.store_interface import (
     JobsDue,
+    JobsHeld,
     JobsOf,
     MailboxStatus,
     OneJob,
@@ -341,3 +342,19 @@ def test_holds_ciphertext_matches_the_sealed_table(store: Fired, tmp_path: Path)
     assert raw.execute("SELECT COUNT(*) FROM job_sealed").fetchone() == (0,)
     raw.close()
     assert attrs.asdict(store.get_job(J1).job)["holds_ciphertext"] is False
+
+
+def test_the_held_scope_loads_every_delivered_and_running_job_only(store: Fired) -> None:
+    j2, j3 = (f"00000000-0000-4000-8000-00000000000{i}" for i in (2, 3))
+    for job_id in (J1, j2, j3):
+        enqueue(store, job_id)
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    one(store, j2, lambda jobs: mailbox.cancel(jobs, j2, ("acme", "ana"), T0), actor="ana")
+    seen: list[mailbox.Jobs] = []
+    store.decide_jobs(JobsHeld(), lambda jobs: seen.append(jobs) or [], actor=None, at=T0)
+    assert [(job.job_id, job.state) for job in seen[0].values()] == [(J1, JobState.DELIVERED)]
