@@ -356,5 +356,10 @@ def test_the_held_scope_loads_every_delivered_and_running_job_only(store: Fired)
     )
     one(store, j2, lambda jobs: mailbox.cancel(jobs, j2, ("acme", "ana"), T0), actor="ana")
     seen: list[mailbox.Jobs] = []
-    store.decide_jobs(JobsHeld(), lambda jobs: seen.append(jobs) or [], actor=None, at=T0)
+
+    def look(jobs: mailbox.Jobs) -> list[Decision]:
+        seen.append(jobs)
+        return []
+
+    store.decide_jobs(JobsHeld(), look, actor=None, at=T0)
     assert [(job.job_id, job.state) for job in seen[0].values()] == [(J1, JobState.DELIVERED)]
