@@ -70,7 +70,10 @@ def queue_refusal(reason: Refusal, caps: MailboxLimits) -> str:
     if reason is Refusal.CALLEE_QUEUE_FULL:
         return f"that handle's mailbox is full ({caps.max_queued_per_callee} calls waiting)"
     if reason is Refusal.CALLEE_BYTES_FULL:
-        return "that handle's mailbox is full (it holds as many bytes as it may)"
+        return (
+            "that handle's mailbox is full (its waiting calls and the answers it holds use all "
+            "the space it may have); try again later"
+        )
     if reason is Refusal.TOO_LARGE:
         return "the request is larger than that handle's mailbox can hold"
     return "the call could not be queued; try again"

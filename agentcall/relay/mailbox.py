@@ -224,7 +224,14 @@ def enqueue(
     request_bytes: int,
     now: float,
 ) -> Decision | Refused:
-    """Queue a sealed request of ``request_bytes`` (ValueError if not positive) for ``callee``."""
+    """Queue a sealed request of ``request_bytes`` (ValueError if not positive) for ``callee``.
+
+    The callee's byte cap bounds their whole mailbox: the requests waiting for them plus the
+    answers the relay still holds for their jobs (kept until expiry, 72 h), so answering jobs
+    does not make room for an unbounded amount of ciphertext on the relay's disk. It is checked
+    here, when a request comes in: an answer is stored whatever its size (refusing it would
+    lose a job that ran), so a callee's mailbox may pass the cap by as much as its answers are
+    larger than their requests, and then takes no new request until enough of it is dropped."""
     job = Job(job_id, org, caller, callee, request_bytes, now, now + caps.ttl_s)
     if job_id in jobs:
         return Refused(Refusal.DUPLICATE_JOB)
@@ -238,7 +245,7 @@ def enqueue(
     waiting = [j for j in _outstanding(jobs) if j.callee_member == job.callee_member]
     if len(waiting) >= caps.max_queued_per_callee:
         return Refused(Refusal.CALLEE_QUEUE_FULL)
-    if sum(j.request_bytes for j in waiting) + request_bytes > caps.max_queued_bytes_per_callee:
+    if _mailbox_bytes(jobs, job.callee_member) + request_bytes > caps.max_queued_bytes_per_callee:
         return Refused(Refusal.CALLEE_BYTES_FULL)
     return Decision(job_id, job, audit=(audit.JOB_QUEUE,))
 
@@ -454,6 +461,15 @@ class Mailbox:
 
 def _outstanding(jobs: Jobs) -> list[Job]:
     return [j for j in jobs.values() if j.state in OUTSTANDING]
+
+
+def _mailbox_bytes(jobs: Jobs, callee: Member) -> int:
+    """The sealed bytes the relay holds in ``callee``'s mailbox: requests waiting for them and
+    the answers to their jobs it still holds (until expiry)."""
+    mine = [j for j in jobs.values() if j.callee_member == callee]
+    requests = sum(j.request_bytes for j in mine if j.state in OUTSTANDING)
+    answers = sum(j.answer_bytes or 0 for j in mine if j.holds_ciphertext)
+    return requests + answers
 
 
 def _count(jobs: Jobs, match: Callable[[Job], bool]) -> int:

@@ -23,6 +23,7 @@ from agentcall.relay.store import SqliteRelayStore, open_relay_store
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import MemoryDirectory, RecordingChannel
+from agentcall.wire import codec
 from agentcall.wire.frames import (
     CallError,
     CallOutcome,
@@ -291,6 +292,25 @@ def test_the_callee_caps_are_refused_busy_with_a_clear_detail(tmp_path: Path) ->
     (error,) = relay.call("cy").sent
     assert isinstance(error, CallError) and error.code is CallErrorCode.BUSY
     assert error.detail == "that handle's mailbox is full (2 calls waiting)"
+
+
+def test_an_answer_held_for_the_callee_fills_its_mailbox(tmp_path: Path) -> None:
+    """The answer the relay holds for one of ken's jobs counts in ken's byte cap."""
+    env = answer_envelope()
+    answer_bytes = len(codec.encode(env))
+    request_bytes = len(codec.encode(request().envelope))
+    caps = MailboxLimits(max_queued_bytes_per_callee=answer_bytes + request_bytes)
+    relay = Desk(tmp_path / "r.sqlite", caps=caps)
+    relay.opt_in("ken")
+    job_id = relay.queued("ana")
+    ken = relay.listen()
+    relay.send(ken, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=env))
+    assert relay.job(job_id).job.answer_bytes == answer_bytes
+    relay.gone("ken", ken)
+    relay.queued("bob")  # exactly full: the answer and one request
+    (error,) = relay.call("cy").sent
+    assert isinstance(error, CallError) and error.code is CallErrorCode.BUSY
+    assert error.detail is not None and error.detail.startswith("that handle's mailbox is full")
 
 
 def test_a_request_larger_than_the_callee_byte_cap_is_refused(tmp_path: Path) -> None:

@@ -154,10 +154,26 @@ def test_per_callee_stored_bytes_cap() -> None:
     ok(queue(box, "j1", size=600, caps=caps))
     assert queue(box, "j2", caller="bo", size=401, caps=caps) == Refused(Refusal.CALLEE_BYTES_FULL)
     ok(queue(box, "j3", caller="bo", size=400, caps=caps))
-    # Answered jobs no longer hold a request: their bytes are released.
+    # An answered job no longer holds its request, only its (smaller) answer.
     deliver(box)
     run(box, lambda: answer(box.jobs, "j1", KEN, 50, T0))
-    ok(queue(box, "j4", caller="cy", size=600, caps=caps))
+    ok(queue(box, "j4", caller="cy", size=550, caps=caps))
+
+
+def test_answers_held_for_a_callee_count_toward_its_byte_cap_until_dropped() -> None:
+    """A callee's mailbox is its waiting requests plus the answers the relay holds for its jobs
+    (until their expiry): answering does not make room for unbounded new requests."""
+    caps = attrs.evolve(CAPS, max_queued_bytes_per_callee=1000)
+    box = Mailbox()
+    ok(queue(box, "j1", size=100, caps=caps))
+    deliver(box)
+    run(box, lambda: answer(box.jobs, "j1", KEN, 900, T0))
+    assert queue(box, "j2", caller="bo", size=101, caps=caps) == Refused(Refusal.CALLEE_BYTES_FULL)
+    ok(queue(box, "j3", caller="bo", size=100, caps=caps, now=T0 + 1))
+    # Another callee's answers are not ken's.
+    ok(queue(box, "l1", caller="cy", callee="lee", size=1000, caps=caps))
+    swept(box, T0 + TTL)  # j1's answer is dropped at its expiry; j3 still waits
+    ok(queue(box, "j4", caller="bo", size=900, caps=caps, now=T0 + TTL))
 
 
 def test_a_request_larger_than_the_whole_byte_cap_is_too_large() -> None:
