@@ -19,7 +19,12 @@ from agentcall.errors import ApiError, StoreError
 from agentcall.relay import audit, mailbox
 from agentcall.relay.audit import AuditEntry
 from agentcall.relay.mailbox import Decision, Job, JobState, MailboxLimits, Refusal, Refused
-from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
+from agentcall.relay.store import (
+    RELAY_SCHEMA,
+    SqliteRegistry,
+    SqliteRelayStore,
+    open_relay_store,
+)
 from agentcall.relay.store_interface import (
     JobsDue,
     JobsHeld,
@@ -363,3 +368,43 @@ def test_the_held_scope_loads_every_delivered_and_running_job_only(store: Fired)
 
     store.decide_jobs(JobsHeld(), look, actor=None, at=T0)
     assert [(job.job_id, job.state) for job in seen[0].values()] == [(J1, JobState.DELIVERED)]
+
+
+def insecure_connection(path: Path) -> sqlite3.Connection:
+    """A relay database connection with secure_delete off, as SQLite builds without
+    SQLITE_SECURE_DELETE open it (Debian's build turns it on by default; others do not)."""
+    conn = open_database(path, RELAY_SCHEMA).connection
+    conn.execute("PRAGMA secure_delete = OFF")
+    return conn
+
+
+def test_the_registry_turns_secure_delete_on_whatever_the_build(tmp_path: Path) -> None:
+    conn = insecure_connection(tmp_path / "relay.sqlite")
+    SqliteRegistry(conn)
+    assert conn.execute("PRAGMA secure_delete").fetchone() == (1,)
+    conn.close()
+
+
+def test_dropped_ciphertext_is_not_left_in_the_file(tmp_path: Path) -> None:
+    """A cancelled job's request is zeroed in the file, not left readable in a free cell."""
+    path = tmp_path / "relay.sqlite"
+    conn = insecure_connection(path)
+    store = Fired(SqliteRelayStore(SqliteRegistry(conn)))
+    marker = b"dropped-ciphertext-" * 8
+    store.decide_jobs(
+        JobsOf("acme", ("ana", "ken")),
+        lambda jobs: [
+            mailbox.enqueue(
+                jobs, CAPS, job_id=J1, org="acme", caller="ana", callee="ken",
+                request_bytes=len(marker), now=T0,
+            )
+        ],
+        actor="ana",
+        at=T0,
+        sealed=SealedBytes(J1, request=marker),
+    )  # fmt: skip
+    one(store, J1, lambda jobs: mailbox.cancel(jobs, J1, ("acme", "ana"), T0), actor="ana")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    files = [p for p in tmp_path.iterdir() if p.name.startswith("relay.sqlite")]
+    assert files and not any(marker in p.read_bytes() for p in files)
+    store.close()
