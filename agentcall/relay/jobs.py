@@ -56,7 +56,8 @@ _ERRORS = {
     fr.JobError.INDETERMINATE_EXECUTION: mailbox.FailureReason.INDETERMINATE_EXECUTION,
     fr.JobError.REJECTED: mailbox.FailureReason.REJECTED,
 }
-# Refusals after which a listener still holding the job should stop working on it.
+# Refusals after which a listener still holding the job should stop working on it. Not LAPSED:
+# the relay failed that run only because its lease lapsed, and still takes its result.
 _OVER = frozenset({Refusal.ENDED, Refusal.EXPIRED})
 
 

@@ -27,6 +27,9 @@ States and the operations that move a job between them::
 
     QUEUED, DELIVERED or RUNNING at created_at + 72 h ----------------> EXPIRED
 
+    FAILED indeterminate_execution by a lapsed running lease (lapsed), before created_at + 72 h:
+      answer -> ANSWERED;  fail -> FAILED (the listener's reason)
+
 A result can overtake the relay's view: an accept lost on the way (the listener's journal holds
 the job, the relay let the delivery lapse back to ``queued``) is still followed by the job's
 result, which :func:`answer` and :func:`fail` take from ``queued`` too; a late ``job_accepted``
@@ -35,7 +38,11 @@ attempts of a job that is already running. A renew of a job not yet seen running
 lost accept (:func:`renew`).
 
 A running job whose lease lapses (its listener stopped renewing) ends ``failed`` with
-``indeterminate_execution``: the agent may have run, and a job runs at most once. Leases and
+``indeterminate_execution``: the agent may have run, and a job runs at most once. Its listener
+may only have lost its connection for longer than a lease, so until the job's expiry a result
+it sends after all (an answer, or a failure it reports) still replaces that verdict
+(``Job.lapsed``); its accepts and renews are refused ``lapsed``, never told to cancel. This
+cannot run a job twice: a job that was running is never delivered again. Leases and
 expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`, and
 at its start-up first gives every held lease a grace (:func:`restart_grace`).
 
@@ -46,7 +53,10 @@ its lease lapses; an answer or failure that wins the race ends it as reported.
 Ciphertext: the sealed request is dropped when the job is answered (the answer replaces it) or
 ends any other way; the answer is dropped at ``expires_at`` (created + 72 h). Metadata stays
 visible :data:`~agentcall.limits.MAILBOX_METADATA_GRACE_S` longer, then the job is forgotten.
-A job in a terminal state (answered, failed, cancelled, expired) never changes state again.
+A job in a terminal state (answered, failed, cancelled, expired) never changes state again,
+except a running job the relay failed when its lease lapsed: the result of that run, when it
+comes from its callee before the job's expiry, ends it as reported (``answered``, or ``failed``
+with the listener's reason) instead.
 """
 
 from __future__ import annotations
@@ -87,6 +97,9 @@ class Refusal(enum.StrEnum):
     EXPIRED = "expired"  # past expires_at, not yet swept
     WRONG_STATE = "wrong_state"
     CANCEL_PENDING = "cancel_pending"
+    # The relay failed the running job when its lease lapsed: it is not running as far as the
+    # relay knows, but its listener should finish it, because its result is still taken.
+    LAPSED = "lapsed"
 
 
 _positive = attrs.validators.gt(0)
@@ -121,6 +134,9 @@ class Job:
     ``last_delivery`` is the callee-wide sequence number of the job's latest delivery (0 when
     never delivered); fairness is derived from it, so it survives a restart with the rows.
     ``holds_ciphertext`` says whether the store still keeps sealed bytes for the job.
+    ``lapsed`` marks a job the relay itself failed ``indeterminate_execution`` because its lease
+    lapsed while it was running (not one its listener reported failed): the one terminal row a
+    later result from its listener may still replace.
     """
 
     job_id: str
@@ -138,6 +154,7 @@ class Job:
     cancel_requested: bool = False
     holds_ciphertext: bool = True
     last_delivery: int = 0
+    lapsed: bool = False
 
     def __attrs_post_init__(self) -> None:
         # Rows come back from storage: refuse ones no sequence of decisions can produce.
@@ -149,6 +166,8 @@ class Job:
             raise ValueError("an answer size goes with the answered state only")
         if self.attempts < 0 or self.last_delivery < 0:
             raise ValueError("attempts and last_delivery cannot be negative")
+        if self.lapsed and self.reason is not FailureReason.INDETERMINATE_EXECUTION:
+            raise ValueError("only a job failed indeterminate_execution can have lapsed")
 
     @property
     def caller_member(self) -> Member:
@@ -304,6 +323,8 @@ def accept(
 
     Also from ``queued`` when the job was delivered before and no other job of the callee is
     out: the accept came after its lease had lapsed, and the listener's journal holds it."""
+    if _lapsed(jobs, job_id, by):
+        return Refused(Refusal.LAPSED)
     job = _delivered_before(jobs, job_id, by, now, _ACCEPTABLE)
     if isinstance(job, Refused):
         return job
@@ -325,7 +346,12 @@ def renew(
     is taken as its accept, under the same rule as :func:`accept`: only a listener whose journal
     accepted the job renews it, so its ``job_accepted`` was lost (the socket dropped, or the
     relay stopped before it was stored). Refusing would let the lease lapse, deliver the job
-    again and end it ``delivery_failed`` while its agent runs, dropping the answer."""
+    again and end it ``delivery_failed`` while its agent runs, dropping the answer.
+
+    A renew of a job the relay failed when its lease lapsed is refused ``lapsed``: it stays
+    failed unless its result comes (:func:`answer`)."""
+    if _lapsed(jobs, job_id, by):
+        return Refused(Refusal.LAPSED)
     job = _own(jobs, job_id, by, caller=False, now=now)
     if isinstance(job, Refused):
         return job
@@ -358,14 +384,21 @@ def answer(
 ) -> Decision | Refused:
     """A sealed answer came back (a refusal by the callee's policy, such as ``blocked``, is an
     answer too, so a delivered job may be answered without an accept). From ``queued`` as well:
-    the result of a job whose accept was lost."""
-    job = _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
+    the result of a job whose accept was lost. And from a job the relay failed when its lease
+    lapsed, until its expiry: the run did end, and its caller may still fetch the answer."""
+    job = _result_for(jobs, job_id, by, now)
     if isinstance(job, Refused):
         return job
     if answer_bytes < 1:
         raise ValueError("an answer has at least one byte")
     answered = attrs.evolve(
-        job, state=JobState.ANSWERED, answer_bytes=answer_bytes, lease_until=None
+        job,
+        state=JobState.ANSWERED,
+        reason=None,
+        answer_bytes=answer_bytes,
+        lease_until=None,
+        holds_ciphertext=True,
+        lapsed=False,
     )
     return Decision(job_id, answered, (DropRequest(job_id),), (audit.JOB_COMPLETE,))
 
@@ -374,8 +407,8 @@ def fail(
     jobs: Jobs, job_id: str, by: Member, reason: FailureReason, now: float
 ) -> Decision | Refused:
     """The listener reports that the job failed (for instance indeterminate after a restart);
-    from ``queued`` as well, like :func:`answer`."""
-    job = _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
+    from ``queued`` and after a lapse as well, like :func:`answer`."""
+    job = _result_for(jobs, job_id, by, now)
     if isinstance(job, Refused):
         return job
     return _end(job, JobState.FAILED, (audit.JOB_FAIL,), reason)
@@ -517,6 +550,21 @@ def _delivered_before(
     return job
 
 
+def _lapsed(jobs: Jobs, job_id: str, by: Member) -> bool:
+    """True when the callee ``by``'s job ended because the relay saw its running lease lapse."""
+    job = jobs.get(job_id)
+    return job is not None and job.lapsed and job.callee_member == by
+
+
+def _result_for(jobs: Jobs, job_id: str, by: Member, now: float) -> Job | Refused:
+    """The job a result from its callee ``by`` may end: live and delivered before, or failed by
+    the relay when its running lease lapsed and not yet expired."""
+    if _lapsed(jobs, job_id, by):
+        job = jobs[job_id]
+        return Refused(Refusal.EXPIRED) if now >= job.expires_at else job
+    return _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
+
+
 def _end(
     job: Job,
     state: JobState,
@@ -524,10 +572,14 @@ def _end(
     reason: FailureReason | None = None,
     *,
     tell: bool = False,
+    lapsed: bool = False,
 ) -> Decision:
     """``job`` ends in ``state``: no lease, no sealed byte kept; with ``tell``, a listener
-    holding the job is told to drop it (when the relay, not the listener, ends it)."""
-    ended = attrs.evolve(job, state=state, reason=reason, lease_until=None, holds_ciphertext=False)
+    holding the job is told to drop it (when the relay, not the listener, ends it); with
+    ``lapsed``, marked as a running job the relay failed because its lease lapsed."""
+    ended = attrs.evolve(
+        job, state=state, reason=reason, lease_until=None, holds_ciphertext=False, lapsed=lapsed
+    )
     effects: tuple[Effect, ...] = (DropCiphertext(job.job_id),)
     if tell and job.state in HOLDING_LEASE:
         effects += (_tell(job),)
@@ -539,8 +591,10 @@ def _lapse(job: Job, caps: MailboxLimits) -> Decision:
     if job.cancel_requested:
         return _end(job, JobState.CANCELLED, ())
     if job.state is JobState.RUNNING:
-        # Accepted means it may have run: at most once, so never delivered again.
-        return _end(job, JobState.FAILED, (audit.JOB_FAIL,), FailureReason.INDETERMINATE_EXECUTION)
+        # Accepted means it may have run: at most once, so never delivered again. Marked as the
+        # relay's own verdict, so a result its listener sends after all still replaces it.
+        reason = FailureReason.INDETERMINATE_EXECUTION
+        return _end(job, JobState.FAILED, (audit.JOB_FAIL,), reason, lapsed=True)
     if job.attempts >= caps.max_attempts:
         return _end(job, JobState.FAILED, (audit.JOB_FAIL,), FailureReason.DELIVERY_FAILED)
     return Decision(job.job_id, attrs.evolve(job, state=JobState.QUEUED, lease_until=None))

@@ -794,3 +794,24 @@ def test_a_restart_grace_the_store_cannot_take_is_retried_before_any_sweep(
         limits.MAILBOX_RESTART_GRACE_S
     )
     assert second.state(job_id) is JobState.RUNNING
+
+
+def test_a_run_cut_off_longer_than_its_lease_still_delivers_its_answer(relay: Desk) -> None:
+    """The listener's connection drops while its agent runs and it reconnects after the lease
+    lapsed: the relay failed the job indeterminate_execution, but does not tell the listener to
+    cancel its resent accept and renews, and takes the answer that follows for the caller."""
+    job_id = relay.queued()
+    ken = relay.listen()
+    relay.send(ken, JobAccepted(job_id=job_id))
+    relay.gone("ken", ken)
+    relay.clock.advance(LEASE + 30)
+    assert relay.job(job_id).job.reason is FailureReason.INDETERMINATE_EXECUTION
+    back = relay.listen()
+    relay.send(back, JobAccepted(job_id=job_id))
+    relay.send(back, JobRenew(job_id=job_id))
+    assert not back.of_type(CancelJob)
+    env = answer_envelope()
+    relay.send(back, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=env))
+    assert back.of_type(JobAck) == [JobAck(job_id=job_id)]
+    assert fired(relay.desk.job_for(member("ana"), job_id, 0)).answer == env
+    assert relay.events(job_id)[-2:] == [audit.JOB_FAIL, audit.JOB_COMPLETE]

@@ -697,7 +697,11 @@ def check_invariants(box: Mailbox, before: dict[str, Job], decisions: list[Decis
             assert not job.holds_ciphertext
         old = before.get(job.job_id)
         if old is not None and old.state in TERMINAL:
-            assert attrs.evolve(job, holds_ciphertext=old.holds_ciphertext) == old
+            if old.lapsed and not job.lapsed:
+                # The one way out of a terminal state: the result of a run whose lease lapsed.
+                assert job.state in (JobState.ANSWERED, JobState.FAILED)
+            else:
+                assert attrs.evolve(job, holds_ciphertext=old.holds_ciphertext) == old
     for d in decisions:
         assert set(d.audit) <= audit.EVENTS
         if d.job is None:
@@ -854,3 +858,81 @@ def test_a_restart_grace_extends_every_held_lease_and_nothing_else() -> None:
 def test_the_restart_grace_outlasts_a_reconnect_and_one_lease() -> None:
     longest_reconnect = limits.RECONNECT_MAX_S + limits.RECONNECT_JITTER_S
     assert longest_reconnect + limits.MAILBOX_LEASE_S < RESTART
+
+
+# --- the result of a run whose lease lapsed ------------------------------------------------------
+
+
+def lapse_running(box: Mailbox) -> None:
+    """j1 runs and its listener goes quiet: the relay fails it indeterminate_execution."""
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    swept(box, T0 + LEASE)
+    job = box.jobs["j1"]
+    assert (job.reason, job.lapsed) == (FailureReason.INDETERMINATE_EXECUTION, True)
+
+
+def test_an_answer_after_the_relay_failed_a_lapsed_run_is_taken() -> None:
+    """The listener was cut off longer than a lease, not dead: the run's answer ends the job."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    d = run(box, lambda: answer(box.jobs, "j1", KEN, 321, T0 + 600))
+    assert d.audit == (audit.JOB_COMPLETE,)
+    job = box.jobs["j1"]
+    assert (job.state, job.reason, job.answer_bytes) == (JobState.ANSWERED, None, 321)
+    assert (job.holds_ciphertext, job.lapsed) == (True, False)
+    # The answer is kept, then dropped, like any other.
+    assert next_deadline(box.jobs, CAPS) == T0 + TTL
+
+
+def test_a_failure_the_listener_reports_after_a_lapsed_run_replaces_the_relays() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    d = run(box, lambda: fail(box.jobs, "j1", KEN, FailureReason.REJECTED, T0 + 600))
+    assert d.audit == (audit.JOB_FAIL,)
+    job = box.jobs["j1"]
+    assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, FailureReason.REJECTED, False)
+    # Now the listener's own verdict: final like any other.
+    assert answer(box.jobs, "j1", KEN, 5, T0 + 601) == Refused(Refusal.ENDED)
+
+
+def test_indeterminate_reported_by_the_listener_takes_no_later_answer() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    reason = FailureReason.INDETERMINATE_EXECUTION
+    run(box, lambda: fail(box.jobs, "j1", KEN, reason, T0 + 1))
+    assert answer(box.jobs, "j1", KEN, 5, T0 + 2) == Refused(Refusal.ENDED)
+
+
+def test_a_lapsed_run_takes_no_result_after_its_expiry_nor_from_anyone_else() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    assert answer(box.jobs, "j1", KEN, 5, T0 + TTL) == Refused(Refusal.EXPIRED)
+    assert answer(box.jobs, "j1", ANA, 5, T0 + 600) == Refused(Refusal.UNKNOWN_JOB)
+    assert state(box, "j1") is JobState.FAILED
+
+
+def test_a_lapsed_run_is_not_revived_by_accepts_or_renews_nor_cancelled() -> None:
+    """Refused ``lapsed`` (not ``ended``): the relay does not tell the listener to cancel, so
+    the run can still finish and send its answer; the job stays failed meanwhile."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    lapsed = Refused(Refusal.LAPSED)
+    assert accept(box.jobs, CAPS, "j1", KEN, T0 + 60) == lapsed
+    assert renew(box.jobs, CAPS, "j1", KEN, T0 + 60) == lapsed
+    assert cancel(box.jobs, "j1", ANA, T0 + 60) == Refused(Refusal.ENDED)
+
+
+def test_a_lapsed_mark_goes_only_with_the_relays_indeterminate_verdict() -> None:
+    failed = Job(
+        "j1", ORG, "ana", "ken", 10, T0, T0 + TTL, JobState.FAILED, FailureReason.REJECTED,
+        holds_ciphertext=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="lapsed"):
+        attrs.evolve(failed, lapsed=True)

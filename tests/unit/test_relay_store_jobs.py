@@ -408,3 +408,54 @@ def test_dropped_ciphertext_is_not_left_in_the_file(tmp_path: Path) -> None:
     files = [p for p in tmp_path.iterdir() if p.name.startswith("relay.sqlite")]
     assert files and not any(marker in p.read_bytes() for p in files)
     store.close()
+
+
+def test_a_v2_database_upgrades_with_its_failed_jobs_keeping_their_verdict(
+    tmp_path: Path,
+) -> None:
+    """A v2 row cannot say whether the relay or the listener failed the job: it stays final."""
+    path = tmp_path / "old.sqlite"
+    old = open_database(path, only_version(RELAY_SCHEMA, 2, tmp_path / "v2")).connection
+    old.execute(
+        "INSERT INTO jobs (job_id, org, caller, callee, request_bytes, created_at, expires_at,"
+        " state, reason, attempts, lease_until, answer_bytes, cancel_requested,"
+        " holds_ciphertext, last_delivery) VALUES (?, 'acme', 'ana', 'ken', 10, ?, ?, 'failed',"
+        " 'indeterminate_execution', 1, NULL, NULL, 0, 0, 1)",
+        (J1, T0, T0 + CAPS.ttl_s),
+    )
+    old.close()
+    upgraded = Fired(open_relay_store(path))
+    job = upgraded.get_job(J1).job
+    assert (job.state, job.lapsed) == (JobState.FAILED, False)
+    upgraded.close()
+
+
+def test_a_lapsed_run_and_its_late_answer_are_stored(store: Fired) -> None:
+    enqueue(store)
+    ken = ("acme", "ken")
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    one(store, J1, lambda jobs: mailbox.accept(jobs, CAPS, J1, ken, T0))
+    lapsed_at = T0 + 1 + CAPS.lease_s
+    store.decide_jobs(
+        JobsDue(lapsed_at, CAPS.metadata_grace_s),
+        lambda jobs: mailbox.sweep(jobs, CAPS, lapsed_at),
+        actor=None,
+        at=lapsed_at,
+    )
+    job = store.get_job(J1).job
+    indeterminate = mailbox.FailureReason.INDETERMINATE_EXECUTION
+    assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, indeterminate, True)
+    sealed = SealedBytes(J1, answer=ANSWER, terminal=Terminal.COMPLETED)
+    later = lapsed_at + 60
+    one(store, J1, lambda jobs: mailbox.answer(jobs, J1, ken, len(ANSWER), later), sealed=sealed)
+    stored = store.get_job(J1)
+    assert (stored.job.state, stored.job.lapsed, stored.answer) == (
+        JobState.ANSWERED,
+        False,
+        ANSWER,
+    )
