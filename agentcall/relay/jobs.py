@@ -11,6 +11,13 @@ The store is the truth, so several relays may share it: the desk keeps in memory
 belongs to this process (which listener sockets said ``mailbox=1``, the sweep timer, the
 waiting HTTP requests). A job ended by another relay wakes no waiter here; the waiter's own
 timeout answers it, and the client asks again.
+
+With several relays, nothing tells one relay what happened on another. A job queued through
+relay A for a callee whose listener is attached to relay B is delivered by B only when
+something happens on B: the listener (re)attaches there, or the callee's state changes there
+(a job of theirs ends, is declined or lapses in B's sweep, a live call to them ends on B). Until
+then it waits in the store, even though that listener is idle. Waking the other relays (a
+PostgreSQL ``LISTEN``/``NOTIFY`` on enqueue, say) is future work.
 """
 
 from __future__ import annotations
