@@ -92,6 +92,11 @@ MAX_ENVELOPE_VALIDITY_S = MAILBOX_TTL_S
 MAILBOX_RENEW_S = 10.0  # a running job's listener renews its lease this often (a third of it)
 MAILBOX_MAX_WAIT_S = 30.0  # GET /v1/jobs/<id>?wait=N holds the request at most this long
 MAX_JOBS_LISTED = 200  # GET /v1/jobs returns at most this many, newest first
+# At start-up the relay gives every held lease (delivered or running job) at least this long
+# from now: leases that lapsed while it was down must not fail running jobs before any listener
+# could reconnect. Longer than a listener's longest reconnect delay (RECONNECT_MAX_S plus
+# jitter) plus one lease, in which its renew or result arrives.
+MAILBOX_RESTART_GRACE_S = 120.0
 
 # Relay HTTP client timeout.
 HTTP_TIMEOUT_S = 10.0

@@ -11,6 +11,13 @@ The store is the truth, so several relays may share it: the desk keeps in memory
 belongs to this process (which listener sockets said ``mailbox=1``, the sweep timer, the
 waiting HTTP requests). A job ended by another relay wakes no waiter here; the waiter's own
 timeout answers it, and the client asks again.
+
+With several relays, nothing tells one relay what happened on another. A job queued through
+relay A for a callee whose listener is attached to relay B is delivered by B only when
+something happens on B: the listener (re)attaches there, or the callee's state changes there
+(a job of theirs ends, is declined or lapses in B's sweep, a live call to them ends on B). Until
+then it waits in the store, even though that listener is idle. Waking the other relays (a
+PostgreSQL ``LISTEN``/``NOTIFY`` on enqueue, say) is future work.
 """
 
 from __future__ import annotations
@@ -28,6 +35,7 @@ from agentcall.relay.calls import Pending, Timer, route_problem
 from agentcall.relay.mailbox import Decision, MailboxLimits, Refusal, Refused, TellListenerCancel
 from agentcall.relay.store_interface import (
     JobsDue,
+    JobsHeld,
     JobsOf,
     JobStore,
     MailboxStatus,
@@ -55,7 +63,8 @@ _ERRORS = {
     fr.JobError.INDETERMINATE_EXECUTION: mailbox.FailureReason.INDETERMINATE_EXECUTION,
     fr.JobError.REJECTED: mailbox.FailureReason.REJECTED,
 }
-# Refusals after which a listener still holding the job should stop working on it.
+# Refusals after which a listener still holding the job should stop working on it. Not LAPSED:
+# the relay failed that run only because its lease lapsed, and still takes its result.
 _OVER = frozenset({Refusal.ENDED, Refusal.EXPIRED})
 
 
@@ -69,7 +78,10 @@ def queue_refusal(reason: Refusal, caps: MailboxLimits) -> str:
     if reason is Refusal.CALLEE_QUEUE_FULL:
         return f"that handle's mailbox is full ({caps.max_queued_per_callee} calls waiting)"
     if reason is Refusal.CALLEE_BYTES_FULL:
-        return "that handle's mailbox is full (it holds as many bytes as it may)"
+        return (
+            "that handle's mailbox is full (its waiting calls and the answers it holds use all "
+            "the space it may have); try again later"
+        )
     if reason is Refusal.TOO_LARGE:
         return "the request is larger than that handle's mailbox can hold"
     return "the call could not be queued; try again"
@@ -109,15 +121,46 @@ class JobDesk:
         self._sweep_at: float | None = None
         # Callees whose listener declined a delivery, with the timer that ends their rest.
         self._resting: dict[tuple[str, str], Pending] = {}
+        # No sweep is armed before the restart grace is committed (see start).
+        self._graced = False
+        self._grace_retry: Pending | None = None
 
     def start(self) -> defer.Deferred[None]:
-        """Arm the sweep from the store (at start-up: jobs outlive the process)."""
-        return self._rearm()
+        """Give every held lease the restart grace, then arm the sweep from the store (jobs
+        outlive the process).
+
+        The sweep stays unarmed until the grace is committed: leases that lapsed while the
+        relay was down would otherwise fail running jobs before their listeners could
+        reconnect. If the store cannot take the grace now it is tried again later; meanwhile no
+        lease lapses, the safe side for jobs that run at most once. With several relays over
+        one store, a restart also lengthens leases held through the others, by at most the
+        grace: a lapse is noticed that much later, nothing more."""
+        now = self._clock.seconds()
+        self._grace_retry = None
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision]:
+            return mailbox.restart_grace(jobs, now)
+
+        def graced(result: list[Decision] | Refused) -> defer.Deferred[None]:
+            if not isinstance(result, Refused) and result:
+                _log.info("job_leases_graced", jobs=len(result))
+            self._graced = True
+            return self._rearm()
+
+        def failed(failure: Failure) -> None:
+            _log.failure("job_restart_grace_failed", failure=failure)
+            self._grace_retry = self._clock.callLater(SWEEP_RETRY_S, self.start)
+
+        decided = self._store.decide_jobs(JobsHeld(), decide, actor=None, at=now)
+        return decided.addCallbacks(graced, failed)
 
     def stop(self) -> None:
         if self._sweep is not None and self._sweep.active():
             self._sweep.cancel()
         self._sweep = self._sweep_at = None
+        if self._grace_retry is not None and self._grace_retry.active():
+            self._grace_retry.cancel()
+        self._grace_retry = None
         for key in list(self._resting):
             self._stop_resting(*key)
 
@@ -449,7 +492,7 @@ class JobDesk:
     def _arm(self, at: float | None) -> None:
         """Sweep at ``at`` unless an earlier sweep is already armed: an early sweep decides
         nothing and re-arms, a late one would leave a lease or an expiry waiting."""
-        if at is None:
+        if at is None or not self._graced:
             return
         if self._sweep is not None and self._sweep.active() and self._sweep_at is not None:
             if self._sweep_at <= at:

@@ -27,15 +27,24 @@ States and the operations that move a job between them::
 
     QUEUED, DELIVERED or RUNNING at created_at + 72 h ----------------> EXPIRED
 
+    FAILED indeterminate_execution by a lapsed running lease (lapsed), before created_at + 72 h:
+      answer -> ANSWERED;  fail -> FAILED (the listener's reason)
+
 A result can overtake the relay's view: an accept lost on the way (the listener's journal holds
 the job, the relay let the delivery lapse back to ``queued``) is still followed by the job's
 result, which :func:`answer` and :func:`fail` take from ``queued`` too; a late ``job_accepted``
 for a job delivered before is taken from ``queued`` as well, so a retry does not spend the
-attempts of a job that is already running.
+attempts of a job that is already running. A renew of a job not yet seen running is taken as its
+lost accept (:func:`renew`).
 
 A running job whose lease lapses (its listener stopped renewing) ends ``failed`` with
-``indeterminate_execution``: the agent may have run, and a job runs at most once. Leases and
-expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`.
+``indeterminate_execution``: the agent may have run, and a job runs at most once. Its listener
+may only have lost its connection for longer than a lease, so until the job's expiry a result
+it sends after all (an answer, or a failure it reports) still replaces that verdict
+(``Job.lapsed``); its accepts and renews are refused ``lapsed``, never told to cancel. This
+cannot run a job twice: a job that was running is never delivered again. Leases and
+expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`, and
+at its start-up first gives every held lease a grace (:func:`restart_grace`).
 
 Cancelling a delivered or running job does not end it at once: it is marked, the listener is
 told (:class:`TellListenerCancel`) and the job ends ``cancelled`` on :func:`cancel_done` or when
@@ -44,7 +53,10 @@ its lease lapses; an answer or failure that wins the race ends it as reported.
 Ciphertext: the sealed request is dropped when the job is answered (the answer replaces it) or
 ends any other way; the answer is dropped at ``expires_at`` (created + 72 h). Metadata stays
 visible :data:`~agentcall.limits.MAILBOX_METADATA_GRACE_S` longer, then the job is forgotten.
-A job in a terminal state (answered, failed, cancelled, expired) never changes state again.
+A job in a terminal state (answered, failed, cancelled, expired) never changes state again,
+except a running job the relay failed when its lease lapsed: the result of that run, when it
+comes from its callee before the job's expiry, ends it as reported (``answered``, or ``failed``
+with the listener's reason) instead.
 """
 
 from __future__ import annotations
@@ -85,6 +97,9 @@ class Refusal(enum.StrEnum):
     EXPIRED = "expired"  # past expires_at, not yet swept
     WRONG_STATE = "wrong_state"
     CANCEL_PENDING = "cancel_pending"
+    # The relay failed the running job when its lease lapsed: it is not running as far as the
+    # relay knows, but its listener should finish it, because its result is still taken.
+    LAPSED = "lapsed"
 
 
 _positive = attrs.validators.gt(0)
@@ -119,6 +134,9 @@ class Job:
     ``last_delivery`` is the callee-wide sequence number of the job's latest delivery (0 when
     never delivered); fairness is derived from it, so it survives a restart with the rows.
     ``holds_ciphertext`` says whether the store still keeps sealed bytes for the job.
+    ``lapsed`` marks a job the relay itself failed ``indeterminate_execution`` because its lease
+    lapsed while it was running (not one its listener reported failed): the one terminal row a
+    later result from its listener may still replace.
     """
 
     job_id: str
@@ -136,6 +154,7 @@ class Job:
     cancel_requested: bool = False
     holds_ciphertext: bool = True
     last_delivery: int = 0
+    lapsed: bool = False
 
     def __attrs_post_init__(self) -> None:
         # Rows come back from storage: refuse ones no sequence of decisions can produce.
@@ -147,6 +166,8 @@ class Job:
             raise ValueError("an answer size goes with the answered state only")
         if self.attempts < 0 or self.last_delivery < 0:
             raise ValueError("attempts and last_delivery cannot be negative")
+        if self.lapsed and self.reason is not FailureReason.INDETERMINATE_EXECUTION:
+            raise ValueError("only a job failed indeterminate_execution can have lapsed")
 
     @property
     def caller_member(self) -> Member:
@@ -222,7 +243,14 @@ def enqueue(
     request_bytes: int,
     now: float,
 ) -> Decision | Refused:
-    """Queue a sealed request of ``request_bytes`` (ValueError if not positive) for ``callee``."""
+    """Queue a sealed request of ``request_bytes`` (ValueError if not positive) for ``callee``.
+
+    The callee's byte cap bounds their whole mailbox: the requests waiting for them plus the
+    answers the relay still holds for their jobs (kept until expiry, 72 h), so answering jobs
+    does not make room for an unbounded amount of ciphertext on the relay's disk. It is checked
+    here, when a request comes in: an answer is stored whatever its size (refusing it would
+    lose a job that ran), so a callee's mailbox may pass the cap by as much as its answers are
+    larger than their requests, and then takes no new request until enough of it is dropped."""
     job = Job(job_id, org, caller, callee, request_bytes, now, now + caps.ttl_s)
     if job_id in jobs:
         return Refused(Refusal.DUPLICATE_JOB)
@@ -236,7 +264,7 @@ def enqueue(
     waiting = [j for j in _outstanding(jobs) if j.callee_member == job.callee_member]
     if len(waiting) >= caps.max_queued_per_callee:
         return Refused(Refusal.CALLEE_QUEUE_FULL)
-    if sum(j.request_bytes for j in waiting) + request_bytes > caps.max_queued_bytes_per_callee:
+    if _mailbox_bytes(jobs, job.callee_member) + request_bytes > caps.max_queued_bytes_per_callee:
         return Refused(Refusal.CALLEE_BYTES_FULL)
     return Decision(job_id, job, audit=(audit.JOB_QUEUE,))
 
@@ -295,6 +323,8 @@ def accept(
 
     Also from ``queued`` when the job was delivered before and no other job of the callee is
     out: the accept came after its lease had lapsed, and the listener's journal holds it."""
+    if _lapsed(jobs, job_id, by):
+        return Refused(Refusal.LAPSED)
     job = _delivered_before(jobs, job_id, by, now, _ACCEPTABLE)
     if isinstance(job, Refused):
         return job
@@ -310,10 +340,23 @@ def accept(
 def renew(
     jobs: Jobs, caps: MailboxLimits, job_id: str, by: Member, now: float
 ) -> Decision | Refused:
-    """The agent is still running: the lease runs ``lease_s`` from now."""
-    job = _own(jobs, job_id, by, caller=False, now=now, states={JobState.RUNNING})
+    """The agent is still running: the lease runs ``lease_s`` from now.
+
+    A renew of a job the relay still sees as delivered (or back in ``queued`` after a delivery)
+    is taken as its accept, under the same rule as :func:`accept`: only a listener whose journal
+    accepted the job renews it, so its ``job_accepted`` was lost (the socket dropped, or the
+    relay stopped before it was stored). Refusing would let the lease lapse, deliver the job
+    again and end it ``delivery_failed`` while its agent runs, dropping the answer.
+
+    A renew of a job the relay failed when its lease lapsed is refused ``lapsed``: it stays
+    failed unless its result comes (:func:`answer`)."""
+    if _lapsed(jobs, job_id, by):
+        return Refused(Refusal.LAPSED)
+    job = _own(jobs, job_id, by, caller=False, now=now)
     if isinstance(job, Refused):
         return job
+    if job.state is not JobState.RUNNING:
+        return accept(jobs, caps, job_id, by, now)
     return Decision(job_id, attrs.evolve(job, lease_until=now + caps.lease_s))
 
 
@@ -341,14 +384,21 @@ def answer(
 ) -> Decision | Refused:
     """A sealed answer came back (a refusal by the callee's policy, such as ``blocked``, is an
     answer too, so a delivered job may be answered without an accept). From ``queued`` as well:
-    the result of a job whose accept was lost."""
-    job = _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
+    the result of a job whose accept was lost. And from a job the relay failed when its lease
+    lapsed, until its expiry: the run did end, and its caller may still fetch the answer."""
+    job = _result_for(jobs, job_id, by, now)
     if isinstance(job, Refused):
         return job
     if answer_bytes < 1:
         raise ValueError("an answer has at least one byte")
     answered = attrs.evolve(
-        job, state=JobState.ANSWERED, answer_bytes=answer_bytes, lease_until=None
+        job,
+        state=JobState.ANSWERED,
+        reason=None,
+        answer_bytes=answer_bytes,
+        lease_until=None,
+        holds_ciphertext=True,
+        lapsed=False,
     )
     return Decision(job_id, answered, (DropRequest(job_id),), (audit.JOB_COMPLETE,))
 
@@ -357,8 +407,8 @@ def fail(
     jobs: Jobs, job_id: str, by: Member, reason: FailureReason, now: float
 ) -> Decision | Refused:
     """The listener reports that the job failed (for instance indeterminate after a restart);
-    from ``queued`` as well, like :func:`answer`."""
-    job = _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
+    from ``queued`` and after a lapse as well, like :func:`answer`."""
+    job = _result_for(jobs, job_id, by, now)
     if isinstance(job, Refused):
         return job
     return _end(job, JobState.FAILED, (audit.JOB_FAIL,), reason)
@@ -397,6 +447,22 @@ def sweep(jobs: Jobs, caps: MailboxLimits, now: float) -> list[Decision]:
     return decisions
 
 
+def restart_grace(
+    jobs: Jobs, now: float, grace_s: float = limits.MAILBOX_RESTART_GRACE_S
+) -> list[Decision]:
+    """At the relay's start-up: every held lease runs at least ``grace_s`` from ``now``.
+
+    While the relay was down no listener could renew, so leases lapsed that say nothing about
+    the listeners; sweeping them at once would fail running jobs ``indeterminate_execution``
+    (and drop the answers that follow) before any listener could reconnect. A lease already
+    longer is kept; nothing is audited (no job changes state)."""
+    decisions = []
+    for job in _sorted(jobs.values()):
+        if job.lease_until is not None and job.lease_until < now + grace_s:
+            decisions.append(Decision(job.job_id, attrs.evolve(job, lease_until=now + grace_s)))
+    return decisions
+
+
 def next_deadline(jobs: Jobs, caps: MailboxLimits) -> float | None:
     """The earliest time :func:`sweep` would decide something (``None``: never)."""
     times = []
@@ -428,6 +494,15 @@ class Mailbox:
 
 def _outstanding(jobs: Jobs) -> list[Job]:
     return [j for j in jobs.values() if j.state in OUTSTANDING]
+
+
+def _mailbox_bytes(jobs: Jobs, callee: Member) -> int:
+    """The sealed bytes the relay holds in ``callee``'s mailbox: requests waiting for them and
+    the answers to their jobs it still holds (until expiry)."""
+    mine = [j for j in jobs.values() if j.callee_member == callee]
+    requests = sum(j.request_bytes for j in mine if j.state in OUTSTANDING)
+    answers = sum(j.answer_bytes or 0 for j in mine if j.holds_ciphertext)
+    return requests + answers
 
 
 def _count(jobs: Jobs, match: Callable[[Job], bool]) -> int:
@@ -475,6 +550,21 @@ def _delivered_before(
     return job
 
 
+def _lapsed(jobs: Jobs, job_id: str, by: Member) -> bool:
+    """True when the callee ``by``'s job ended because the relay saw its running lease lapse."""
+    job = jobs.get(job_id)
+    return job is not None and job.lapsed and job.callee_member == by
+
+
+def _result_for(jobs: Jobs, job_id: str, by: Member, now: float) -> Job | Refused:
+    """The job a result from its callee ``by`` may end: live and delivered before, or failed by
+    the relay when its running lease lapsed and not yet expired."""
+    if _lapsed(jobs, job_id, by):
+        job = jobs[job_id]
+        return Refused(Refusal.EXPIRED) if now >= job.expires_at else job
+    return _delivered_before(jobs, job_id, by, now, _RESULT_FROM)
+
+
 def _end(
     job: Job,
     state: JobState,
@@ -482,10 +572,14 @@ def _end(
     reason: FailureReason | None = None,
     *,
     tell: bool = False,
+    lapsed: bool = False,
 ) -> Decision:
     """``job`` ends in ``state``: no lease, no sealed byte kept; with ``tell``, a listener
-    holding the job is told to drop it (when the relay, not the listener, ends it)."""
-    ended = attrs.evolve(job, state=state, reason=reason, lease_until=None, holds_ciphertext=False)
+    holding the job is told to drop it (when the relay, not the listener, ends it); with
+    ``lapsed``, marked as a running job the relay failed because its lease lapsed."""
+    ended = attrs.evolve(
+        job, state=state, reason=reason, lease_until=None, holds_ciphertext=False, lapsed=lapsed
+    )
     effects: tuple[Effect, ...] = (DropCiphertext(job.job_id),)
     if tell and job.state in HOLDING_LEASE:
         effects += (_tell(job),)
@@ -497,8 +591,10 @@ def _lapse(job: Job, caps: MailboxLimits) -> Decision:
     if job.cancel_requested:
         return _end(job, JobState.CANCELLED, ())
     if job.state is JobState.RUNNING:
-        # Accepted means it may have run: at most once, so never delivered again.
-        return _end(job, JobState.FAILED, (audit.JOB_FAIL,), FailureReason.INDETERMINATE_EXECUTION)
+        # Accepted means it may have run: at most once, so never delivered again. Marked as the
+        # relay's own verdict, so a result its listener sends after all still replaces it.
+        reason = FailureReason.INDETERMINATE_EXECUTION
+        return _end(job, JobState.FAILED, (audit.JOB_FAIL,), reason, lapsed=True)
     if job.attempts >= caps.max_attempts:
         return _end(job, JobState.FAILED, (audit.JOB_FAIL,), FailureReason.DELIVERY_FAILED)
     return Decision(job.job_id, attrs.evolve(job, state=JobState.QUEUED, lease_until=None))

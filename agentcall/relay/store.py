@@ -184,6 +184,11 @@ class SqliteRegistry:
         if conn.isolation_level is not None:
             # Python's implicit transactions would commit in the middle of ours.
             raise ValueError("the connection must be in autocommit mode (isolation_level=None)")
+        # Deleted rows are overwritten with zeros, so the ciphertext of a job that ended or
+        # expired does not linger in free pages of the file. Set here, per connection, because
+        # the default depends on how SQLite was built (SQLITE_SECURE_DELETE). What remains is
+        # the WAL, whose old frames are overwritten as it is checkpointed and reused.
+        conn.execute("PRAGMA secure_delete = ON")
         self._conn = conn
 
     def close(self) -> None:

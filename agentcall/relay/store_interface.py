@@ -103,7 +103,13 @@ class JobsDue:
     metadata_grace_s: float
 
 
-JobScope = OneJob | JobsOf | JobsDue
+@attrs.frozen
+class JobsHeld:
+    """The scope of every job holding a lease (delivered or running), in every organisation:
+    the relay's start-up grace. Few rows: at most one per callee."""
+
+
+JobScope = OneJob | JobsOf | JobsDue | JobsHeld
 
 Decide = Callable[[Mapping[str, Job]], Sequence[Decision] | Refused]
 """A pure decision over the rows of a scope (:mod:`agentcall.relay.mailbox`). It may run in a
@@ -147,7 +153,20 @@ class MailboxStatus:
 
 class JobStore(Protocol):
     """The offline mailbox's rows. The store is the truth: several relays may share it, so
-    nothing above it keeps jobs in memory as anything more than a hint."""
+    nothing above it keeps jobs in memory as anything more than a hint.
+
+    Isolation: the decisions over one scope must be serialisable. While ``decide`` runs on the
+    rows of a scope, no other transaction may change those rows or add one that belongs to the
+    scope, or two relays could each deliver a job to the same callee, or both let a caller past
+    their cap. SQLite gives this with ``BEGIN IMMEDIATE`` (one writer at a time). PostgreSQL
+    needs either SERIALIZABLE transactions, retried on a serialisation failure (``decide`` is
+    pure, so it may simply run again on the rows read afresh), or, at READ COMMITTED, locks
+    taken before the rows are read: an advisory (or row) lock per member in scope (the caller
+    and the callee of an enqueue, the callee of a delivery, the callee of a job decided by id),
+    taken in a fixed order, with the sweep and the start-up grace locking the members of the
+    rows they change. Reads outside ``decide_jobs`` (``get_job``, ``jobs_of``, the deadline,
+    ``mailbox_status``) may see any committed state.
+    """
 
     def decide_jobs(
         self,
@@ -161,7 +180,10 @@ class JobStore(Protocol):
         """In one transaction: load the rows of ``scope``, run ``decide`` on them, and persist
         what it decided (rows inserted, updated or deleted; sealed bytes dropped; ``sealed``
         kept when its job is queued or answered; one audit row per event, ``actor`` causing it
-        at ``at``). The decisions, or the refusal (then nothing is written)."""
+        at ``at``). The decisions, or the refusal (then nothing is written).
+
+        Serialisable over ``scope`` (see the class): the rows ``decide`` sees stay the rows it
+        decides over until the transaction commits."""
         ...
 
     def get_job(self, job_id: str) -> Deferred[StoredJob | None]:

@@ -19,6 +19,7 @@ from agentcall.relay.mailbox import Decision, DropCiphertext, DropRequest, Job, 
 from agentcall.relay.store_interface import (
     Decide,
     JobScope,
+    JobsDue,
     JobsOf,
     MailboxStatus,
     OneJob,
@@ -33,53 +34,60 @@ AuditWrite = Callable[[str, str, str | None, str | None, str, str | None], None]
 # Statements spelled out in full (no string building), so each one can be read as it runs.
 _SELECT_ONE = (
     "SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
-    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery"
-    " FROM jobs WHERE job_id = ?"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
+    " lapsed FROM jobs WHERE job_id = ?"
 )
 # Two indexed lookups rather than one OR, which would scan the table.
 _SELECT_OF_MEMBER = (
     "SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
-    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery"
-    " FROM jobs WHERE org = ? AND caller = ?"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
+    " lapsed FROM jobs WHERE org = ? AND caller = ?"
     " UNION"
     " SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
-    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery"
-    " FROM jobs WHERE org = ? AND callee = ?"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
+    " lapsed FROM jobs WHERE org = ? AND callee = ?"
 )
 _LIST_OF_MEMBER = (
     "SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
-    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery"
-    " FROM jobs WHERE org = ? AND caller = ?"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
+    " lapsed FROM jobs WHERE org = ? AND caller = ?"
     " UNION"
     " SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
-    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery"
-    " FROM jobs WHERE org = ? AND callee = ?"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
+    " lapsed FROM jobs WHERE org = ? AND callee = ?"
     " ORDER BY created_at DESC, job_id DESC LIMIT ?"
 )
 # Placeholders: now (leases), now (expiry), now - grace (forgetting).
 _SELECT_DUE = (
     "SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
-    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery"
-    " FROM jobs WHERE (lease_until IS NOT NULL AND lease_until <= ?)"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
+    " lapsed FROM jobs WHERE (lease_until IS NOT NULL AND lease_until <= ?)"
     " OR (expires_at <= ? AND (state IN ('queued', 'delivered', 'running')"
     "     OR holds_ciphertext = 1))"
     " OR expires_at <= ?"
 )
+# The partial index jobs_by_lease holds exactly these rows.
+_SELECT_HELD = (
+    "SELECT job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason,"
+    " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
+    " lapsed FROM jobs WHERE lease_until IS NOT NULL"
+)
 _INSERT = (
     "INSERT INTO jobs (job_id, org, caller, callee, request_bytes, created_at, expires_at,"
     " state, reason, attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext,"
-    " last_delivery) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
+    " last_delivery, lapsed) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)"
 )
 _UPDATE = (
     "UPDATE jobs SET org = ?, caller = ?, callee = ?, request_bytes = ?, created_at = ?,"
     " expires_at = ?, state = ?, reason = ?, attempts = ?, lease_until = ?, answer_bytes = ?,"
-    " cancel_requested = ?, holds_ciphertext = ?, last_delivery = ? WHERE job_id = ?"
+    " cancel_requested = ?, holds_ciphertext = ?, last_delivery = ?, lapsed = ?"
+    " WHERE job_id = ?"
 )
 
 
 def _job(row: Any) -> Job:
     (job_id, org, caller, callee, request_bytes, created_at, expires_at, state, reason) = row[:9]
-    attempts, lease_until, answer_bytes, cancel_requested, holds, last_delivery = row[9:]
+    attempts, lease_until, answer_bytes, cancel_requested, holds, last_delivery, lapsed = row[9:]
     try:
         return Job(
             job_id=job_id,
@@ -97,6 +105,7 @@ def _job(row: Any) -> Job:
             cancel_requested=bool(cancel_requested),
             holds_ciphertext=bool(holds),
             last_delivery=last_delivery,
+            lapsed=bool(lapsed),
         )
     except ValueError as exc:
         raise StoreError(f"job {job_id} has a row no decision can produce: {exc}") from exc
@@ -119,6 +128,7 @@ def _fields(job: Job) -> tuple[object, ...]:
         int(job.cancel_requested),
         int(job.holds_ciphertext),
         job.last_delivery,
+        int(job.lapsed),
     )
 
 
@@ -132,9 +142,11 @@ def load(conn: sqlite3.Connection, scope: JobScope) -> dict[str, Job]:
             rows += conn.execute(
                 _SELECT_OF_MEMBER, (scope.org, handle, scope.org, handle)
             ).fetchall()
-    else:
+    elif isinstance(scope, JobsDue):
         now = scope.now
         rows = conn.execute(_SELECT_DUE, (now, now, now - scope.metadata_grace_s)).fetchall()
+    else:
+        rows = conn.execute(_SELECT_HELD).fetchall()
     jobs = (_job(row) for row in rows)
     return {job.job_id: job for job in jobs}
 

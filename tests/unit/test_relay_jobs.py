@@ -23,6 +23,7 @@ from agentcall.relay.store import SqliteRelayStore, open_relay_store
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import MemoryDirectory, RecordingChannel
+from agentcall.wire import codec
 from agentcall.wire.frames import (
     CallError,
     CallOutcome,
@@ -291,6 +292,25 @@ def test_the_callee_caps_are_refused_busy_with_a_clear_detail(tmp_path: Path) ->
     (error,) = relay.call("cy").sent
     assert isinstance(error, CallError) and error.code is CallErrorCode.BUSY
     assert error.detail == "that handle's mailbox is full (2 calls waiting)"
+
+
+def test_an_answer_held_for_the_callee_fills_its_mailbox(tmp_path: Path) -> None:
+    """The answer the relay holds for one of ken's jobs counts in ken's byte cap."""
+    env = answer_envelope()
+    answer_bytes = len(codec.encode(env))
+    request_bytes = len(codec.encode(request().envelope))
+    caps = MailboxLimits(max_queued_bytes_per_callee=answer_bytes + request_bytes)
+    relay = Desk(tmp_path / "r.sqlite", caps=caps)
+    relay.opt_in("ken")
+    job_id = relay.queued("ana")
+    ken = relay.listen()
+    relay.send(ken, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=env))
+    assert relay.job(job_id).job.answer_bytes == answer_bytes
+    relay.gone("ken", ken)
+    relay.queued("bob")  # exactly full: the answer and one request
+    (error,) = relay.call("cy").sent
+    assert isinstance(error, CallError) and error.code is CallErrorCode.BUSY
+    assert error.detail is not None and error.detail.startswith("that handle's mailbox is full")
 
 
 def test_a_request_larger_than_the_callee_byte_cap_is_refused(tmp_path: Path) -> None:
@@ -651,8 +671,9 @@ def test_a_restart_keeps_jobs_and_answers_and_rearms_the_sweep(tmp_path: Path) -
     second = Desk(path, clock=clock, fresh=False)
     assert fired(second.desk.job_for(member("ana"), answered, 0)).answer == env
     assert second.state(waiting) is JobState.DELIVERED
-    # Nobody touched the desk since the start: the sweep was armed from the store.
-    second.clock.advance(LEASE)
+    # Nobody touched the desk since the start: the sweep was armed from the store, at the end
+    # of the restart grace its lease was given.
+    second.clock.advance(limits.MAILBOX_RESTART_GRACE_S)
     assert second.state(waiting) is JobState.QUEUED
     back = second.listen()
     assert deliveries(back) == [waiting]
@@ -677,3 +698,120 @@ def test_a_sweep_the_store_cannot_run_is_retried(tmp_path: Path) -> None:
     held[0]._holding.clear()
     relay.clock.advance(SWEEP_RETRY_S)
     assert relay.job(job_id).job.attempts == 2
+
+
+def test_a_lost_accept_is_made_good_by_the_renews_and_the_answer_is_kept(relay: Desk) -> None:
+    """The relay never saw job_accepted; the running agent's renews keep the job running past
+    its delivery lease, it is never delivered again, and its answer is stored."""
+    job_id = relay.queued()
+    ken = relay.listen()
+    for _ in range(6):  # a minute of renews: twice the lease
+        relay.clock.advance(limits.MAILBOX_RENEW_S)
+        relay.send(ken, JobRenew(job_id=job_id))
+    assert (relay.state(job_id), deliveries(ken)) == (JobState.RUNNING, [job_id])
+    env = answer_envelope()
+    relay.send(ken, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=env))
+    assert relay.state(job_id) is JobState.ANSWERED
+    assert not ken.of_type(CancelJob)
+    assert relay.events(job_id) == [
+        audit.JOB_QUEUE,
+        audit.JOB_DELIVER,
+        audit.JOB_ACCEPT,
+        audit.JOB_COMPLETE,
+    ]
+
+
+def test_a_restart_gives_held_jobs_a_grace_before_their_leases_lapse(tmp_path: Path) -> None:
+    """The relay was down longer than a lease: the job its listener was running is not failed
+    at start-up; the listener reconnects within the grace, renews, and its answer is stored."""
+    path = tmp_path / "relay.sqlite"
+    first = Desk(path)
+    first.opt_in("ken")
+    job_id = first.queued()
+    first.send(first.listen(), JobAccepted(job_id=job_id))
+    first.desk.stop()
+    first.sqlite.close()
+
+    clock = Clock()
+    clock.advance(T0 + 10 * LEASE)  # down for ten leases
+    second = Desk(path, clock=clock, fresh=False)
+    second.clock.advance(limits.MAILBOX_RESTART_GRACE_S - 1)
+    assert second.state(job_id) is JobState.RUNNING
+    ken = second.listen()
+    second.send(ken, JobRenew(job_id=job_id))
+    second.send(
+        ken, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=answer_envelope())
+    )
+    assert second.state(job_id) is JobState.ANSWERED
+
+
+def test_a_held_job_whose_listener_never_returns_lapses_after_the_restart_grace(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.sqlite"
+    first = Desk(path)
+    first.opt_in("ken")
+    job_id = first.queued()
+    first.send(first.listen(), JobAccepted(job_id=job_id))
+    first.desk.stop()
+    first.sqlite.close()
+
+    clock = Clock()
+    clock.advance(T0 + 10 * LEASE)
+    second = Desk(path, clock=clock, fresh=False)
+    second.clock.advance(limits.MAILBOX_RESTART_GRACE_S)
+    job = second.job(job_id).job
+    assert (job.state, job.reason) == (JobState.FAILED, FailureReason.INDETERMINATE_EXECUTION)
+
+
+def test_a_restart_grace_the_store_cannot_take_is_retried_before_any_sweep(
+    tmp_path: Path,
+) -> None:
+    path = tmp_path / "relay.sqlite"
+    first = Desk(path)
+    first.opt_in("ken")
+    job_id = first.queued()
+    first.send(first.listen(), JobAccepted(job_id=job_id))
+    first.desk.stop()
+    first.sqlite.close()
+
+    held: list[HeldStore] = []
+
+    def wrap(store: SqliteRelayStore) -> RelayStore:
+        held.append(HeldStore(store, "decide_jobs"))
+        return cast(RelayStore, held[0])
+
+    clock = Clock()
+    clock.advance(T0 + 10 * LEASE)
+    second = Desk(path, clock=clock, fresh=False, wrap=wrap)
+    with capturedLogs() as logged:
+        held[0].fail(StoreError("database is locked"))
+    assert "job_restart_grace_failed" in [e.get("event") for e in logged]
+    held[0]._holding.clear()
+    second.clock.advance(SWEEP_RETRY_S)
+    # Graced from the retry's time: no sweep ran in between to fail it.
+    assert second.job(job_id).job.lease_until == T0 + 10 * LEASE + SWEEP_RETRY_S + (
+        limits.MAILBOX_RESTART_GRACE_S
+    )
+    assert second.state(job_id) is JobState.RUNNING
+
+
+def test_a_run_cut_off_longer_than_its_lease_still_delivers_its_answer(relay: Desk) -> None:
+    """The listener's connection drops while its agent runs and it reconnects after the lease
+    lapsed: the relay failed the job indeterminate_execution, but does not tell the listener to
+    cancel its resent accept and renews, and takes the answer that follows for the caller."""
+    job_id = relay.queued()
+    ken = relay.listen()
+    relay.send(ken, JobAccepted(job_id=job_id))
+    relay.gone("ken", ken)
+    relay.clock.advance(LEASE + 30)
+    assert relay.job(job_id).job.reason is FailureReason.INDETERMINATE_EXECUTION
+    back = relay.listen()
+    relay.send(back, JobAccepted(job_id=job_id))
+    relay.send(back, JobRenew(job_id=job_id))
+    assert not back.of_type(CancelJob)
+    env = answer_envelope()
+    relay.send(back, JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=env))
+    assert back.of_type(JobAck) == [JobAck(job_id=job_id)]
+    assert fired(relay.desk.job_for(member("ana"), job_id, 0)).answer == env
+    assert relay.events(job_id)[-2:] == [audit.JOB_FAIL, audit.JOB_COMPLETE]

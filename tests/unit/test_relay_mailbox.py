@@ -38,6 +38,7 @@ from agentcall.relay.mailbox import (
     next_deadline,
     next_delivery,
     renew,
+    restart_grace,
     revoke,
     sweep,
 )
@@ -153,10 +154,26 @@ def test_per_callee_stored_bytes_cap() -> None:
     ok(queue(box, "j1", size=600, caps=caps))
     assert queue(box, "j2", caller="bo", size=401, caps=caps) == Refused(Refusal.CALLEE_BYTES_FULL)
     ok(queue(box, "j3", caller="bo", size=400, caps=caps))
-    # Answered jobs no longer hold a request: their bytes are released.
+    # An answered job no longer holds its request, only its (smaller) answer.
     deliver(box)
     run(box, lambda: answer(box.jobs, "j1", KEN, 50, T0))
-    ok(queue(box, "j4", caller="cy", size=600, caps=caps))
+    ok(queue(box, "j4", caller="cy", size=550, caps=caps))
+
+
+def test_answers_held_for_a_callee_count_toward_its_byte_cap_until_dropped() -> None:
+    """A callee's mailbox is its waiting requests plus the answers the relay holds for its jobs
+    (until their expiry): answering does not make room for unbounded new requests."""
+    caps = attrs.evolve(CAPS, max_queued_bytes_per_callee=1000)
+    box = Mailbox()
+    ok(queue(box, "j1", size=100, caps=caps))
+    deliver(box)
+    run(box, lambda: answer(box.jobs, "j1", KEN, 900, T0))
+    assert queue(box, "j2", caller="bo", size=101, caps=caps) == Refused(Refusal.CALLEE_BYTES_FULL)
+    ok(queue(box, "j3", caller="bo", size=100, caps=caps, now=T0 + 1))
+    # Another callee's answers are not ken's.
+    ok(queue(box, "l1", caller="cy", callee="lee", size=1000, caps=caps))
+    swept(box, T0 + TTL)  # j1's answer is dropped at its expiry; j3 still waits
+    ok(queue(box, "j4", caller="bo", size=900, caps=caps, now=T0 + TTL))
 
 
 def test_a_request_larger_than_the_whole_byte_cap_is_too_large() -> None:
@@ -334,7 +351,6 @@ def test_wrong_state_refusals() -> None:
     assert renew(box.jobs, CAPS, "j1", KEN, T0) == wrong
     assert answer(box.jobs, "j1", KEN, 5, T0) == wrong
     deliver(box)
-    assert renew(box.jobs, CAPS, "j1", KEN, T0) == wrong
     assert cancel_done(box.jobs, "j1", KEN, T0) == wrong
     run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
     assert accept(box.jobs, CAPS, "j1", KEN, T0) == wrong
@@ -681,7 +697,11 @@ def check_invariants(box: Mailbox, before: dict[str, Job], decisions: list[Decis
             assert not job.holds_ciphertext
         old = before.get(job.job_id)
         if old is not None and old.state in TERMINAL:
-            assert attrs.evolve(job, holds_ciphertext=old.holds_ciphertext) == old
+            if old.lapsed and not job.lapsed:
+                # The one way out of a terminal state: the result of a run whose lease lapsed.
+                assert job.state in (JobState.ANSWERED, JobState.FAILED)
+            else:
+                assert attrs.evolve(job, holds_ciphertext=old.holds_ciphertext) == old
     for d in decisions:
         assert set(d.audit) <= audit.EVENTS
         if d.job is None:
@@ -774,3 +794,145 @@ def test_a_late_accept_runs_a_job_back_in_the_queue_unless_another_is_out() -> N
     run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, later + 1))
     job = box.jobs["j1"]
     assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, later + 1 + LEASE, 1)
+
+
+# --- a renew stands for a lost accept ------------------------------------------------------------
+
+
+def test_a_renew_of_a_delivered_job_is_taken_as_its_lost_accept() -> None:
+    """The accept never reached the relay, but the agent runs and renews: running, not retried."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    d = run(box, lambda: renew(box.jobs, CAPS, "j1", KEN, T0 + 10))
+    assert d.audit == (audit.JOB_ACCEPT,)
+    job = box.jobs["j1"]
+    assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, T0 + 10 + LEASE, 1)
+
+
+def test_a_renew_of_a_job_back_in_the_queue_runs_it_unless_another_is_out() -> None:
+    """The same rule as a late accept: delivered before, and no other job of the callee out."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    ok(queue(box, "j2", caller="bo", now=T0 + 1))
+    lapse_once(box)
+    later = T0 + LEASE + 1
+    assert deliver(box, later).job_id == "j2"
+    assert renew(box.jobs, CAPS, "j1", KEN, later) == Refused(Refusal.WRONG_STATE)
+    run(box, lambda: decline(box.jobs, CAPS, "j2", KEN, later))
+    d = run(box, lambda: renew(box.jobs, CAPS, "j1", KEN, later + 1))
+    assert d.audit == (audit.JOB_ACCEPT,)
+    job = box.jobs["j1"]
+    assert (job.state, job.lease_until, job.attempts) == (JobState.RUNNING, later + 1 + LEASE, 1)
+
+
+# --- a relay restart gives held leases a grace ---------------------------------------------------
+
+RESTART = limits.MAILBOX_RESTART_GRACE_S
+
+
+def test_a_restart_grace_extends_every_held_lease_and_nothing_else() -> None:
+    """Leases that lapsed (or would lapse) while the relay was down run to at least now + the
+    grace, so listeners can reconnect; a lease already longer and unheld jobs are untouched."""
+    box = Mailbox()
+    for job_id, callee in (("run", "ken"), ("out", "lee"), ("long", "max"), ("wait", "ken")):
+        ok(queue(box, job_id, callee=callee))
+    deliver(box)  # "run"
+    run(box, lambda: accept(box.jobs, CAPS, "run", KEN, T0))
+    deliver(box, callee="lee")  # "out"
+    deliver(box, callee="max")  # "long"
+    restarted = T0 + 3600
+    box.jobs["long"] = attrs.evolve(box.jobs["long"], lease_until=restarted + 2 * RESTART)
+    decisions = [box.apply(d) for d in restart_grace(box.jobs, restarted)]
+    assert [(d.job_id, d.audit, d.effects) for d in decisions] == [("out", (), ()), ("run", (), ())]
+    leases = {j: box.jobs[j].lease_until for j in ("run", "out", "long", "wait")}
+    assert leases == {
+        "run": restarted + RESTART,
+        "out": restarted + RESTART,
+        "long": restarted + 2 * RESTART,
+        "wait": None,
+    }
+    assert (state(box, "run"), state(box, "out")) == (JobState.RUNNING, JobState.DELIVERED)
+
+
+def test_the_restart_grace_outlasts_a_reconnect_and_one_lease() -> None:
+    longest_reconnect = limits.RECONNECT_MAX_S + limits.RECONNECT_JITTER_S
+    assert longest_reconnect + limits.MAILBOX_LEASE_S < RESTART
+
+
+# --- the result of a run whose lease lapsed ------------------------------------------------------
+
+
+def lapse_running(box: Mailbox) -> None:
+    """j1 runs and its listener goes quiet: the relay fails it indeterminate_execution."""
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    swept(box, T0 + LEASE)
+    job = box.jobs["j1"]
+    assert (job.reason, job.lapsed) == (FailureReason.INDETERMINATE_EXECUTION, True)
+
+
+def test_an_answer_after_the_relay_failed_a_lapsed_run_is_taken() -> None:
+    """The listener was cut off longer than a lease, not dead: the run's answer ends the job."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    d = run(box, lambda: answer(box.jobs, "j1", KEN, 321, T0 + 600))
+    assert d.audit == (audit.JOB_COMPLETE,)
+    job = box.jobs["j1"]
+    assert (job.state, job.reason, job.answer_bytes) == (JobState.ANSWERED, None, 321)
+    assert (job.holds_ciphertext, job.lapsed) == (True, False)
+    # The answer is kept, then dropped, like any other.
+    assert next_deadline(box.jobs, CAPS) == T0 + TTL
+
+
+def test_a_failure_the_listener_reports_after_a_lapsed_run_replaces_the_relays() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    d = run(box, lambda: fail(box.jobs, "j1", KEN, FailureReason.REJECTED, T0 + 600))
+    assert d.audit == (audit.JOB_FAIL,)
+    job = box.jobs["j1"]
+    assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, FailureReason.REJECTED, False)
+    # Now the listener's own verdict: final like any other.
+    assert answer(box.jobs, "j1", KEN, 5, T0 + 601) == Refused(Refusal.ENDED)
+
+
+def test_indeterminate_reported_by_the_listener_takes_no_later_answer() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    reason = FailureReason.INDETERMINATE_EXECUTION
+    run(box, lambda: fail(box.jobs, "j1", KEN, reason, T0 + 1))
+    assert answer(box.jobs, "j1", KEN, 5, T0 + 2) == Refused(Refusal.ENDED)
+
+
+def test_a_lapsed_run_takes_no_result_after_its_expiry_nor_from_anyone_else() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    assert answer(box.jobs, "j1", KEN, 5, T0 + TTL) == Refused(Refusal.EXPIRED)
+    assert answer(box.jobs, "j1", ANA, 5, T0 + 600) == Refused(Refusal.UNKNOWN_JOB)
+    assert state(box, "j1") is JobState.FAILED
+
+
+def test_a_lapsed_run_is_not_revived_by_accepts_or_renews_nor_cancelled() -> None:
+    """Refused ``lapsed`` (not ``ended``): the relay does not tell the listener to cancel, so
+    the run can still finish and send its answer; the job stays failed meanwhile."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    lapsed = Refused(Refusal.LAPSED)
+    assert accept(box.jobs, CAPS, "j1", KEN, T0 + 60) == lapsed
+    assert renew(box.jobs, CAPS, "j1", KEN, T0 + 60) == lapsed
+    assert cancel(box.jobs, "j1", ANA, T0 + 60) == Refused(Refusal.ENDED)
+
+
+def test_a_lapsed_mark_goes_only_with_the_relays_indeterminate_verdict() -> None:
+    failed = Job(
+        "j1", ORG, "ana", "ken", 10, T0, T0 + TTL, JobState.FAILED, FailureReason.REJECTED,
+        holds_ciphertext=False,
+    )  # fmt: skip
+    with pytest.raises(ValueError, match="lapsed"):
+        attrs.evolve(failed, lapsed=True)

@@ -19,9 +19,15 @@ from agentcall.errors import ApiError, StoreError
 from agentcall.relay import audit, mailbox
 from agentcall.relay.audit import AuditEntry
 from agentcall.relay.mailbox import Decision, Job, JobState, MailboxLimits, Refusal, Refused
-from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
+from agentcall.relay.store import (
+    RELAY_SCHEMA,
+    SqliteRegistry,
+    SqliteRelayStore,
+    open_relay_store,
+)
 from agentcall.relay.store_interface import (
     JobsDue,
+    JobsHeld,
     JobsOf,
     MailboxStatus,
     OneJob,
@@ -341,3 +347,115 @@ def test_holds_ciphertext_matches_the_sealed_table(store: Fired, tmp_path: Path)
     assert raw.execute("SELECT COUNT(*) FROM job_sealed").fetchone() == (0,)
     raw.close()
     assert attrs.asdict(store.get_job(J1).job)["holds_ciphertext"] is False
+
+
+def test_the_held_scope_loads_every_delivered_and_running_job_only(store: Fired) -> None:
+    j2, j3 = (f"00000000-0000-4000-8000-00000000000{i}" for i in (2, 3))
+    for job_id in (J1, j2, j3):
+        enqueue(store, job_id)
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    one(store, j2, lambda jobs: mailbox.cancel(jobs, j2, ("acme", "ana"), T0), actor="ana")
+    seen: list[mailbox.Jobs] = []
+
+    def look(jobs: mailbox.Jobs) -> list[Decision]:
+        seen.append(jobs)
+        return []
+
+    store.decide_jobs(JobsHeld(), look, actor=None, at=T0)
+    assert [(job.job_id, job.state) for job in seen[0].values()] == [(J1, JobState.DELIVERED)]
+
+
+def insecure_connection(path: Path) -> sqlite3.Connection:
+    """A relay database connection with secure_delete off, as SQLite builds without
+    SQLITE_SECURE_DELETE open it (Debian's build turns it on by default; others do not)."""
+    conn = open_database(path, RELAY_SCHEMA).connection
+    conn.execute("PRAGMA secure_delete = OFF")
+    return conn
+
+
+def test_the_registry_turns_secure_delete_on_whatever_the_build(tmp_path: Path) -> None:
+    conn = insecure_connection(tmp_path / "relay.sqlite")
+    SqliteRegistry(conn)
+    assert conn.execute("PRAGMA secure_delete").fetchone() == (1,)
+    conn.close()
+
+
+def test_dropped_ciphertext_is_not_left_in_the_file(tmp_path: Path) -> None:
+    """A cancelled job's request is zeroed in the file, not left readable in a free cell."""
+    path = tmp_path / "relay.sqlite"
+    conn = insecure_connection(path)
+    store = Fired(SqliteRelayStore(SqliteRegistry(conn)))
+    marker = b"dropped-ciphertext-" * 8
+    store.decide_jobs(
+        JobsOf("acme", ("ana", "ken")),
+        lambda jobs: [
+            mailbox.enqueue(
+                jobs, CAPS, job_id=J1, org="acme", caller="ana", callee="ken",
+                request_bytes=len(marker), now=T0,
+            )
+        ],
+        actor="ana",
+        at=T0,
+        sealed=SealedBytes(J1, request=marker),
+    )  # fmt: skip
+    one(store, J1, lambda jobs: mailbox.cancel(jobs, J1, ("acme", "ana"), T0), actor="ana")
+    conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    files = [p for p in tmp_path.iterdir() if p.name.startswith("relay.sqlite")]
+    assert files and not any(marker in p.read_bytes() for p in files)
+    store.close()
+
+
+def test_a_v2_database_upgrades_with_its_failed_jobs_keeping_their_verdict(
+    tmp_path: Path,
+) -> None:
+    """A v2 row cannot say whether the relay or the listener failed the job: it stays final."""
+    path = tmp_path / "old.sqlite"
+    old = open_database(path, only_version(RELAY_SCHEMA, 2, tmp_path / "v2")).connection
+    old.execute(
+        "INSERT INTO jobs (job_id, org, caller, callee, request_bytes, created_at, expires_at,"
+        " state, reason, attempts, lease_until, answer_bytes, cancel_requested,"
+        " holds_ciphertext, last_delivery) VALUES (?, 'acme', 'ana', 'ken', 10, ?, ?, 'failed',"
+        " 'indeterminate_execution', 1, NULL, NULL, 0, 0, 1)",
+        (J1, T0, T0 + CAPS.ttl_s),
+    )
+    old.close()
+    upgraded = Fired(open_relay_store(path))
+    job = upgraded.get_job(J1).job
+    assert (job.state, job.lapsed) == (JobState.FAILED, False)
+    upgraded.close()
+
+
+def test_a_lapsed_run_and_its_late_answer_are_stored(store: Fired) -> None:
+    enqueue(store)
+    ken = ("acme", "ken")
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    one(store, J1, lambda jobs: mailbox.accept(jobs, CAPS, J1, ken, T0))
+    lapsed_at = T0 + 1 + CAPS.lease_s
+    store.decide_jobs(
+        JobsDue(lapsed_at, CAPS.metadata_grace_s),
+        lambda jobs: mailbox.sweep(jobs, CAPS, lapsed_at),
+        actor=None,
+        at=lapsed_at,
+    )
+    job = store.get_job(J1).job
+    indeterminate = mailbox.FailureReason.INDETERMINATE_EXECUTION
+    assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, indeterminate, True)
+    sealed = SealedBytes(J1, answer=ANSWER, terminal=Terminal.COMPLETED)
+    later = lapsed_at + 60
+    one(store, J1, lambda jobs: mailbox.answer(jobs, J1, ken, len(ANSWER), later), sealed=sealed)
+    stored = store.get_job(J1)
+    assert (stored.job.state, stored.job.lapsed, stored.answer) == (
+        JobState.ANSWERED,
+        False,
+        ANSWER,
+    )
