@@ -23,6 +23,10 @@ T = TypeVar("T")
 
 converter = cattrs.Converter(forbid_extra_keys=True)
 
+# attrs metadata key: a field left at its default is not written at all. Fields added to a frame
+# after peers shipped carry it, so a frame that does not use them reads as it did before.
+OMIT_IF_DEFAULT = "agentcall.omit_if_default"
+
 
 # Strict primitives: cattrs would otherwise coerce (str(5) == "5", int("5") == 5).
 def _strict_str(value: Any, _type: Any) -> str:
@@ -68,9 +72,12 @@ converter.register_structure_hook_func(_is_variadic_tuple, _structure_variadic_t
 def _register(cls: type[Any]) -> None:
     """Map ``from_`` to the wire name ``from``; refuse unknown keys; keep the frame ``type``."""
     renames: dict[str, Any] = {
-        a.name: override(rename=a.name.rstrip("_"))
+        a.name: override(
+            rename=a.name.rstrip("_") if a.name.endswith("_") else None,
+            omit_if_default=bool(a.metadata.get(OMIT_IF_DEFAULT)),
+        )
         for a in attrs.fields(cls)
-        if a.name.endswith("_")
+        if a.name.endswith("_") or a.metadata.get(OMIT_IF_DEFAULT)
     }
     structure = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True, **renames)
     unstructure = make_dict_unstructure_fn(cls, converter, **renames)

@@ -31,6 +31,18 @@ from agentcall import limits
 from agentcall.errors import CallErrorCode
 from agentcall.wire import fields as f
 
+# Written only when set (see agentcall.wire.codec.OMIT_IF_DEFAULT): a frame that does not use a
+# later field reads exactly as it did before the field existed.
+_LATER = {"agentcall.omit_if_default": True}
+
+
+def _later_correlation_id() -> attrs.Attribute[str | None]:
+    """The ``correlation_id`` of the request a frame answers, on a socket carrying several calls."""
+    field: attrs.Attribute[str | None] = attrs.field(
+        default=None, validator=f.optional(f.correlation_id), metadata=_LATER
+    )
+    return field
+
 
 class Direction(enum.StrEnum):
     REQUEST = "request"
@@ -129,6 +141,9 @@ class CallRequest:
     correlation_id: str = attrs.field(validator=f.correlation_id)
     # The caller accepts a queued job when the callee is offline or busy and has opted in.
     queue: bool = attrs.field(default=False, validator=f.boolean)
+    # The target handle, on an installation's persistent socket only (``role=listen``): there
+    # the frame itself names whom it calls. A per-call socket names it in its URL instead.
+    to: str | None = attrs.field(default=None, validator=f.optional(f.handle), metadata=_LATER)
 
 
 @attrs.frozen
@@ -138,6 +153,7 @@ class CallQueued:
     type: ClassVar[str] = "call_queued"
     job_id: str = attrs.field(validator=f.job_id)
     expires_at: int = attrs.field(validator=f.timestamp)
+    correlation_id: str | None = _later_correlation_id()
 
 
 @attrs.frozen
@@ -145,6 +161,7 @@ class CallStatus:
     type: ClassVar[str] = "call_status"
     call_id: str = attrs.field(validator=f.call_id)
     state: CallState = attrs.field(converter=CallState)
+    correlation_id: str | None = _later_correlation_id()
 
 
 @attrs.frozen
@@ -157,6 +174,7 @@ class CallError:
     detail: str | None = attrs.field(
         default=None, validator=f.optional(f.text(limits.MAX_DETAIL_CHARS))
     )
+    correlation_id: str | None = _later_correlation_id()
 
 
 @attrs.frozen
@@ -351,6 +369,10 @@ FRAME_TYPES: dict[str, type[Frame]] = {
 
 # What each side may receive; anything else is a protocol error at that receiver.
 FROM_CALLER: tuple[type[Frame], ...] = (CallRequest, CancelCall)
+TO_CALLER: tuple[type[Frame], ...] = (Ready, CallStatus, CallError, CallOutcome, CallQueued)
+# A listener socket is an installation's persistent socket: besides answering its own calls it
+# carries the installation's outgoing calls, several at once (the caller frames above; the
+# relay's answers carry the request's correlation_id until the call id is known).
 FROM_LISTENER: tuple[type[Frame], ...] = (
     CallAccepted,
     CallStarted,
@@ -362,8 +384,9 @@ FROM_LISTENER: tuple[type[Frame], ...] = (
     JobDeclined,
     JobRenew,
     JobResult,
+    CallRequest,
+    CancelCall,
 )
-TO_CALLER: tuple[type[Frame], ...] = (Ready, CallStatus, CallError, CallOutcome, CallQueued)
 TO_LISTENER: tuple[type[Frame], ...] = (
     Ready,
     IncomingCall,
@@ -371,6 +394,13 @@ TO_LISTENER: tuple[type[Frame], ...] = (
     JobDelivery,
     CancelJob,
     JobAck,
+    CallStatus,
+    CallError,
+    CallOutcome,
+    CallQueued,
 )
+# The frames about the installation's own outgoing calls on its persistent socket.
+OUTGOING_FROM_LISTENER: tuple[type[Frame], ...] = (CallRequest, CancelCall)
+OUTGOING_TO_LISTENER: tuple[type[Frame], ...] = (CallStatus, CallError, CallOutcome, CallQueued)
 # The listener frames about mailbox jobs (the rest of FROM_LISTENER is about live calls).
 JOB_FRAMES_FROM_LISTENER: tuple[type[Frame], ...] = (JobAccepted, JobDeclined, JobRenew, JobResult)

@@ -399,7 +399,8 @@ async def test_a_bad_first_frame_closes_with_a_protocol_error(
         (b'{"type":"incoming_call"}', "malformed"),
         (b"[1, 2", "malformed"),
         (ready(Role.LISTEN), "second ready"),
-        (codec.encode(RINGING), "not expected here"),
+        # A listener's own frame, never one the relay sends.
+        (codec.encode(CallAccepted(call_id=CALL_ID)), "not expected here"),
     ],
     ids=["missing-fields", "truncated-json", "second-ready", "not-for-listener"],
 )
