@@ -36,14 +36,6 @@ from agentcall.wire import fields as f
 _LATER = {"agentcall.omit_if_default": True}
 
 
-def _later_correlation_id() -> attrs.Attribute[str | None]:
-    """The ``correlation_id`` of the request a frame answers, on a socket carrying several calls."""
-    field: attrs.Attribute[str | None] = attrs.field(
-        default=None, validator=f.optional(f.correlation_id), metadata=_LATER
-    )
-    return field
-
-
 class Direction(enum.StrEnum):
     REQUEST = "request"
     RESPONSE = "response"
@@ -153,7 +145,10 @@ class CallQueued:
     type: ClassVar[str] = "call_queued"
     job_id: str = attrs.field(validator=f.job_id)
     expires_at: int = attrs.field(validator=f.timestamp)
-    correlation_id: str | None = _later_correlation_id()
+    # The request's correlation_id, on a socket that carries several calls.
+    correlation_id: str | None = attrs.field(
+        default=None, validator=f.optional(f.correlation_id), metadata=_LATER
+    )
 
 
 @attrs.frozen
@@ -161,7 +156,10 @@ class CallStatus:
     type: ClassVar[str] = "call_status"
     call_id: str = attrs.field(validator=f.call_id)
     state: CallState = attrs.field(converter=CallState)
-    correlation_id: str | None = _later_correlation_id()
+    # The request's correlation_id, on a socket that carries several calls.
+    correlation_id: str | None = attrs.field(
+        default=None, validator=f.optional(f.correlation_id), metadata=_LATER
+    )
 
 
 @attrs.frozen
@@ -174,7 +172,10 @@ class CallError:
     detail: str | None = attrs.field(
         default=None, validator=f.optional(f.text(limits.MAX_DETAIL_CHARS))
     )
-    correlation_id: str | None = _later_correlation_id()
+    # The request's correlation_id, on a socket that carries several calls.
+    correlation_id: str | None = attrs.field(
+        default=None, validator=f.optional(f.correlation_id), metadata=_LATER
+    )
 
 
 @attrs.frozen
