@@ -106,6 +106,7 @@ HEAD_TIMEOUT_S = 10.0  # a whole request head (and body) must arrive within this
 CALL_REQUEST_TIMEOUT_S = 10.0  # a caller socket sends its call_request this soon after ready
 MAX_CONNECTIONS_PER_SOURCE = 64
 MAX_CALLERS_PER_IDENTITY = 8
+MAX_OUTGOING_CALLS_PER_SOCKET = 8  # calls one installation places at once on its own socket
 MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request head (or upgrade)
 FD_RESERVE = 128  # descriptors kept free under RLIMIT_NOFILE for the database, logs and refusals
 REGISTER_PER_MINUTE = 30  # POST /v1/register attempts per source address (bucket size and rate)

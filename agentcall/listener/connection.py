@@ -189,9 +189,9 @@ class _ListenerProtocol(WebSocketClientProtocol):
         try:
             if isBinary:
                 raise MalformedFrame("binary frames are not part of the protocol")
-            # No frame to a listener is larger than an incoming call.
+            # The largest frame to a listener is the answer to one of its own outgoing calls.
             frame = codec.decode_frame(
-                payload, TO_LISTENER, max_bytes=limits.MAX_REQUEST_FRAME_BYTES
+                payload, TO_LISTENER, max_bytes=limits.MAX_RESPONSE_FRAME_BYTES
             )
         except MalformedFrame as exc:
             if self._ready is None:
@@ -341,6 +341,7 @@ class RelayConnection(service.MultiService):
         on_frame: Callable[[Frame], None],
         on_ready: Callable[[], None],
         on_replaced: Callable[[], None] = lambda: None,
+        on_lost: Callable[[], None] = lambda: None,
         mailbox: bool = True,
         clock: IReactorTime | None = None,
         endpoint_for: EndpointFor | None = None,
@@ -357,6 +358,7 @@ class RelayConnection(service.MultiService):
         self._on_frame = on_frame
         self._on_ready = on_ready
         self._on_replaced = on_replaced
+        self._on_lost = on_lost
         self._random = random
         self._factory = _ListenerFactory(reactor, self, mailbox=mailbox)
         self.netloc = "?"
@@ -449,6 +451,12 @@ class RelayConnection(service.MultiService):
         self, protocol: _ListenerProtocol, code: int | None, reason: str | None
     ) -> None:
         self.link.detach(protocol)
+        if protocol.counted:
+            # Whatever rode this socket (the installation's own outgoing calls) is gone with it.
+            try:
+                self._on_lost()
+            except Exception:
+                _log.failure("relay_lost_handler_failed")
         if protocol.replaced and protocol is self._factory.latest and self.running:
             self._replaced_elsewhere()
             return

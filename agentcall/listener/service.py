@@ -45,6 +45,7 @@ from agentcall.listener.contexts import Conversations
 from agentcall.listener.core import CallPipeline
 from agentcall.listener.effects import Effects
 from agentcall.listener.mailboxdesk import MailboxDesk
+from agentcall.listener.outgoing import OutgoingCalls
 from agentcall.listener.planning import GuardSetup
 from agentcall.listener.policy import PolicyError, load_policy
 from agentcall.listener.runner import AgentRun, OutputParser, RunHandle, RunResult, run_agent
@@ -215,6 +216,8 @@ class ListenerService(service.MultiService):
             ),
         )
         self.desk = MailboxDesk(self.core, db.journal, send=self.link.send, clock=reactor)
+        # The owner's own calls ride the same socket (``self.outgoing.dial`` for place()).
+        self.outgoing = OutgoingCalls(self.link, reactor)
         self.connection = RelayConnection(
             reactor,
             load_settings=self._reload_settings,
@@ -222,6 +225,7 @@ class ListenerService(service.MultiService):
             on_frame=self._on_frame,
             on_ready=self._relay_ready,
             on_replaced=self._replaced_elsewhere,
+            on_lost=self.outgoing.socket_lost,
         )
         self.connection.setServiceParent(self)
         internet.TimerService(KEY_CHECK_INTERVAL_S, self._check_keys).setServiceParent(self)
@@ -271,7 +275,7 @@ class ListenerService(service.MultiService):
             self._reactor.stop()
 
     def _on_frame(self, frame: Frame) -> None:
-        if not self.desk.on_frame(frame):
+        if not self.outgoing.on_frame(frame) and not self.desk.on_frame(frame):
             self.core.on_frame(frame)
 
     def _relay_ready(self) -> None:

@@ -1,9 +1,10 @@
 """The relay's WebSocket adapter: autobahn in, typed frames out, decisions in the cores.
 
 One socket per party at ``/v1/ws``. ``?role=listen`` holds a listener session for the
-authenticated identity (with ``&mailbox=1`` it also takes offline-mailbox deliveries);
-``?role=call&to=HANDLE`` carries exactly one call. The protocol only
-authenticates, enforces sizes, decodes, and hands frames to :class:`CallBook` and
+authenticated identity (with ``&mailbox=1`` it also takes offline-mailbox deliveries) and is
+the installation's persistent socket: it also carries the calls its owner places, several at
+once (:mod:`agentcall.relay.outgoing`). ``?role=call&to=HANDLE`` carries exactly one call.
+The protocol only authenticates, enforces sizes, decodes, and hands frames to :class:`CallBook` and
 :class:`Switchboard`, and a listener's job frames to :class:`JobDesk`; it never decides routing
 itself. The front door
 (:class:`~agentcall.relay.door.Door`) caps caller sockets per identity, sees every failed
@@ -32,6 +33,7 @@ from agentcall.relay.calls import CallBook
 from agentcall.relay.door import Door, source_of
 from agentcall.relay.gate import TurnedAway
 from agentcall.relay.jobs import JobDesk
+from agentcall.relay.outgoing import SocketCalls
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.wire import codec, frames
@@ -57,10 +59,34 @@ class WebSocketChannel:
 
     def send(self, frame: object) -> None:
         if self._protocol.opened:
-            self._protocol.sendMessage(codec.encode(frame), isBinary=False)
+            raw = self._protocol.factory.verbatim.bytes_of(frame)
+            self._protocol.sendMessage(codec.encode(frame) if raw is None else raw, isBinary=False)
 
     def close(self, code: int, reason: str) -> None:
         self._protocol.sendClose(code, reason[:100])
+
+
+class Verbatim:
+    """The listener frame being routed right now, with the bytes it arrived as.
+
+    A listener's ``call_outcome`` goes on to the caller unchanged (the book checks its route and
+    passes the very same object); sending the bytes that came in, rather than encoding the
+    decoded frame again, spares the relay the cost of re-encoding a sealed answer of up to a
+    quarter megabyte. Routing is synchronous, so one slot is enough.
+    """
+
+    def __init__(self) -> None:
+        self._frame: object | None = None
+        self._raw = b""
+
+    def hold(self, frame: object, raw: bytes) -> None:
+        self._frame, self._raw = frame, raw
+
+    def clear(self) -> None:
+        self._frame, self._raw = None, b""
+
+    def bytes_of(self, frame: object) -> bytes | None:
+        return self._raw if frame is self._frame and self._frame is not None else None
 
 
 class RelayWebSocket(WebSocketServerProtocol):
@@ -77,6 +103,8 @@ class RelayWebSocket(WebSocketServerProtocol):
         # A listener that said mailbox=1 takes offline-mailbox deliveries.
         self.mailbox = False
         self.channel: WebSocketChannel | None = None
+        # A listener socket's own outgoing calls (the installation's persistent socket).
+        self.outgoing: SocketCalls | None = None
         # Not `is_open`: autobahn keeps its own Deferred under that name.
         self.opened = False
         self._refusal: tuple[int, CallErrorCode, str] | None = None
@@ -172,6 +200,7 @@ class RelayWebSocket(WebSocketServerProtocol):
                 door.config.call_request_timeout_s, self._call_request_overdue
             )
         if self.role is frames.Role.LISTEN:
+            self.outgoing = SocketCalls(self.factory.calls, self.channel, member.org, member.handle)
             self.factory.switchboard.attach_listener(member.org, member.handle, self.channel)
             _log.info(
                 "listener_attached", org=member.org, handle=member.handle, mailbox=self.mailbox
@@ -269,7 +298,29 @@ class RelayWebSocket(WebSocketServerProtocol):
             # The desk logs and absorbs its own failures; the result only says it is done.
             self.factory.jobs.from_listener(member.org, member.handle, channel, frame)
             return
-        self.factory.calls.from_listener(member.org, member.handle, channel, frame)
+        if isinstance(frame, frames.OUTGOING_FROM_LISTENER):
+            self._outgoing_call(frame, len(payload))
+            return
+        verbatim = self.factory.verbatim
+        verbatim.hold(frame, payload)
+        try:
+            self.factory.calls.from_listener(member.org, member.handle, channel, frame)
+        finally:
+            verbatim.clear()
+
+    def _outgoing_call(self, frame: frames.Frame, size: int) -> None:
+        """A call this installation places on its own socket, or a cancel of one."""
+        outgoing = self.outgoing
+        if outgoing is None:  # pragma: no cover - set in onOpen before any frame is read
+            return
+        if isinstance(frame, frames.CancelCall):
+            outgoing.cancel(frame)
+        elif isinstance(frame, frames.CallRequest):
+            if size > limits.MAX_REQUEST_FRAME_BYTES:
+                # The listener cap let it through; a request has the smaller, caller's cap.
+                outgoing.refuse(frame, CallErrorCode.MESSAGE_TOO_LARGE, "the request is too large")
+                return
+            outgoing.request(frame)
 
     def _routing_failed(self, failure: Failure, channel: WebSocketChannel) -> None:
         # A bug in routing, not the caller's fault: logged with its traceback, never left as an
@@ -296,6 +347,8 @@ class RelayWebSocket(WebSocketServerProtocol):
             self.factory.switchboard.detach_listener(member.org, member.handle, channel)
             self.factory.calls.listener_gone(member.org, member.handle, channel)
             self.factory.jobs.listener_gone(member.org, member.handle, channel)
+            if self.outgoing is not None:
+                self.outgoing.socket_gone()
             _log.info("listener_detached", org=member.org, handle=member.handle, code=code)
         else:
             self.factory.calls.caller_gone(channel)
@@ -324,6 +377,7 @@ class RelayWebSocketFactory(WebSocketServerFactory):
         self.calls = calls
         self.jobs = jobs
         self.relay_origin = relay_origin
+        self.verbatim = Verbatim()
         self.setProtocolOptions(
             # Leave room above the request cap so an oversize request is answered with
             # message_too_large instead of a bare 1009 close.

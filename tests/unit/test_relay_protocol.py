@@ -8,10 +8,12 @@ timers run on the relay's memory clock, so nothing here waits on real time.
 from __future__ import annotations
 
 import gc
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, cast
 
+import attrs
 import pytest
 import txaio as _txaio
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
@@ -39,6 +41,7 @@ from agentcall.wire.frames import (
     CallStarted,
     CallState,
     CallStatus,
+    CancelCall,
     Direction,
     Frame,
     IncomingCall,
@@ -73,6 +76,7 @@ class PartySocket(WebSocketClientProtocol):
         self.factory.socket = self
 
     def onMessage(self, payload: bytes, isBinary: bool) -> None:
+        self.factory.raw.append(payload)
         self.factory.frames.append(codec.decode_frame(payload))
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
@@ -88,6 +92,7 @@ class Party(WebSocketClientFactory):
         super().__init__(f"ws://{ORIGIN}/v1/ws?{query}", reactor=reactor, headers=headers)
         self.socket: PartySocket | None = None
         self.frames: list[Frame] = []
+        self.raw: list[bytes] = []
         self.close_code: int | None = None
         self.pump: iosim.IOPump | None = None
 
@@ -343,3 +348,61 @@ def test_a_client_gone_during_the_token_check_is_never_attached(
     assert ken.frames == [] and ann.frames == []
     assert not switch.relay.relay.switchboard.is_online("acme", "ken")
     assert switch.relay.relay.door.gate.callers_of("@acme/ann") == 0
+
+
+# --- an installation's persistent socket carries its outgoing calls -----------------------------
+
+OUTGOING = attrs.evolve(REQUEST, to="ken")
+
+
+def test_a_listener_socket_places_a_call_and_gets_the_answer_as_sent(switch: Switch) -> None:
+    ken = switch.connect("role=listen", "ken")
+    ann = switch.connect("role=listen&mailbox=1", "ann")
+    ann.send(OUTGOING)
+    switch.flush()
+    [ringing] = ann.frames[1:]
+    assert isinstance(ringing, CallStatus) and ringing.correlation_id == CORRELATION
+    call_id = ringing.call_id
+    [incoming] = ken.frames[1:]
+    assert isinstance(incoming, IncomingCall) and incoming.call_id == call_id
+
+    outcome = CallOutcome(
+        call_id=call_id,
+        terminal=Terminal.COMPLETED,
+        envelope=sealed_looking(Direction.RESPONSE, "@acme/ken", "@acme/ann"),
+    )
+    # Valid JSON in an order and spacing of the listener's own: the caller gets these bytes.
+    fields = list(json.loads(codec.encode(outcome)).items())
+    as_sent = json.dumps(dict(reversed(fields)), indent=1).encode()
+    ken.send_raw(as_sent)
+    switch.flush()
+    assert ann.raw[-1] == as_sent and ann.frames[-1] == outcome
+    assert ann.close_code is None and ken.close_code is None
+    assert switch.relay.relay.calls.active_count() == 0
+
+
+def test_an_oversize_request_on_a_listener_socket_is_refused_and_the_socket_kept(
+    switch: Switch,
+) -> None:
+    switch.connect("role=listen", "ken")
+    ann = switch.connect("role=listen", "ann")
+    body = json.loads(codec.encode(OUTGOING))
+    body["envelope"]["ct"] = "A" * (limits.MAX_REQUEST_FRAME_BYTES + 10)
+    ann.send_raw(json.dumps(body).encode())
+    switch.flush()
+    [error] = ann.frames[1:]
+    assert isinstance(error, CallError) and error.code is CallErrorCode.MESSAGE_TOO_LARGE
+    assert error.correlation_id == CORRELATION and ann.close_code is None
+
+
+def test_a_listener_socket_closing_mid_call_cancels_it_at_the_callee(switch: Switch) -> None:
+    ken = switch.connect("role=listen", "ken")
+    ann = switch.connect("role=listen", "ann")
+    ann.send(OUTGOING)
+    switch.flush()
+    [ringing] = ann.frames[1:]
+    assert isinstance(ringing, CallStatus)
+    assert ann.socket is not None
+    ann.socket.sendClose(CLOSE_NORMAL)
+    switch.flush()
+    assert ken.frames[-1] == CancelCall(call_id=ringing.call_id)
