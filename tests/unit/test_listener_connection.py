@@ -21,11 +21,13 @@ from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import Clock
 from twisted.logger import LogEvent, capturedLogs
+from twisted.python.failure import Failure
 from twisted.test import iosim
 from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import Credentials
+from agentcall.client.ws import CallAborted
 from agentcall.listener.connection import (
     RelayConnection,
     RelayLink,
@@ -33,18 +35,26 @@ from agentcall.listener.connection import (
     listen_query,
     reconnect_delay,
 )
+from agentcall.listener.outgoing import OutgoingCalls
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.closecodes import CLOSE_REPLACED
 from agentcall.wire.frames import (
     CallAccepted,
+    CallOutcome,
+    CallRequest,
+    CallState,
+    CallStatus,
     CancelCall,
     CancelJob,
+    Direction,
     Frame,
     JobAck,
     Ready,
     Role,
+    Terminal,
 )
+from tests.unit.relay_helpers import sealed_looking
 
 txaio: Any = _txaio  # txaio's config is untyped
 TOKEN_A = "AAAAaaaaAAAAaaaaAAAAaaaaAAAAaaaaAAAAaaaa123"
@@ -505,3 +515,77 @@ def test_a_stale_socket_replaced_after_a_blip_does_not_stop_the_listener(
     assert listener.replacements == 0
     assert listener.connection.client.running
     assert listener.link.send(CallAccepted(call_id=CALL_ID)) is True
+
+
+# --- the owner's own calls on the same socket ----------------------------------------------------
+
+
+def test_an_outgoing_call_rides_the_socket_and_a_large_answer_reaches_it(clock: Clock) -> None:
+    """The answer to an outgoing call may be far larger than any incoming call; losing the
+    socket ends the calls still on it."""
+    relay = FakeRelay(clock)
+    link = RelayLink()
+    outgoing = OutgoingCalls(link, clock)
+    lost: list[bool] = []
+
+    def on_lost() -> None:
+        lost.append(True)
+        outgoing.socket_lost()
+
+    def on_frame(frame: Frame) -> None:
+        assert outgoing.on_frame(frame)
+
+    connection = RelayConnection(
+        clock,
+        load_settings=settings,
+        link=link,
+        on_frame=on_frame,
+        on_ready=lambda: None,
+        on_lost=on_lost,
+        clock=clock,
+        endpoint_for=relay.endpoint_for,
+        random=lambda: 0.0,
+    )
+    connection.startService()
+    relay.flush()
+    request = CallRequest(
+        envelope=sealed_looking(Direction.REQUEST, "@acme/ken", "@acme/ann"),
+        correlation_id="a1" * 16,
+    )
+    got: list[object] = []
+    outgoing.dial(
+        clock, None, None, "ann", request, on_status=lambda _s: None, timeout_s=60
+    ).addBoth(got.append)
+    relay.flush()
+    assert relay.received == [attrs.evolve(request, to="ann")]
+
+    relay_side = relay.sockets[0]
+    relay_side.send(CallStatus(call_id=CALL_ID, state=CallState.RINGING, correlation_id="a1" * 16))
+    ct = "A" * (limits.MAX_REQUEST_FRAME_BYTES + 1000)  # larger than any request frame
+    answer = CallOutcome(
+        call_id=CALL_ID,
+        terminal=Terminal.COMPLETED,
+        envelope=attrs.evolve(sealed_looking(Direction.RESPONSE, "@acme/ann", "@acme/ken"), ct=ct),
+    )
+    relay_side.send(answer)
+    relay.flush()
+    assert got == [answer]
+
+    second: list[object] = []
+    outgoing.dial(
+        clock,
+        None,
+        None,
+        "ann",
+        attrs.evolve(request, correlation_id="b2" * 16),
+        on_status=lambda _s: None,
+        timeout_s=60,
+    ).addBoth(second.append)
+    relay.flush()
+    relay_side.sendClose(1000)
+    relay.flush()
+    assert lost == [True]
+    [failure] = second
+    assert isinstance(failure, Failure) and failure.check(CallAborted)
+    connection.stopService()
+    relay.flush()
