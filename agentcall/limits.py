@@ -23,6 +23,13 @@ MAX_RESPONSE_CIPHERTEXT_BYTES = MAX_REPLY_BYTES * 6 + _ENVELOPE_OVERHEAD
 _FRAME_OVERHEAD = 4_096
 MAX_REQUEST_FRAME_BYTES = math.ceil(MAX_REQUEST_CIPHERTEXT_BYTES * 4 / 3) + _FRAME_OVERHEAD
 MAX_RESPONSE_FRAME_BYTES = math.ceil(MAX_RESPONSE_CIPHERTEXT_BYTES * 4 / 3) + _FRAME_OVERHEAD
+# The caller's key records a relay attaches to incoming_call and job_delivery (caller_keys): two
+# signed records of a few hundred bytes each; the longest relay origin and address the wire
+# allows keep them under 2 KiB, so this leaves room.
+MAX_CALLER_KEYS_BYTES = 4_096
+# What a listener accepts from its relay: the largest request the relay lets through, as an
+# incoming_call with the caller's records attached.
+MAX_TO_LISTENER_FRAME_BYTES = MAX_REQUEST_FRAME_BYTES + MAX_CALLER_KEYS_BYTES
 # Any frame at all (the decoder's hard cap, before JSON parsing).
 MAX_FRAME_BYTES = MAX_RESPONSE_FRAME_BYTES
 # Control frames (status, accepted, started, ...) never need more than this.

@@ -189,9 +189,9 @@ class _ListenerProtocol(WebSocketClientProtocol):
         try:
             if isBinary:
                 raise MalformedFrame("binary frames are not part of the protocol")
-            # No frame to a listener is larger than an incoming call.
+            # No frame to a listener is larger than an incoming call with its caller's keys.
             frame = codec.decode_frame(
-                payload, TO_LISTENER, max_bytes=limits.MAX_REQUEST_FRAME_BYTES
+                payload, TO_LISTENER, max_bytes=limits.MAX_TO_LISTENER_FRAME_BYTES
             )
         except MalformedFrame as exc:
             if self._ready is None:
