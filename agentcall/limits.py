@@ -46,6 +46,10 @@ CLOCK_SKEW_S = 120.0  # issued_at may be this far in the future; replay entries 
 REPLAY_MAX_ENTRIES = 100_000  # live reservations; a queueable request holds one for 72 h
 MAX_KEY_VALIDITY_S = 30 * 24 * 3600  # encryption key records
 KEY_ROTATE_BEFORE_S = 7 * 24 * 3600  # rotate when less than this validity remains
+# A caller reuses a callee's key records it keeps (caller/keycache.py) until the callee may be
+# rotating (the last KEY_ROTATE_BEFORE_S of the record's window); from then on it asks the relay
+# again at most this often.
+KEY_CACHE_REFETCH_S = 3600.0
 
 # Keepalive (WebSocket ping/pong) so dead peers are noticed.
 KEEPALIVE_INTERVAL_S = 30.0
