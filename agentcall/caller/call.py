@@ -41,7 +41,7 @@ from agentcall.caller.jobstore import SentJob
 from agentcall.client.api import Credentials, RelayApi, RelayUnreachable
 from agentcall.client.ws import CallAborted, SocketRefused, place_call
 from agentcall.crypto import envelope
-from agentcall.crypto.pins import Pin, PinBook
+from agentcall.crypto.pins import Pin, PinBook, PinState
 from agentcall.errors import (
     AgentCallError,
     ApiError,
@@ -316,7 +316,9 @@ async def _callee_keys(
         if kept:
             found = _kept(store, address)
             decision = keycache.decide(found, reactor.seconds())
-            if isinstance(decision, keycache.Reuse):
+            # Kept records are reused only under a pin that exists: with none (first contact,
+            # or the owner ran `agentcall trust --reset`) the relay's current ones are pinned.
+            if isinstance(decision, keycache.Reuse) and _pinned(pins, config, decision.kept):
                 records = decision.kept.keys
                 encryption = records.encryption
                 if encryption is not None:
@@ -349,6 +351,12 @@ async def _callee_keys(
         return _Believed(served, encryption, pin, kept=False)
     finally:
         db.close()
+
+
+def _pinned(pins: PinBook, config: Config, kept: keycache.KeptKeys) -> bool:
+    identity = kept.keys.identity.record
+    state = pins.peek_state(config.relay_origin, kept.address, identity.identity_pub)
+    return state is not PinState.UNSEEN
 
 
 def _kept(store: keycache.SqlitePeerKeys, address: str) -> keycache.KeptKeys | None:

@@ -443,3 +443,26 @@ def test_expired_kept_records_are_fetched_again(ann: Any) -> None:
     directory.served["bob"] = records(renewed)
     assert place_at(ann, directory, bob.dial, NOT_AFTER + 60).text == "epoch 2"
     assert directory.fetched == ["bob", "bob"]
+
+
+def test_after_a_pin_reset_the_relays_current_records_are_pinned_not_the_kept_ones(
+    ann: Any,
+) -> None:
+    """`agentcall trust --reset` promises that the next call pins what the relay serves then:
+    kept records are never what a fresh pin is made from."""
+    old = make_party(BOB, origin=ORIGIN)
+    bob = Bob(old, ann[2])
+    directory = CountingDirectory({"bob": records(old)})
+    place_at(ann, directory, bob.dial)
+    reinstalled = make_party(BOB, origin=ORIGIN)  # bob's new identity, checked out of band
+    db = StateDb.open(ann[0])
+    assert db.pins.remove(ORIGIN, BOB)
+    db.close()
+    bob.party = reinstalled
+    directory.served["bob"] = records(reinstalled)
+    assert place_at(ann, directory, bob.dial, NOW + 60).ok
+    assert directory.fetched == ["bob", "bob"]
+    db = StateDb.open(ann[0])
+    pin = db.pins.get(ORIGIN, BOB)
+    db.close()
+    assert pin is not None and pin.identity_pub == reinstalled.identity_pub
