@@ -119,3 +119,24 @@ def test_a_callee_that_dropped_the_callers_epoch_is_called_again_with_fresh_keys
     assert again.returncode == 0, again.stderr
     assert fetches(world, "ann", "ken") == before + 1
     assert fetches(world, "ken", "ann") == 0
+
+
+def test_a_mailbox_job_is_delivered_with_the_callers_records(world: World) -> None:
+    """Queued while rita was away; her listener runs it without fetching ann's keys."""
+    rita = Install("rita", world.root / "rita", world.relay.ca_file)
+    rita.setup(world.invite(), "rita", "--agent", "claude")
+    rita.set_scenario("happy")
+    assert rita.cli("access", "--offline", "enabled").returncode == 0
+    queued = world.ann.cli("call", "@acme/rita", "while you were out", "--json")
+    assert queued.returncode == 0, queued.stderr
+    job_id = json.loads(queued.stdout)["job_id"]
+    listener = rita.start_listener()
+    try:
+        done = world.ann.cli("jobs", "get", "@acme/rita", job_id, "--wait", "120", "--json")
+        assert done.returncode == 0, done.stderr
+        assert json.loads(done.stdout)["text"] == "FAKE-AGENT-ANSWER: while you were out"
+        assert re.search(r"call_received .*job=True caller_keys_attached=True", listener.log.text())
+        assert "caller_keys_fetched" not in listener.log.text()
+        assert fetches(world, "rita", "ann") == 0
+    finally:
+        rita.stop()
