@@ -61,6 +61,7 @@ from agentcall.wire.frames import (
     CallOutcome,
     CallQueued,
     CallRequest,
+    CallState,
     CallStatus,
     SealedEnvelope,
 )
@@ -450,10 +451,15 @@ async def place(
         return failed(exc.code, exc.detail)
 
     seen_call_id: list[str] = []
+    # Whether the callee's listener took the current attempt (answered or working): a request
+    # it took may have run, so it is never sent again.
+    taken: list[bool] = [False]
 
     def status(frame: CallStatus) -> None:
         if not seen_call_id:
             seen_call_id.append(frame.call_id)
+        if frame.state is not CallState.RINGING:
+            taken[0] = True
         on_status(frame)
 
     async def attempt(
@@ -461,6 +467,7 @@ async def place(
     ) -> tuple[RequestPayload, CallOutcome | CallError | CallQueued | CallResult]:
         """Seal to ``callee``'s records and dial: what came back, or how the dial failed."""
         seen_call_id.clear()
+        taken[0] = False
         now = reactor.seconds()
         try:
             sealed, request = envelope.seal_request(
@@ -506,10 +513,10 @@ async def place(
         return request, terminal
 
     request, terminal = await attempt(believed)
-    if believed.kept and _refused_by_callee(terminal):
-        # Sealed with kept records, and the callee could not open it: perhaps it rotated and
-        # no longer holds that epoch. Ask the relay; only records that changed are worth a
-        # second request (a new request id), and only one.
+    if believed.kept and not taken[0] and _refused_by_callee(terminal):
+        # Sealed with kept records, and the callee refused it before taking it (it could not
+        # open it: perhaps it rotated and no longer holds that epoch). Ask the relay; only
+        # records that changed are worth a second request (a new request id), and only one.
         try:
             fresh = await _callee_keys(
                 reactor, home, api, config, keys, target_address, handle, kept=False

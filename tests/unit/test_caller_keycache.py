@@ -466,3 +466,26 @@ def test_after_a_pin_reset_the_relays_current_records_are_pinned_not_the_kept_on
     pin = db.pins.get(ORIGIN, BOB)
     db.close()
     assert pin is not None and pin.identity_pub == reinstalled.identity_pub
+
+
+def test_a_call_the_callee_took_is_never_sent_again(ann: Any) -> None:
+    """A protocol_error after the callee answered (its outcome failed the relay's route check,
+    say) may follow a run of its agent: resending could run it twice, so it is not resent,
+    even though the relay now serves other records."""
+    bob = Bob(make_party(BOB, origin=ORIGIN), ann[2])
+    directory = CountingDirectory({"bob": records(bob.party)})
+    place_at(ann, directory, bob.dial)
+    frames: list[CallRequest] = []
+
+    def taken_then_failed(
+        *args: Any, **kw: Any
+    ) -> defer.Deferred[CallOutcome | CallError | CallQueued]:
+        frames.append(args[4])
+        for state in ("ringing", "answered", "working"):
+            kw["on_status"](CallStatus(call_id=CALL_ID, state=state))
+        return defer.succeed(CallError(code=CallErrorCode.PROTOCOL_ERROR, call_id=CALL_ID))
+
+    directory.served["bob"] = records(rotate(bob.party))
+    result = place_at(ann, directory, taken_then_failed, NOW + DAY)
+    assert result.code is CallErrorCode.PROTOCOL_ERROR
+    assert len(frames) == 1 and directory.fetched == ["bob"]
