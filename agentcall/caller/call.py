@@ -513,7 +513,8 @@ async def place(
         return request, terminal
 
     request, terminal = await attempt(believed)
-    if believed.kept and not taken[0] and _refused_by_callee(terminal):
+    time_left = timeout_s - (reactor.seconds() - start)
+    if believed.kept and not taken[0] and time_left > 0 and _refused_by_callee(terminal):
         # Sealed with kept records, and the callee refused it before taking it (it could not
         # open it: perhaps it rotated and no longer holds that epoch). Ask the relay; only
         # records that changed are worth a second request (a new request id), and only one.
