@@ -23,6 +23,16 @@ MAX_RESPONSE_CIPHERTEXT_BYTES = MAX_REPLY_BYTES * 6 + _ENVELOPE_OVERHEAD
 _FRAME_OVERHEAD = 4_096
 MAX_REQUEST_FRAME_BYTES = math.ceil(MAX_REQUEST_CIPHERTEXT_BYTES * 4 / 3) + _FRAME_OVERHEAD
 MAX_RESPONSE_FRAME_BYTES = math.ceil(MAX_RESPONSE_CIPHERTEXT_BYTES * 4 / 3) + _FRAME_OVERHEAD
+# The caller's key records a relay attaches to incoming_call and job_delivery (caller_keys): two
+# signed records of a few hundred bytes each; the longest relay origin and address the wire
+# allows keep them under 2 KiB, so this leaves room.
+MAX_CALLER_KEYS_BYTES = 4_096
+# What a listener accepts from its relay: the larger of the largest request the relay lets
+# through, as an incoming_call with the caller's records attached, and the largest answer to one
+# of the installation's own outgoing calls (on its persistent socket).
+MAX_TO_LISTENER_FRAME_BYTES = max(
+    MAX_REQUEST_FRAME_BYTES + MAX_CALLER_KEYS_BYTES, MAX_RESPONSE_FRAME_BYTES
+)
 # Any frame at all (the decoder's hard cap, before JSON parsing).
 MAX_FRAME_BYTES = MAX_RESPONSE_FRAME_BYTES
 # Control frames (status, accepted, started, ...) never need more than this.
@@ -39,6 +49,10 @@ CLOCK_SKEW_S = 120.0  # issued_at may be this far in the future; replay entries 
 REPLAY_MAX_ENTRIES = 100_000  # live reservations; a queueable request holds one for 72 h
 MAX_KEY_VALIDITY_S = 30 * 24 * 3600  # encryption key records
 KEY_ROTATE_BEFORE_S = 7 * 24 * 3600  # rotate when less than this validity remains
+# A caller reuses a callee's key records it keeps (caller/keycache.py) until the callee may be
+# rotating (the last KEY_ROTATE_BEFORE_S of the record's window); from then on it asks the relay
+# again at most this often.
+KEY_CACHE_REFETCH_S = 3600.0
 
 # Keepalive (WebSocket ping/pong) so dead peers are noticed.
 KEEPALIVE_INTERVAL_S = 30.0

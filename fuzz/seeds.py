@@ -59,6 +59,13 @@ def all_frames() -> list[frames.Frame]:
             correlation_id=CORRELATION_ID,
             groups=(ROSTER, "R0ster-id-0000002"),
         ),
+        frames.IncomingCall(
+            call_id=CALL_ID,
+            from_="ann",
+            envelope=request,
+            correlation_id=CORRELATION_ID,
+            caller_keys=http.KeysResponse(identity=_identity(ANN), encryption=_encryption(ANN)),
+        ),
         frames.CancelCall(call_id=CALL_ID),
         frames.CallAccepted(call_id=CALL_ID),
         frames.CallStarted(call_id=CALL_ID),
@@ -67,6 +74,14 @@ def all_frames() -> list[frames.Frame]:
         frames.CallNotCancelled(call_id=CALL_ID, reason=frames.NotCancelledReason.TOO_LATE),
         frames.JobDelivery(
             job_id=CALL_ID, from_="ann", envelope=request, expires_at=NOW + 3600, attempt=2
+        ),
+        frames.JobDelivery(
+            job_id=CALL_ID,
+            from_="ann",
+            envelope=request,
+            expires_at=NOW + 3600,
+            attempt=1,
+            caller_keys=http.KeysResponse(identity=_identity(ANN), encryption=_encryption(ANN)),
         ),
         frames.CancelJob(job_id=CALL_ID),
         frames.JobAck(job_id=CALL_ID),
@@ -119,16 +134,16 @@ def _invite_info() -> http.InviteInfo:
     )
 
 
-def _identity() -> http.SignedIdentityRecord:
-    record = http.IdentityRecord(v=1, relay_origin=ORIGIN, address=KEN, identity_pub=PUB)
+def _identity(address: str = KEN) -> http.SignedIdentityRecord:
+    record = http.IdentityRecord(v=1, relay_origin=ORIGIN, address=address, identity_pub=PUB)
     return http.SignedIdentityRecord(record=record, signature=SIGNATURE)
 
 
-def _encryption() -> http.SignedEncryptionKeyRecord:
+def _encryption(address: str = KEN) -> http.SignedEncryptionKeyRecord:
     record = http.EncryptionKeyRecord(
         v=1,
         relay_origin=ORIGIN,
-        address=KEN,
+        address=address,
         key_id=KEY_ID,
         suite=http.SUITE_X25519,
         pub=PUB,

@@ -33,7 +33,7 @@ from fuzz import seeds
 FRAME_RECEIVERS: Final[tuple[tuple[Collection[type[frames.Frame]] | None, int], ...]] = (
     (frames.FROM_CALLER, limits.MAX_REQUEST_FRAME_BYTES),
     (frames.FROM_LISTENER, limits.MAX_RESPONSE_FRAME_BYTES),
-    (frames.TO_LISTENER, limits.MAX_REQUEST_FRAME_BYTES),
+    (frames.TO_LISTENER, limits.MAX_TO_LISTENER_FRAME_BYTES),
     (frames.TO_CALLER, limits.MAX_FRAME_BYTES),
     (None, limits.MAX_FRAME_BYTES),
 )

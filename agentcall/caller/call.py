@@ -1,4 +1,5 @@
-"""The caller's side of one call: fetch and pin the callee's keys, seal, dial, open the answer.
+"""The caller's side of one call: the callee's keys (kept or fetched) pinned, seal, dial, open
+the answer.
 
 :func:`place` is what ``agentcall call`` and the self-check of ``agentcall setup`` run; tests and
 benchmarks reuse it with a fake key directory and a fake dialler. Every way a call can end is a
@@ -9,6 +10,13 @@ a changed identity, keys that do not verify, an unusable installation — raise
 Trust comes only from the pins and the signatures: the relay supplies the callee's records and
 carries the sealed request and answer, but an answer counts only once it opens with our key and
 verifies against the callee's pinned identity and the hash of the request we sent.
+
+The callee's records are fetched on the first call and kept in state.sqlite
+(:mod:`agentcall.caller.keycache`); later calls reuse them, checked against the pin each time,
+until the callee may be rotating, and then fetch at most hourly. If the callee's listener
+refuses a request sealed with kept records (``call_error protocol_error`` with a call id: it
+could not open it, perhaps because that epoch is gone), the records are fetched again and,
+when they changed, the call is sealed anew and sent once more.
 
 A call may be queued (the offline mailbox, issue 9): unless ``queue=False``, the request is
 sealed to stay valid as long as a job may live, and a callee who opted in and is offline or
@@ -21,18 +29,19 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 import attrs
 from twisted.internet import defer
 
 from agentcall import ids, limits
+from agentcall.caller import keycache
 from agentcall.caller.jobstore import SentJob
 from agentcall.client.api import Credentials, RelayApi, RelayUnreachable
 from agentcall.client.ws import CallAborted, SocketRefused, place_call
 from agentcall.crypto import envelope
-from agentcall.crypto.pins import Pin, PinBook
+from agentcall.crypto.pins import Pin, PinBook, PinState
 from agentcall.errors import (
     AgentCallError,
     ApiError,
@@ -41,6 +50,7 @@ from agentcall.errors import (
     CryptoError,
     IdentityChanged,
     KeyRecordExpired,
+    StoreError,
 )
 from agentcall.local.config import Config
 from agentcall.local.home import Home, LocalStateError
@@ -51,6 +61,7 @@ from agentcall.wire.frames import (
     CallOutcome,
     CallQueued,
     CallRequest,
+    CallState,
     CallStatus,
     SealedEnvelope,
 )
@@ -157,18 +168,6 @@ async def ensure_published(api: KeyDirectory, keys: LocalKeys, now: float) -> li
     return done
 
 
-@contextlib.contextmanager
-def _pin_book(home: Home) -> Iterator[PinBook]:
-    try:
-        db = StateDb.open(home)
-    except AgentCallError as exc:
-        raise CallRefused("local_error", f"cannot open the pin store: {exc}") from None
-    try:
-        yield PinBook(db.pins)
-    finally:
-        db.close()
-
-
 def _api_failure(exc: ApiError) -> tuple[CallErrorCode, str]:
     codes = {
         ApiErrorCode.NOT_FOUND: CallErrorCode.UNKNOWN_HANDLE,
@@ -272,6 +271,128 @@ def _pin(
         ) from None
 
 
+class _Unfetched(Exception):
+    """The callee's records could not be had: how the call ends."""
+
+    def __init__(self, code: CallErrorCode, detail: str) -> None:
+        super().__init__(detail)
+        self.code = code
+        self.detail = detail
+
+
+@attrs.frozen
+class _Believed:
+    """The callee's records this call seals to, checked against the pin just now."""
+
+    keys: KeysResponse
+    encryption: SignedEncryptionKeyRecord
+    pin: Pin
+    kept: bool  # the records kept from an earlier call (no fetch was made)
+
+
+async def _callee_keys(
+    reactor: Any,
+    home: Home,
+    api: KeyDirectory,
+    config: Config,
+    keys: LocalKeys,
+    address: str,
+    handle: str,
+    *,
+    kept: bool = True,
+) -> _Believed:
+    """The callee's records, believed: the kept ones when :func:`keycache.decide` allows
+    (``kept``) and they still match the pin, else fetched, pinned and kept for next time.
+
+    Raises :class:`CallRefused` for records that must not be believed (a changed identity
+    above all, kept or fetched) and :class:`_Unfetched` when the relay does not serve them.
+    """
+    try:
+        db = StateDb.open(home)
+    except AgentCallError as exc:
+        raise CallRefused("local_error", f"cannot open the pin store: {exc}") from None
+    try:
+        pins = PinBook(db.pins)
+        store = db.peer_keys(config.relay_origin)
+        if kept:
+            found = _kept(store, address)
+            decision = keycache.decide(found, reactor.seconds())
+            # Kept records are reused only under a pin that exists: with none (first contact,
+            # or the owner ran `agentcall trust --reset`) the relay's current ones are pinned.
+            if isinstance(decision, keycache.Reuse) and _pinned(pins, config, decision.kept):
+                records = decision.kept.keys
+                encryption = records.encryption
+                if encryption is not None:
+                    try:
+                        pin = _pin(
+                            pins,
+                            config,
+                            keys,
+                            address,
+                            records.identity,
+                            encryption,
+                            reactor.seconds(),
+                        )
+                    except CallRefused as exc:
+                        if exc.code == "identity_changed":
+                            raise
+                        # Outdated rather than hostile (an epoch above them pinned since, say):
+                        # fetched afresh below, and believed only if those pass.
+                    else:
+                        return _Believed(records, encryption, pin, kept=True)
+        served = await _fetch(api, handle, address)
+        encryption = served.encryption
+        if encryption is None:  # pragma: no cover - _fetch refuses records without one
+            raise _Unfetched(CallErrorCode.UNKNOWN_HANDLE, "no encryption key")
+        now = reactor.seconds()
+        pin = _pin(pins, config, keys, address, served.identity, encryption, now)
+        with contextlib.suppress(StoreError):
+            # Only believed records are kept; a failure here costs the next call a fetch.
+            store.keep(address, served, now)
+        return _Believed(served, encryption, pin, kept=False)
+    finally:
+        db.close()
+
+
+def _pinned(pins: PinBook, config: Config, kept: keycache.KeptKeys) -> bool:
+    identity = kept.keys.identity.record
+    state = pins.peek_state(config.relay_origin, kept.address, identity.identity_pub)
+    return state is not PinState.UNSEEN
+
+
+def _kept(store: keycache.SqlitePeerKeys, address: str) -> keycache.KeptKeys | None:
+    try:
+        return store.get(address)
+    except StoreError:
+        return None
+
+
+async def _fetch(api: KeyDirectory, handle: str, address: str) -> KeysResponse:
+    try:
+        served = await api.get_keys(handle)
+    except ApiError as exc:
+        raise _Unfetched(*_api_failure(exc)) from None
+    except RelayUnreachable as exc:
+        raise _Unfetched(CallErrorCode.CONNECTION_FAILED, str(exc)) from None
+    if served.encryption is None:
+        raise _Unfetched(
+            CallErrorCode.UNKNOWN_HANDLE,
+            f"{address} has not published an encryption key (setup not finished?)",
+        )
+    return served
+
+
+def _refused_by_callee(terminal: object) -> bool:
+    """The relay's report that the callee's listener refused the request (``call_rejected``:
+    it did not open or verify there), as opposed to a refusal of the relay's own, which comes
+    before a call id exists."""
+    return (
+        isinstance(terminal, CallError)
+        and terminal.code is CallErrorCode.PROTOCOL_ERROR
+        and terminal.call_id is not None
+    )
+
+
 async def place(
     reactor: Any,
     home: Home,
@@ -325,65 +446,90 @@ async def place(
     keys = await _fresh_keys(home, api, keys, reactor.seconds(), on_note or (lambda _text: None))
 
     try:
-        served = await api.get_keys(handle)
-    except ApiError as exc:
-        return failed(*_api_failure(exc))
-    except RelayUnreachable as exc:
-        return failed(CallErrorCode.CONNECTION_FAILED, str(exc))
-    if served.encryption is None:
-        return failed(
-            CallErrorCode.UNKNOWN_HANDLE,
-            f"{target_address} has not published an encryption key (setup not finished?)",
-        )
-    now = reactor.seconds()
-    with _pin_book(home) as pins:
-        pin = _pin(pins, config, keys, target_address, served.identity, served.encryption, now)
-    try:
-        sealed, request = envelope.seal_request(
-            sender=keys.identity,
-            sender_address=config.address,
-            recipient_identity=served.identity.record,
-            recipient_encryption=served.encryption.record,
-            relay_origin=config.relay_origin,
-            message=message,
-            task=task,
-            context_id=context_id,
-            now=now,
-            # A queued request is opened when the callee comes back, up to days later.
-            validity_s=limits.MAX_ENVELOPE_VALIDITY_S if queue else limits.CALL_DEADLINE_S,
-        )
-    except (ValueError, CryptoError) as exc:
-        raise CallRefused("keys_rejected", f"cannot seal to {target_address}: {exc}") from None
+        believed = await _callee_keys(reactor, home, api, config, keys, target_address, handle)
+    except _Unfetched as exc:
+        return failed(exc.code, exc.detail)
 
     seen_call_id: list[str] = []
+    # Whether the callee's listener took the current attempt (answered or working): a request
+    # it took may have run, so it is never sent again.
+    taken: list[bool] = [False]
 
     def status(frame: CallStatus) -> None:
         if not seen_call_id:
             seen_call_id.append(frame.call_id)
+        if frame.state is not CallState.RINGING:
+            taken[0] = True
         on_status(frame)
 
-    frame = CallRequest(envelope=sealed, correlation_id=ids.mint_correlation_id(), queue=queue)
-    try:
-        terminal = await (dial or place_call)(
-            reactor,
-            config.relay,
-            credentials,
-            handle,
-            frame,
-            ca_file=config.ca_file,
-            on_status=status,
-            timeout_s=timeout_s,
-        )
-    except CallAborted as exc:
-        call_id = seen_call_id[0] if seen_call_id else None
-        if reactor.seconds() - start >= timeout_s:
-            return failed(CallErrorCode.TIMEOUT, f"no answer within {timeout_s:g} s", call_id)
-        return failed(CallErrorCode.CONNECTION_FAILED, str(exc), call_id)
-    except (RelayUnreachable, SocketRefused) as exc:
-        return failed(CallErrorCode.CONNECTION_FAILED, str(exc))
-    except AgentCallError as exc:
-        # Local TLS trouble (an unreadable CA file) surfaces only when dialling.
-        return failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+    async def attempt(
+        callee: _Believed, *, retry: bool = False
+    ) -> tuple[RequestPayload, CallOutcome | CallError | CallQueued | CallResult]:
+        """Seal to ``callee``'s records and dial: what came back, or how the dial failed."""
+        seen_call_id.clear()
+        taken[0] = False
+        now = reactor.seconds()
+        try:
+            sealed, request = envelope.seal_request(
+                sender=keys.identity,
+                sender_address=config.address,
+                recipient_identity=callee.keys.identity.record,
+                recipient_encryption=callee.encryption.record,
+                relay_origin=config.relay_origin,
+                message=message,
+                task=task,
+                context_id=context_id,
+                now=now,
+                # A queued request is opened when the callee comes back, up to days later.
+                validity_s=limits.MAX_ENVELOPE_VALIDITY_S if queue else limits.CALL_DEADLINE_S,
+            )
+        except (ValueError, CryptoError) as exc:
+            raise CallRefused("keys_rejected", f"cannot seal to {target_address}: {exc}") from None
+        frame = CallRequest(envelope=sealed, correlation_id=ids.mint_correlation_id(), queue=queue)
+        try:
+            terminal = await (dial or place_call)(
+                reactor,
+                config.relay,
+                credentials,
+                handle,
+                frame,
+                ca_file=config.ca_file,
+                on_status=status,
+                # A retry has what is left of the caller's time.
+                timeout_s=timeout_s - (reactor.seconds() - start) if retry else timeout_s,
+            )
+        except CallAborted as exc:
+            call_id = seen_call_id[0] if seen_call_id else None
+            if reactor.seconds() - start >= timeout_s:
+                return request, failed(
+                    CallErrorCode.TIMEOUT, f"no answer within {timeout_s:g} s", call_id
+                )
+            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc), call_id)
+        except (RelayUnreachable, SocketRefused) as exc:
+            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+        except AgentCallError as exc:
+            # Local TLS trouble (an unreadable CA file) surfaces only when dialling.
+            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+        return request, terminal
+
+    request, terminal = await attempt(believed)
+    time_left = timeout_s - (reactor.seconds() - start)
+    if believed.kept and not taken[0] and time_left > 0 and _refused_by_callee(terminal):
+        # Sealed with kept records, and the callee refused it before taking it (it could not
+        # open it: perhaps it rotated and no longer holds that epoch). Ask the relay; only
+        # records that changed are worth a second request (a new request id), and only one.
+        try:
+            fresh = await _callee_keys(
+                reactor, home, api, config, keys, target_address, handle, kept=False
+            )
+        except _Unfetched:
+            fresh = None
+        if fresh is not None and fresh.keys != believed.keys:
+            believed = fresh
+            request, terminal = await attempt(believed, retry=True)
+    pin = believed.pin
+    if isinstance(terminal, CallResult):
+        return terminal
     if isinstance(terminal, CallError):
         return failed(terminal.code, terminal.detail, terminal.call_id)
     if isinstance(terminal, CallQueued):

@@ -189,9 +189,9 @@ class _ListenerProtocol(WebSocketClientProtocol):
         try:
             if isBinary:
                 raise MalformedFrame("binary frames are not part of the protocol")
-            # The largest frame to a listener is the answer to one of its own outgoing calls.
+            # An incoming call with its caller's keys, or the answer to an outgoing call.
             frame = codec.decode_frame(
-                payload, TO_LISTENER, max_bytes=limits.MAX_RESPONSE_FRAME_BYTES
+                payload, TO_LISTENER, max_bytes=limits.MAX_TO_LISTENER_FRAME_BYTES
             )
         except MalformedFrame as exc:
             if self._ready is None:

@@ -176,6 +176,7 @@ class CallPipeline:
             caller=incoming.from_,
             correlation_id=incoming.correlation_id,
             job=call.sink is not None,
+            caller_keys_attached=incoming.caller_keys is not None,
         )
         d = defer.Deferred.fromCoroutine(self._pipeline(incoming, call))
         d.addErrback(self._unexpected, call)
@@ -216,7 +217,8 @@ class CallPipeline:
 
     async def _pipeline(self, incoming: IncomingCall, call: _Call) -> None:
         fx = self._fx
-        # Step 2 (docs/architecture.md): open. Keys pinned, envelope verified, id reserved.
+        # Step 2 (docs/architecture.md): open. Keys (attached, else fetched) pinned, envelope
+        # verified, id reserved.
         try:
             opened = await stages.open_envelope(
                 incoming,

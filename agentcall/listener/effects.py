@@ -64,6 +64,8 @@ class Effects:
     clock: IReactorTime
     # Send one frame now; False when no usable relay connection exists.
     send: Callable[[Frame], bool]
+    # The caller's published records, asked of the relay only when a call arrives without them
+    # attached (an older relay); verified the same way in either case.
     fetch_keys: stages.KeyFetcher
     pins: PinBook
     replay: ReplayWindow

@@ -93,6 +93,8 @@ def incoming_of(delivery: JobDelivery) -> IncomingCall:
         from_=delivery.from_,
         envelope=delivery.envelope,
         correlation_id=delivery.job_id.replace("-", ""),
+        # Verified in step 2 exactly like an incoming call's (fetched when none are attached).
+        caller_keys=delivery.caller_keys,
     )
 
 

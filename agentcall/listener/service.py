@@ -233,6 +233,8 @@ class ListenerService(service.MultiService):
     # --- effects ----------------------------------------------------------------------------
 
     def _fetch_keys(self, handle: str) -> defer.Deferred[KeysResponse]:
+        # Only for a call the relay sent without its caller's records (an older relay).
+        _log.info("caller_keys_fetched", caller=handle)
         return self._api.get_keys(handle)
 
     def _spawn(

@@ -3,8 +3,9 @@
 :mod:`agentcall.listener.core` runs them in the order of the listener's pipeline in
 ``docs/architecture.md``, which is the security invariant; the step numbers are that page's:
 
-- step 2, :func:`open_envelope`: fetch and pin the caller's keys, open and verify the request,
-  reserve its id against replay. Any failure is :class:`EnvelopeRejected`. What comes out is an
+- step 2, :func:`open_envelope`: pin the caller's keys (those the relay attached to the call,
+  or fetched when it attached none), open and verify the request, reserve its id against
+  replay. Any failure is :class:`EnvelopeRejected`. What comes out is an
   :class:`OpenedCall`: the verified :class:`CallFacts`, and the caller's text closed in a
   :class:`~agentcall.listener.callermessage.CallerMessage` that only planning opens;
 - step 3, :func:`admit_call`: may this caller run this task? Decided from the relay-verified
@@ -125,12 +126,22 @@ async def open_envelope(
     clock: IReactorTime,
 ) -> OpenedCall:
     """Open ``incoming`` addressed to us from ``@org/<incoming.from_>``, or raise
-    :class:`EnvelopeRejected`."""
+    :class:`EnvelopeRejected`.
+
+    The caller's records are ``incoming.caller_keys`` when the relay attached them, and are
+    fetched with ``fetch_keys`` only when it did not. Either way they must name the caller and
+    this relay, match the pin (or become it), carry a valid signature chain from the pinned
+    identity, and be in their validity window: the relay is trusted for neither.
+    """
     caller_address = ids.format_address(org, incoming.from_)
-    try:
-        served = await fetch_keys(incoming.from_)
-    except Exception:
-        raise EnvelopeRejected("caller_keys_unavailable") from None
+    # The records the relay attached, else (an older relay) fetched: believed only below, in
+    # the same checks either way; attached records that fail them are refused, not refetched.
+    served = incoming.caller_keys
+    if served is None:
+        try:
+            served = await fetch_keys(incoming.from_)
+        except Exception:
+            raise EnvelopeRejected("caller_keys_unavailable") from None
     if served.encryption is None:
         raise EnvelopeRejected("caller_has_no_encryption_key")
     now = clock.seconds()

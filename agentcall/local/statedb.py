@@ -3,8 +3,9 @@
 It holds pins and replay reservations (queried here), the conversations this installation
 answers (:mod:`agentcall.listener.contexts`), the ones it opened as a caller
 (:mod:`agentcall.caller.outboundstore`), the execution journal of mailbox jobs
-(:mod:`agentcall.listener.journal`) and the mailbox jobs it queued as a caller
-(:mod:`agentcall.caller.jobstore`). People edit the JSON files next to it; nobody edits this
+(:mod:`agentcall.listener.journal`), the mailbox jobs it queued as a caller
+(:mod:`agentcall.caller.jobstore`) and the callees' key records it keeps as a caller
+(:mod:`agentcall.caller.keycache`). People edit the JSON files next to it; nobody edits this
 one, so it can be a database: WAL mode, versioned schema files
 (``agentcall/db/schema/state-*.sql``), one writer at a time. Nothing here reads the clock;
 callers pass ``now``.
@@ -17,6 +18,7 @@ import sqlite3
 from zope.interface import implementer
 
 from agentcall.caller.jobstore import SqliteSentJobs
+from agentcall.caller.keycache import SqlitePeerKeys
 from agentcall.caller.outboundstore import SqliteOutboundStore
 from agentcall.crypto.pins import IPinStorage, Pin
 from agentcall.crypto.replay import IReplayStorage
@@ -134,6 +136,10 @@ class StateDb:
     def sent_jobs(self, relay_origin: str) -> SqliteSentJobs:
         """The mailbox jobs this installation queued as a caller through ``relay_origin``."""
         return SqliteSentJobs(self._conn, relay_origin)
+
+    def peer_keys(self, relay_origin: str) -> SqlitePeerKeys:
+        """The callees' key records this installation keeps for calls through ``relay_origin``."""
+        return SqlitePeerKeys(self._conn, relay_origin)
 
     @classmethod
     def open(cls, home: Home) -> StateDb:

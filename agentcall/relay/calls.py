@@ -33,11 +33,19 @@ from agentcall.errors import CallErrorCode
 from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.audit import AuditEntry, AuditSink
+from agentcall.relay.callerkeys import attachable_keys
 from agentcall.relay.ratelimit import SlidingWindowLimiter
-from agentcall.relay.store_interface import Directory, MailboxStatus, Submission, SubmissionLog
+from agentcall.relay.store_interface import (
+    Directory,
+    KeySource,
+    MailboxStatus,
+    Submission,
+    SubmissionLog,
+)
 from agentcall.relay.switchboard import Channel, Switchboard
 from agentcall.wire import frames as fr
 from agentcall.wire.closecodes import CLOSE_NORMAL
+from agentcall.wire.keyrecords import KeysResponse
 
 # How often submissions sweep the rate windows, so keys of pairs that stopped calling go away.
 LIMITER_PRUNE_INTERVAL_S = 60.0
@@ -180,6 +188,7 @@ class CallBook:
         deadline_s: float = limits.CALL_DEADLINE_S,
         mint_call_id: Callable[[], str] = ids.mint_call_id,
         desk: QueueDesk | None = None,
+        keys: KeySource | None = None,
     ) -> None:
         self._clock = clock
         self._switchboard = switchboard
@@ -193,6 +202,8 @@ class CallBook:
         # Live calls per callee: a callee with one is busy for the mailbox.
         self._live_to: collections.Counter[tuple[str, str]] = collections.Counter()
         self._desk = desk
+        # Where the caller's records come from, to attach to incoming_call (None: not attached).
+        self._keys = keys
         # Every caller connection that has sent a request, with the call it carries (None when
         # the request was refused). Kept until caller_gone, so a second request on the same
         # connection is refused even after the first call has ended.
@@ -249,9 +260,19 @@ class CallBook:
                 return defer.succeed((exists, None))
             return desk.status(org, target).addCallback(lambda status: (exists, status))
 
-        def ring(found: tuple[bool, MailboxStatus | None]) -> defer.Deferred[None] | None:
-            exists, status = found
-            return self._ring(exists, status, org, caller, target, channel, request)
+        # Asked beside the directory, in the same stage; it never fails (None: not attached).
+        caller_keys = attachable_keys(self._keys, org, caller)
+
+        def with_keys(
+            found: tuple[bool, MailboxStatus | None],
+        ) -> defer.Deferred[tuple[bool, MailboxStatus | None, KeysResponse | None]]:
+            return caller_keys.addCallback(lambda keys: (*found, keys))
+
+        def ring(
+            found: tuple[bool, MailboxStatus | None, KeysResponse | None],
+        ) -> defer.Deferred[None] | None:
+            exists, status, keys = found
+            return self._ring(exists, status, org, caller, target, channel, request, keys)
 
         def lookup_failed(failure: Failure) -> None:
             # Nothing is said about the target; the caller may try again.
@@ -263,6 +284,7 @@ class CallBook:
             return result
 
         looked_up = self._directory.handle_exists(org, target).addCallback(mailbox)
+        looked_up.addCallback(with_keys)
         routed = looked_up.addCallbacks(ring, lookup_failed)
         # A failure of the routing itself (a bug, not the directory) goes to the caller of submit.
         return routed.addBoth(release)
@@ -276,6 +298,7 @@ class CallBook:
         target: str,
         channel: Channel,
         request: fr.CallRequest,
+        caller_keys: KeysResponse | None = None,
     ) -> defer.Deferred[None] | None:
         """The directory has answered: run the remaining checks, then ring the listener, or
         queue the call for a callee who opted in and is offline or busy."""
@@ -319,6 +342,7 @@ class CallBook:
                 from_=caller,
                 envelope=request.envelope,
                 correlation_id=request.correlation_id,
+                caller_keys=caller_keys,
             )
         )
         self._audit(events.CALL_SUBMIT, call, actor=caller, target=target)

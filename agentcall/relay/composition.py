@@ -75,6 +75,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         settings.relay_origin,
         settings.mailbox,
         live_call_to=live_call_to,
+        keys=store,
     )
     calls = CallBook(
         reactor,
@@ -85,6 +86,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         settings.relay_origin,
         deadline_s=settings.call_deadline_s,
         desk=jobs,
+        keys=store,
     )
     # Jobs outlive the process: the sweep is armed from the store (failures are logged).
     jobs.start()

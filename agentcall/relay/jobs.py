@@ -31,6 +31,7 @@ from agentcall import ids, limits
 from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, MalformedFrame
 from agentcall.logevents import Logger
 from agentcall.relay import api_rules, mailbox
+from agentcall.relay.callerkeys import attachable_keys
 from agentcall.relay.calls import Pending, Timer, route_problem
 from agentcall.relay.mailbox import Decision, MailboxLimits, Refusal, Refused, TellListenerCancel
 from agentcall.relay.store_interface import (
@@ -38,6 +39,7 @@ from agentcall.relay.store_interface import (
     JobsHeld,
     JobsOf,
     JobStore,
+    KeySource,
     MailboxStatus,
     Member,
     OneJob,
@@ -48,6 +50,7 @@ from agentcall.relay.switchboard import Channel, Switchboard
 from agentcall.wire import codec
 from agentcall.wire import frames as fr
 from agentcall.wire.http import JobInfo
+from agentcall.wire.keyrecords import KeysResponse
 
 _log = Logger(namespace="agentcall.relay.jobs")
 
@@ -106,6 +109,7 @@ class JobDesk:
         *,
         live_call_to: Callable[[str, str], bool] = lambda _org, _handle: False,
         mint_job_id: Callable[[], str] = ids.mint_job_id,
+        keys: KeySource | None = None,
     ) -> None:
         self._clock = clock
         self._store = store
@@ -114,6 +118,8 @@ class JobDesk:
         self.caps = caps or MailboxLimits()
         self._live_call_to = live_call_to
         self._mint_job_id = mint_job_id
+        # Where the caller's records come from, to attach to job_delivery (None: not attached).
+        self._keys = keys
         # Listener sockets of this process that said mailbox=1, by identity.
         self._mailbox_listeners: dict[tuple[str, str], Channel] = {}
         self._waiters: dict[str, list[defer.Deferred[None]]] = {}
@@ -456,7 +462,18 @@ class JobDesk:
         (decision,) = result
         self._rearm()
 
-        def send(stored: StoredJob | None) -> None:
+        def with_keys(
+            stored: StoredJob | None,
+        ) -> defer.Deferred[tuple[StoredJob | None, KeysResponse | None]]:
+            # The caller's records as they are now, not when the job was queued: the caller
+            # may have rotated since, and the answer is sealed to its newest epoch.
+            if stored is None:
+                return defer.succeed((None, None))
+            found = attachable_keys(self._keys, org, stored.job.caller)
+            return found.addCallback(lambda keys: (stored, keys))
+
+        def send(found: tuple[StoredJob | None, KeysResponse | None]) -> None:
+            stored, caller_keys = found
             channel = self._mailbox_listeners.get((org, callee))
             if stored is None or stored.request is None or channel is None:
                 # Gone meanwhile (cancelled, or the listener left): the lease takes it back.
@@ -477,10 +494,11 @@ class JobDesk:
                     envelope=envelope,
                     expires_at=int(job.expires_at),
                     attempt=job.attempts,
+                    caller_keys=caller_keys,
                 )
             )
 
-        return self._store.get_job(decision.job_id).addCallback(send)
+        return self._store.get_job(decision.job_id).addCallback(with_keys).addCallback(send)
 
     # --- the sweep ----------------------------------------------------------------------------
 

@@ -9,11 +9,11 @@ as a failed Deferred carrying ``ApiError(status, code, message)``; a failing dat
 store never reads the clock.
 
 Each method is declared once, here, as a typing :class:`~typing.Protocol`; narrow views
-(:class:`Directory`, :class:`~agentcall.relay.audit.AuditSink`, :class:`SubmissionLog`) are
-the protocols :class:`RelayStore` is built from, so a core asks for only what it uses. Not a
-zope interface: what matters for an asynchronous store is the return type (a Deferred of the
-right value, never a bare value), which zope cannot express and mypy checks on every caller,
-implementation and fake alike.
+(:class:`Directory`, :class:`KeySource`, :class:`~agentcall.relay.audit.AuditSink`,
+:class:`SubmissionLog`) are the protocols :class:`RelayStore` is built from, so a core asks for
+only what it uses. Not a zope interface: what matters for an asynchronous store is the return
+type (a Deferred of the right value, never a bare value), which zope cannot express and mypy
+checks on every caller, implementation and fake alike.
 """
 
 from __future__ import annotations
@@ -220,6 +220,15 @@ class Directory(Protocol):
         ...
 
 
+class KeySource(Protocol):
+    """Published key records (read-only): what ``GET /v1/keys`` serves, and what the relay
+    attaches to ``incoming_call`` and ``job_delivery`` as the caller's."""
+
+    def fetch_keys(self, org: str, handle: str) -> Deferred[KeysResponse | None]:
+        """``KeysResponse`` (identity and highest epoch), or None without an identity."""
+        ...
+
+
 class SubmissionLog(Protocol):
     """The calls that rang, as their ``call.submit`` audit rows remember them."""
 
@@ -229,7 +238,7 @@ class SubmissionLog(Protocol):
         ...
 
 
-class RelayStore(Directory, AuditSink, SubmissionLog, JobStore, Protocol):
+class RelayStore(Directory, KeySource, AuditSink, SubmissionLog, JobStore, Protocol):
     """The relay's registry: orgs, members, invites, published keys, audit rows, jobs."""
 
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:
@@ -303,10 +312,6 @@ class RelayStore(Directory, AuditSink, SubmissionLog, JobStore, Protocol):
 
         409 ``identity_key_missing`` before an identity; 409 ``epoch_not_increasing``.
         """
-        ...
-
-    def fetch_keys(self, org: str, handle: str) -> Deferred[KeysResponse | None]:
-        """``KeysResponse`` (identity and highest epoch), or None without an identity."""
         ...
 
     def audit_rows(

@@ -214,7 +214,11 @@ class RelayApi(resource.Resource):
                 return rules.published(await self._store.fetch_keys(member.org, member.handle))
             case Route.FETCH_KEYS:
                 # Within the member's own organisation only.
-                return rules.published(await self._store.fetch_keys(member.org, _argument(found)))
+                handle = _argument(found)
+                # Rare since callers keep records and the relay attaches a caller's to its
+                # calls; the line shows who still fetches (and lets tests count fetches).
+                _log.info("keys_fetched", org=member.org, asker=member.handle, handle=handle)
+                return rules.published(await self._store.fetch_keys(member.org, handle))
         raise AssertionError(f"no handler for {found.route}")  # pragma: no cover
 
     async def _authenticated(self, request: server.Request) -> Member:

@@ -17,7 +17,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from agentcall import limits, strictjson
 from agentcall.errors import MalformedFrame
-from agentcall.wire import frames, http, payloads
+from agentcall.wire import frames, http, keyrecords, payloads
 
 T = TypeVar("T")
 
@@ -105,11 +105,11 @@ for _cls in (
     http.InviteInfo,
     http.InviteCreated,
     http.InviteList,
-    http.IdentityRecord,
-    http.SignedIdentityRecord,
-    http.EncryptionKeyRecord,
-    http.SignedEncryptionKeyRecord,
-    http.KeysResponse,
+    keyrecords.IdentityRecord,
+    keyrecords.SignedIdentityRecord,
+    keyrecords.EncryptionKeyRecord,
+    keyrecords.SignedEncryptionKeyRecord,
+    keyrecords.KeysResponse,
     http.PresenceResponse,
     http.OfflineDelivery,
     http.JobInfo,

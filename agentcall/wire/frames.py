@@ -6,7 +6,9 @@ each frame holds. Who sends what:
 - caller → relay: ``call_request``, ``cancel_call``
 - relay → caller: ``ready``, ``call_status``, ``call_error``, ``call_outcome``, ``call_queued``
 - relay → listener: ``ready``, ``incoming_call``, ``cancel_call``; and for a listener that
-  dialled with ``mailbox=1``: ``job_delivery``, ``cancel_job``, ``job_ack``
+  dialled with ``mailbox=1``: ``job_delivery``, ``cancel_job``, ``job_ack``. A relay attaches
+  the caller's published key records to ``incoming_call`` and ``job_delivery``
+  (``caller_keys``), which the listener verifies like records it fetched
 - listener → relay: ``call_accepted``, ``call_started``, ``call_rejected``, ``call_cancelled``,
   ``call_not_cancelled``, ``call_outcome``; and ``job_accepted``, ``job_declined``,
   ``job_renew``, ``job_result``
@@ -30,6 +32,7 @@ import attrs
 from agentcall import limits
 from agentcall.errors import CallErrorCode
 from agentcall.wire import fields as f
+from agentcall.wire.keyrecords import KeysResponse
 
 # Written only when set (see agentcall.wire.codec.OMIT_IF_DEFAULT): a frame that does not use a
 # later field reads exactly as it did before the field existed.
@@ -197,6 +200,10 @@ class IncomingCall:
     correlation_id: str = attrs.field(validator=f.correlation_id)
     # Roster ids the relay attests both sides share (filled by the organisation features).
     groups: tuple[str, ...] = attrs.field(default=(), validator=f.each(f.roster_id, max_items=50))
+    # The caller's current published records (identity and newest encryption epoch), as
+    # ``GET /v1/keys/<caller>`` would serve them, so the listener need not fetch them. Not
+    # trusted: the listener verifies them against its pin and their signatures like fetched ones.
+    caller_keys: KeysResponse | None = attrs.field(default=None, metadata=_LATER)
 
 
 @attrs.frozen
@@ -257,6 +264,8 @@ class JobDelivery:
     envelope: SealedEnvelope
     expires_at: int = attrs.field(validator=f.timestamp)  # the job's, by the relay's clock
     attempt: int = attrs.field(validator=f.integer(1, 100))
+    # The caller's current published records at delivery, as on ``incoming_call``.
+    caller_keys: KeysResponse | None = attrs.field(default=None, metadata=_LATER)
 
 
 @attrs.frozen

@@ -33,6 +33,47 @@ from agentcall.errors import ApiErrorCode
 from agentcall.wire import fields as f
 from agentcall.wire.frames import SealedEnvelope, Terminal
 
+# The key records live in their own module (the frames carry them too); named here as before.
+from agentcall.wire.keyrecords import (
+    SUITE_X25519,
+    SUITES,
+    EncryptionKeyRecord,
+    IdentityRecord,
+    KeysResponse,
+    SignedEncryptionKeyRecord,
+    SignedIdentityRecord,
+)
+
+# Public names, the key records among them (defined in agentcall.wire.keyrecords).
+__all__ = [
+    "SUITES",
+    "SUITE_X25519",
+    "AgentKind",
+    "ApiErrorBody",
+    "EncryptionKeyRecord",
+    "IdentityRecord",
+    "InviteCreateRequest",
+    "InviteCreated",
+    "InviteInfo",
+    "InviteList",
+    "InviteStatus",
+    "JobFailureReason",
+    "JobInfo",
+    "JobList",
+    "JobSide",
+    "JobState",
+    "KeysResponse",
+    "MemberRole",
+    "OfflineDelivery",
+    "PresenceResponse",
+    "RegisterRequest",
+    "RegisterResponse",
+    "SignedEncryptionKeyRecord",
+    "SignedIdentityRecord",
+    "StatusResponse",
+    "WhoAmIResponse",
+]
+
 
 class MemberRole(enum.StrEnum):
     MEMBER = "member"
@@ -50,11 +91,6 @@ class InviteStatus(enum.StrEnum):
     USED = "used"
     REVOKED = "revoked"
     EXPIRED = "expired"
-
-
-# Key suites a record may name. A post-quantum hybrid suite can be added as a rotation later.
-SUITE_X25519 = "DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20-Poly1305"
-SUITES = frozenset({SUITE_X25519})
 
 
 @attrs.frozen
@@ -215,52 +251,6 @@ class InviteList:
     invites: tuple[InviteInfo, ...] = attrs.field(
         validator=f.each(lambda *_: None, max_items=limits.MAX_INVITES_LISTED)
     )
-
-
-@attrs.frozen
-class IdentityRecord:
-    v: int = attrs.field(validator=f.exactly(1))
-    relay_origin: str = attrs.field(validator=f.relay_origin)
-    address: str = attrs.field(validator=f.address)
-    identity_pub: str = attrs.field(validator=f.b64url(43, min_chars=43))  # Ed25519, 32 bytes
-
-
-@attrs.frozen
-class SignedIdentityRecord:
-    record: IdentityRecord
-    signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
-
-
-@attrs.frozen
-class EncryptionKeyRecord:
-    v: int = attrs.field(validator=f.exactly(1))
-    relay_origin: str = attrs.field(validator=f.relay_origin)
-    address: str = attrs.field(validator=f.address)
-    key_id: str = attrs.field(validator=f.hex32)
-    suite: str = attrs.field(validator=attrs.validators.in_(SUITES))
-    pub: str = attrs.field(validator=f.b64url(43, min_chars=43))  # X25519, 32 bytes
-    epoch: int = attrs.field(validator=f.epoch_number)
-    not_before: int = attrs.field(validator=f.timestamp)
-    not_after: int = attrs.field(validator=f.timestamp)
-    prev: str | None = attrs.field(validator=f.optional(f.hex32))
-
-    def __attrs_post_init__(self) -> None:
-        if not self.not_before < self.not_after <= self.not_before + limits.MAX_KEY_VALIDITY_S:
-            raise ValueError("validity window must be positive and at most 30 days")
-        if (self.epoch == 1) != (self.prev is None):
-            raise ValueError("prev is null exactly at epoch 1")
-
-
-@attrs.frozen
-class SignedEncryptionKeyRecord:
-    record: EncryptionKeyRecord
-    signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
-
-
-@attrs.frozen
-class KeysResponse:
-    identity: SignedIdentityRecord
-    encryption: SignedEncryptionKeyRecord | None = None
 
 
 @attrs.frozen

@@ -20,6 +20,7 @@ from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode
 from agentcall.local.config import Config
 from agentcall.local.home import Home
 from agentcall.local.keystore import LocalKeys, load_keys
+from agentcall.local.statedb import StateDb
 from agentcall.relayurl import RelayUrl
 from agentcall.wire.frames import (
     CallError,
@@ -123,6 +124,14 @@ class Callee:
             now=request.issued_at,
         )
         return CallOutcome(call_id=CALL_ID, terminal="completed", envelope=sealed)
+
+
+def forget_kept_keys(ann: tuple[Home, Config, LocalKeys], address: str) -> None:
+    db = StateDb.open(ann[0])
+    try:
+        db.peer_keys(ORIGIN).forget(address)
+    finally:
+        db.close()
 
 
 @pytest.fixture
@@ -248,6 +257,7 @@ def test_a_changed_identity_is_refused_before_dialling(ann: Any, bob: Party) -> 
     """After a first call pins Bob, a new identity key for him stops the call with the fix."""
     callee = Callee(bob, ann[2], lambda _r: Reply(text="hi"))
     call(ann, FakeDirectory({"bob": served(bob)}), callee)
+    forget_kept_keys(ann, BOB)  # so the second call fetches what the relay serves now
     impostor = make_party(BOB, origin=ORIGIN)
     with pytest.raises(CallRefused) as refused:
         call(ann, FakeDirectory({"bob": served(impostor)}), None)

@@ -149,7 +149,9 @@ def test_a_version_three_database_upgrades_and_keeps_its_rows(
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (4,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (
+            STATE_SCHEMA.newest,
+        )
         assert db.pins.get(ORIGIN, KEN) == _a_pin(ken)
         assert db.connection.execute("SELECT job_id FROM journal").fetchall() == [(OTHER_JOB,)]
         db.sent_jobs(ORIGIN).remember(a_sent_job(ann, ken), NOW)

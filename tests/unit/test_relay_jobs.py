@@ -81,6 +81,7 @@ class Desk:
         caps: MailboxLimits | None = None,
         wrap: Any = None,
         fresh: bool = True,
+        keys: bool = False,
     ) -> None:
         self.clock = clock or Clock()
         if self.clock.seconds() < T0:
@@ -113,6 +114,7 @@ class Desk:
             caps,
             live_call_to=lambda org, handle: self.book.has_call_to(org, handle),
             mint_job_id=lambda: f"00000000-0000-4000-8000-{next(jobs):012d}",
+            keys=self.store if keys else None,
         )
         self.book = CallBook(
             self.clock,
@@ -123,6 +125,7 @@ class Desk:
             ORIGIN,
             mint_call_id=lambda: f"00000000-0000-4000-9000-{next(calls):012d}",
             desk=self.desk,
+            keys=self.store if keys else None,
         )
         self.desk.start()
 

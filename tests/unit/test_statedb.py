@@ -73,7 +73,7 @@ def test_file_is_private_and_in_wal_mode(home: Home, db: StateDb) -> None:
     assert os.stat(home.state_db_path).st_mode & 0o777 == 0o600
     assert os.stat(home.state_dir).st_mode & 0o777 == 0o700
     assert db.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 4)]
+    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 5)]
     db.pins.put(a_pin())
     # SQLite gives its side files the database file's mode.
     for suffix in ("-wal", "-shm"):
@@ -203,15 +203,17 @@ def test_closed_database_raises_store_error(home: Home) -> None:
         db.pins.put(a_pin())
 
 
-def test_the_state_schema_is_at_version_four_with_the_sent_jobs() -> None:
+def test_the_state_schema_is_at_version_five_with_the_kept_peer_keys() -> None:
     """Version 2 added the callee's bindings and the caller's open conversations, version 3 the
-    execution journal of mailbox jobs, version 4 the caller's sent jobs."""
-    assert STATE_SCHEMA.versions() == [1, 2, 3, 4]
-    script = STATE_SCHEMA.full_script(4)
-    for table in ("pins", "replay", "contexts", "contexts_out", "journal", "jobs_out"):
+    execution journal of mailbox jobs, version 4 the caller's sent jobs, version 5 the callees'
+    key records the caller keeps."""
+    assert STATE_SCHEMA.versions() == [1, 2, 3, 4, 5]
+    script = STATE_SCHEMA.full_script(5)
+    for table in ("pins", "replay", "contexts", "contexts_out", "journal", "jobs_out", "peer_keys"):
         assert f"CREATE TABLE {table} (" in script
     assert "CREATE TABLE journal (" not in STATE_SCHEMA.full_script(2)
     assert "CREATE TABLE jobs_out (" not in STATE_SCHEMA.full_script(3)
+    assert "CREATE TABLE peer_keys (" not in STATE_SCHEMA.full_script(4)
 
 
 @pytest.mark.parametrize("start", STATE_SCHEMA.versions())
@@ -245,7 +247,7 @@ def test_a_version_one_database_upgrades_and_keeps_its_rows(home: Home, tmp_path
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (4,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (5,)
         assert db.pins.get(ORIGIN, KEN) == a_pin(highest_epoch=4)
         assert db.replay.keep_until(SENDER, REQUEST) == NOW + 30
         # The new tables work straight away.
@@ -298,7 +300,7 @@ def test_a_version_two_database_upgrades_and_keeps_its_conversations(
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (4,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (5,)
         assert db.contexts.get(binding.context_id) == binding
         assert db.connection.execute("SELECT COUNT(*) FROM journal").fetchone() == (0,)
         assert verifyObject(IJournal, db.journal)

@@ -127,6 +127,7 @@ FRAME_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         envelope=envelopes,
         correlation_id=correlation_ids,
         groups=st.lists(roster_ids, max_size=4).map(tuple),
+        caller_keys=_optional(st.deferred(lambda: keys_responses)),
     ),
     frames.CancelCall: st.builds(frames.CancelCall, call_id=call_ids),
     frames.CallAccepted: st.builds(frames.CallAccepted, call_id=call_ids),
@@ -147,6 +148,7 @@ FRAME_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         envelope=envelopes,
         expires_at=timestamps,
         attempt=st.integers(1, 100),
+        caller_keys=_optional(st.deferred(lambda: keys_responses)),
     ),
     frames.CancelJob: st.builds(frames.CancelJob, job_id=call_ids),
     frames.JobAck: st.builds(frames.JobAck, job_id=call_ids),
@@ -305,6 +307,12 @@ def job_infos(draw: st.DrawFn) -> http.JobInfo:
     )
 
 
+keys_responses: st.SearchStrategy[http.KeysResponse] = st.builds(
+    http.KeysResponse,
+    identity=signed_identity_records,
+    encryption=_optional(signed_encryption_key_records),
+)
+
 HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.ApiErrorBody: st.builds(
         http.ApiErrorBody, error=st.sampled_from(ApiErrorCode), message=texts(500)
@@ -355,11 +363,7 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.SignedIdentityRecord: signed_identity_records,
     http.EncryptionKeyRecord: encryption_key_records(),
     http.SignedEncryptionKeyRecord: signed_encryption_key_records,
-    http.KeysResponse: st.builds(
-        http.KeysResponse,
-        identity=signed_identity_records,
-        encryption=_optional(signed_encryption_key_records),
-    ),
+    http.KeysResponse: keys_responses,
     http.PresenceResponse: st.builds(
         http.PresenceResponse, address=addresses, online=st.booleans()
     ),

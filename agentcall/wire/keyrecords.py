@@ -1,0 +1,65 @@
+"""Published key records: an installation's signed identity and encryption keys.
+
+The same shapes travel in two places: the relay's key routes (``GET /v1/keys/<handle>``, see
+:mod:`agentcall.wire.http`, which re-exports them) and the frames that hand a listener its
+caller's current records (``incoming_call``, ``job_delivery``; :mod:`agentcall.wire.frames`).
+Both import them from here. Whoever receives them verifies them (``agentcall.crypto.pins``);
+the relay that serves them is not trusted for them.
+"""
+
+from __future__ import annotations
+
+import attrs
+
+from agentcall import limits
+from agentcall.wire import fields as f
+
+# Key suites a record may name. A post-quantum hybrid suite can be added as a rotation later.
+SUITE_X25519 = "DHKEM(X25519,HKDF-SHA256)/HKDF-SHA256/ChaCha20-Poly1305"
+SUITES = frozenset({SUITE_X25519})
+
+
+@attrs.frozen
+class IdentityRecord:
+    v: int = attrs.field(validator=f.exactly(1))
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+    address: str = attrs.field(validator=f.address)
+    identity_pub: str = attrs.field(validator=f.b64url(43, min_chars=43))  # Ed25519, 32 bytes
+
+
+@attrs.frozen
+class SignedIdentityRecord:
+    record: IdentityRecord
+    signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
+
+
+@attrs.frozen
+class EncryptionKeyRecord:
+    v: int = attrs.field(validator=f.exactly(1))
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+    address: str = attrs.field(validator=f.address)
+    key_id: str = attrs.field(validator=f.hex32)
+    suite: str = attrs.field(validator=attrs.validators.in_(SUITES))
+    pub: str = attrs.field(validator=f.b64url(43, min_chars=43))  # X25519, 32 bytes
+    epoch: int = attrs.field(validator=f.epoch_number)
+    not_before: int = attrs.field(validator=f.timestamp)
+    not_after: int = attrs.field(validator=f.timestamp)
+    prev: str | None = attrs.field(validator=f.optional(f.hex32))
+
+    def __attrs_post_init__(self) -> None:
+        if not self.not_before < self.not_after <= self.not_before + limits.MAX_KEY_VALIDITY_S:
+            raise ValueError("validity window must be positive and at most 30 days")
+        if (self.epoch == 1) != (self.prev is None):
+            raise ValueError("prev is null exactly at epoch 1")
+
+
+@attrs.frozen
+class SignedEncryptionKeyRecord:
+    record: EncryptionKeyRecord
+    signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
+
+
+@attrs.frozen
+class KeysResponse:
+    identity: SignedIdentityRecord
+    encryption: SignedEncryptionKeyRecord | None = None
