@@ -17,7 +17,7 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from agentcall import limits, strictjson
 from agentcall.errors import MalformedFrame
-from agentcall.wire import frames, http, payloads
+from agentcall.wire import frames, http, local, payloads
 
 T = TypeVar("T")
 
@@ -131,6 +131,9 @@ def _register_frame(cls: type[Any]) -> None:
 
 for _frame_cls in frames.FRAME_TYPES.values():
     _register_frame(_frame_cls)
+# The local socket's lines (agentcall.wire.local) are tagged the same way.
+for _local_cls in local.LOCAL_TYPES.values():
+    _register_frame(_local_cls)
 
 
 # The outcome inside a response is tagged by ``kind``.
@@ -220,13 +223,33 @@ def decode_frame(
     max_bytes: int = limits.MAX_FRAME_BYTES,
 ) -> frames.Frame:
     """Decode one WebSocket frame, optionally only of the types this receiver accepts."""
+    frame: frames.Frame = _decode_tagged(data, frames.FRAME_TYPES, accept, max_bytes)
+    return frame
+
+
+def decode_local(
+    data: bytes | str, accept: Collection[type[Any]], *, max_bytes: int
+) -> local.ToService | local.FromService:
+    """Decode one line of the local socket (:mod:`agentcall.wire.local`) of an accepted type."""
+    line: local.ToService | local.FromService = _decode_tagged(
+        data, local.LOCAL_TYPES, accept, max_bytes
+    )
+    return line
+
+
+def _decode_tagged(
+    data: bytes | str,
+    types: dict[str, type[Any]],
+    accept: Collection[type[Any]] | None,
+    max_bytes: int,
+) -> Any:
     raw = parse_json(data, max_bytes=max_bytes)
     if type(raw) is not dict:
         raise MalformedFrame("a frame is a JSON object")
     frame_type = raw.pop("type", None)
-    if type(frame_type) is not str or frame_type not in frames.FRAME_TYPES:
+    if type(frame_type) is not str or frame_type not in types:
         raise MalformedFrame("unknown frame type")
-    cls = frames.FRAME_TYPES[frame_type]
+    cls = types[frame_type]
     if accept is not None and cls not in accept:
         raise MalformedFrame(f"{frame_type} is not expected here")
     return structure(raw, cls)
