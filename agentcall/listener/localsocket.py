@@ -54,8 +54,19 @@ PeerReader = Callable[[socket.socket], PeerCredentials]
 
 
 class _Port(unix.Port):
-    """An adopted listening socket whose file this module removes itself (only while it is
-    still ours: a newer service may have replaced it), never Twisted on close."""
+    """An adopted listening socket (bound and renamed into place by
+    :func:`~agentcall.local.unixsocket.bind_listening`) whose file this module removes itself,
+    only while it is still ours (a newer service may have replaced it); never Twisted on close.
+    """
+
+    @classmethod
+    def adopt(cls, reactor: Any, sock: socket.socket, path: Path, factory: Any) -> _Port:
+        port: _Port = cls._fromListeningDescriptor(reactor, sock.fileno(), factory)
+        # startListening chmods the bound path to ``mode``: the file's real name (the adopted
+        # socket was bound under a temporary one), and 0600 as it already is, never 0666.
+        port._bindPath = os.fsencode(path)
+        port.mode = 0o600
+        return port
 
     def connectionLost(self, reason: Failure) -> None:
         tcp.Port.connectionLost(self, reason)
@@ -142,6 +153,8 @@ class LocalSession(protocol.Protocol):
 
     def _ended(self, ended: LocalEnded) -> None:
         self._call = None
+        if not self._open:
+            return  # hung up: logged as local_call_hung_up
         _log.info(
             "local_call_ended",
             kind=str(ended.kind),
@@ -153,9 +166,8 @@ class LocalSession(protocol.Protocol):
 
     def _broke(self, failure: Failure) -> None:
         self._call = None
-        if failure.check(defer.CancelledError) and not self._open:
-            _log.info("local_call_ended", kind="hung_up")
-            return
+        if not self._open and failure.check(defer.CancelledError):
+            return  # hung up: logged as local_call_hung_up
         _log.failure("local_call_failed", failure)
         self._failed_locally()
 
@@ -182,7 +194,9 @@ class LocalSession(protocol.Protocol):
         self._server.sessions.discard(self)
         call, self._call = self._call, None
         if was_open and call is not None:
-            # The client hung up (Ctrl-C, SIGTERM, or it died): so does the call.
+            # The client hung up (Ctrl-C, SIGTERM, or it died), or the service is stopping:
+            # the call hangs up too.
+            _log.info("local_call_hung_up")
             call.cancel()
 
     def close(self) -> None:
@@ -237,7 +251,7 @@ class LocalSocketService(service.Service):
             return
         try:
             sock.setblocking(False)
-            port = _Port._fromListeningDescriptor(self._reactor, sock.fileno(), _Factory(self))
+            port = _Port.adopt(self._reactor, sock, self.path, _Factory(self))
             port.startListening()
         except Exception as exc:
             unixsocket.remove_if_ours(self.path, identity)
