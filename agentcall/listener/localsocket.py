@@ -227,8 +227,9 @@ class LocalSocketService(service.Service):
         *,
         read_peer: PeerReader = unixsocket.peer_credentials,
         uid: int | None = None,
+        clock: Any = None,
     ) -> None:
-        self.clock = reactor
+        self.clock = reactor if clock is None else clock
         self._reactor = reactor
         self.path = path
         self.handler = handler
@@ -263,7 +264,7 @@ class LocalSocketService(service.Service):
         self._port, self._identity = port, identity
         _log.info("local_socket_listening", path=str(self.path))
 
-    def stopService(self) -> defer.Deferred[None] | None:
+    def stopService(self) -> defer.Deferred[None]:
         super().stopService()
         port, self._port = self._port, None
         if self._identity is not None:
@@ -272,6 +273,6 @@ class LocalSocketService(service.Service):
         for session in list(self.sessions):
             session.close()
         if port is None:
-            return None
+            return defer.succeed(None)
         stopped: defer.Deferred[None] = defer.maybeDeferred(port.stopListening)
         return stopped
