@@ -50,7 +50,7 @@ def local_calls(svc: ListenerService) -> CallHandler:
 
     def handle(request: LocalCall, send: EventSink) -> defer.Deferred[LocalEnded]:
         def on_status(frame: CallStatus) -> None:
-            send(LocalStatus(frame.state, frame.call_id))
+            send(LocalStatus(str(frame.state), frame.call_id))
 
         def on_note(text: str) -> None:
             send(LocalNote(text))

@@ -26,7 +26,6 @@ import attrs
 from agentcall import limits
 from agentcall.errors import CallErrorCode
 from agentcall.wire import fields as f
-from agentcall.wire.frames import CallState
 
 # What a person may type as TARGET (a contact name, a handle, an address); resolved by the
 # service exactly as the CLI resolves it.
@@ -38,6 +37,16 @@ MIN_TIMEOUT_MS: Final = 1000
 MAX_TIMEOUT_MS: Final = int(limits.CLIENT_CALL_TIMEOUT_S * 1000)
 # A refusal's code: a word for scripts (bad_target, identity_changed, local_error, …).
 REFUSAL_CODE_RE: Final = re.compile(r"[a-z][a-z_]{0,39}\Z")
+
+
+# The states of agentcall.wire.frames.CallState, named again so that the thin CLI need not
+# import every frame (tests/unit/test_wire_local.py keeps the two the same).
+CALL_STATES: Final = ("ringing", "answered", "working")
+
+
+def _call_state(_instance: object, _attribute: Any, value: str) -> None:
+    if type(value) is not str or value not in CALL_STATES:
+        raise ValueError("state: not a call state")
 
 
 class EndKind(enum.StrEnum):
@@ -82,7 +91,7 @@ class LocalStatus:
     """The call's lifecycle as the relay reports it: ringing, answered, working."""
 
     type: ClassVar[str] = "status"
-    state: CallState = attrs.field(converter=CallState)
+    state: str = attrs.field(validator=_call_state)
     call_id: str = attrs.field(validator=f.call_id)
 
 

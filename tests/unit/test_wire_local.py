@@ -80,6 +80,13 @@ def test_every_shape_round_trips(value: object) -> None:
     assert codec.decode_local(data, accept, max_bytes=limits.MAX_LOCAL_EVENT_BYTES) == value
 
 
+def test_the_local_states_are_the_relays_call_states() -> None:
+    from agentcall.wire.frames import CallState
+    from agentcall.wire.local import CALL_STATES
+
+    assert set(CALL_STATES) == {str(state) for state in CallState}
+
+
 def test_the_request_is_the_call_as_typed() -> None:
     decoded = decode_request(request(task="review", **{"continue": True}))
     assert decoded == LocalCall(
