@@ -67,7 +67,13 @@ instead, as calls to owners who have not opted in always do.
 An answer may open a conversation (stderr then says so). For {_TTL_MIN:g} minutes after each
 answer, and for up to {_TURNS} turns, `--continue` sends a follow-up that the agent answers
 with the earlier turns in mind. With conversations open on several tasks of one agent, add
-`--task` to pick one; `--context ID` names a conversation by the id `--json` printed."""
+`--task` to pick one; `--context ID` names a conversation by the id `--json` printed.
+
+When this installation's listener service runs (`agentcall listen`, or the service setup
+installs), the call is handed to it over a private socket in the state directory and placed
+from there, which starts faster; otherwise (caller-only installations, CI) this command dials
+the relay itself. The output and exit status are the same either way. If the service stops
+while it holds your call, this command exits 1 saying so. Ctrl-C hangs up either way."""
 
 EPILOG = """\
 examples:

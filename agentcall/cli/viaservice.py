@@ -7,11 +7,11 @@ Nothing here imports Twisted, autobahn or any crypto: the service holds the keys
 connection and the conversations, and this process only renders what comes back.
 
 :func:`call` returns None when no service is there to take the call (no socket file, a stale
-one left by a killed service, a socket that refuses, one owned by another user): the CLI then
-dials the relay itself. Once the request is handed over, the service owns the call: if it
-stops before saying how the call ended, :class:`ServiceTrouble` says so in one line (the call
-is not placed a second time). Ctrl-C or SIGTERM here closes the connection, which hangs up:
-the service cancels the call.
+one left by a killed service, a socket that refuses, one owned by another user), and when
+``AGENTCALL_RELAY`` names a relay for this run: the CLI then dials the relay itself. Once the
+request is handed over, the service owns the call: if it stops before saying how the call
+ended, :class:`ServiceTrouble` says so in one line (the call is not placed a second time).
+Ctrl-C or SIGTERM here closes the connection, which hangs up: the service cancels the call.
 """
 
 from __future__ import annotations
@@ -90,6 +90,9 @@ def call(request: LocalCall, on_state: StateSink, on_note: NoteSink) -> LocalEnd
     try:
         home = Home.from_environ()
     except LocalStateError:
+        return None
+    if home.relay_override is not None:
+        # AGENTCALL_RELAY names a relay for this run; the service keeps its own.
         return None
     sock = connect(home)
     if sock is None:

@@ -234,3 +234,17 @@ def test_the_thin_path_imports_no_twisted_autobahn_or_crypto(
     assert done.stdout == "fine\n"
     assert stub.requests, "the call did not go through the stub service"
     assert done.stderr.splitlines()[-1] == "IMPORTED="
+
+
+def test_a_relay_named_for_this_run_bypasses_the_service(
+    stub: StubService, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """AGENTCALL_RELAY overrides the relay for one run; the service keeps its own relay, so
+    such a call is placed directly."""
+    monkeypatch.setenv("AGENTCALL_RELAY", "https://other.example")
+    fake = FakeFlow(attrs.evolve(reply("direct"), address="@acme/bob"))
+    monkeypatch.setattr("agentcall.caller.call.place", fake.place)
+    monkeypatch.setattr(call_cli, "run_on_reactor", run_with_clock)
+    code, out, _err = run(capsys, "bob", "hello")
+    assert (code, out) == (0, "direct\n")
+    assert stub.requests == [] and fake.calls
