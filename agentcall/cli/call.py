@@ -472,10 +472,9 @@ def _call_directly(
     from agentcall.cli.main import CommandError
 
     try:
-        _home, config = load_installation()
+        home, config = load_installation()
     except CommandError as exc:
         report.fail("not_set_up", str(exc))
-    home = _home
 
     async def work(reactor: Any) -> LocalEnded:
         start = reactor.seconds()
