@@ -125,3 +125,14 @@ MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request h
 FD_RESERVE = 128  # descriptors kept free under RLIMIT_NOFILE for the database, logs and refusals
 REGISTER_PER_MINUTE = 30  # POST /v1/register attempts per source address (bucket size and rate)
 AUTH_FAILURES_PER_MINUTE = 20  # failed authentications per source address before 429
+
+# The service's local socket (a thin `agentcall call` hands its call to the running service).
+# A request line holds at most one message, JSON-escaped (x6 in the worst case), and a little.
+MAX_LOCAL_REQUEST_BYTES = MAX_MESSAGE_BYTES * 6 + 4_096
+# An event line: the final one holds a reply, JSON-escaped, and the rest of the outcome.
+MAX_LOCAL_EVENT_BYTES = MAX_REPLY_BYTES * 6 + 64 * 1024
+LOCAL_REQUEST_TIMEOUT_S = 10.0  # a client that connects must send its request within this
+LOCAL_MAX_CLIENTS = 32  # connections the service serves at once; more are closed at once
+LOCAL_CONNECT_TIMEOUT_S = 2.0  # the CLI gives up on a service that does not accept
+# The CLI waits this much beyond its --timeout for the service to report how the call ended.
+LOCAL_RESULT_MARGIN_S = 30.0

@@ -6,8 +6,11 @@ Measures, each N times as subprocesses (what a person or an agent pays per invoc
 - `agentcall call @bench/ken "..."` against a local relay and listener whose agent is an
   instant `command` (`sh -c 'cat >/dev/null; echo instant'`), so the figure is AgentCall's own
   overhead: process start, key load, relay round trips, sealing, the listener's spawn.
+- with ``--via-service``, also `agentcall call` from ken's own installation, whose running
+  listener service takes the call over its local socket (the thin path: no Twisted or crypto
+  in the CLI process); ken calls himself, so the same instant agent answers.
 
-Run: .venv/bin/python bench/cli_bench.py [--runs 20]
+Run: .venv/bin/python bench/cli_bench.py [--runs 20] [--via-service]
 """
 
 from __future__ import annotations
@@ -87,6 +90,11 @@ def cpu_model() -> str:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--runs", type=int, default=20)
+    parser.add_argument(
+        "--via-service",
+        action="store_true",
+        help="also time a call handed to the running listener service (the thin path)",
+    )
     args = parser.parse_args()
     agentcall = [sys.executable, "-m", "agentcall"]
     results: dict[str, object] = {
@@ -196,6 +204,11 @@ def main() -> int:
             call = [*agentcall, "call", "@bench/ken", "instant question"]
             timed(call, env_for(ann), 1)  # first contact pins keys; not part of the figure
             results["agentcall_call_instant_agent"] = summary(timed(call, env_for(ann), args.runs))
+            if args.via_service:
+                timed(call, env_for(ken), 1)  # ken pins his own keys
+                results["agentcall_call_via_service"] = summary(
+                    timed(call, env_for(ken), args.runs)
+                )
         finally:
             for child in reversed(children):
                 child.send_signal(signal.SIGTERM)

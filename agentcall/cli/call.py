@@ -25,17 +25,15 @@ import sys
 from collections.abc import Callable, Coroutine
 from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
-import attrs
-
 from agentcall import ids, limits
 
 if TYPE_CHECKING:
     from agentcall.caller.call import CallResult
-    from agentcall.caller.outbound import Continuation, Settled
     from agentcall.client.api import RelayApi
     from agentcall.local.config import Config
     from agentcall.local.home import Home
     from agentcall.wire.frames import CallStatus
+    from agentcall.wire.local import LocalEnded
 
 T = TypeVar("T")
 
@@ -69,7 +67,13 @@ instead, as calls to owners who have not opted in always do.
 An answer may open a conversation (stderr then says so). For {_TTL_MIN:g} minutes after each
 answer, and for up to {_TURNS} turns, `--continue` sends a follow-up that the agent answers
 with the earlier turns in mind. With conversations open on several tasks of one agent, add
-`--task` to pick one; `--context ID` names a conversation by the id `--json` printed."""
+`--task` to pick one; `--context ID` names a conversation by the id `--json` printed.
+
+When this installation's listener service runs (`agentcall listen`, or the service setup
+installs), the call is handed to it over a private socket in the state directory and placed
+from there, which starts faster; otherwise (caller-only installations, CI) this command dials
+the relay itself. The output and exit status are the same either way. If the service stops
+while it holds your call, this command exits 1 saying so. Ctrl-C hangs up either way."""
 
 EPILOG = """\
 examples:
@@ -275,81 +279,101 @@ class Reporter:
             print(safe_json(body))
         raise CommandError(message, exit_code)
 
-    def queued(self, result: CallResult) -> int:
+    def result(self, result: CallResult, task: str | None, *, ended: bool = False) -> int:
+        """Print ``result``; ``ended``: the conversation it continued is over (context_unknown)."""
+        from agentcall.caller.callflow import ended_from_result
+
+        return self.ended(ended_from_result(result, task, ended=ended))
+
+    def ended(self, outcome: LocalEnded) -> int:
+        """Print how a call ended (from either path: the service, or a direct call); exit 0 on
+        an answer or a queued job, else CommandError with the one-line reason."""
+        from agentcall.wire.local import EndKind
+
+        self.address = outcome.address
+        if outcome.conversation_note is not None:
+            print(f"agentcall: {outcome.conversation_note}", file=sys.stderr, flush=True)
+        if outcome.kind is EndKind.QUEUED:
+            return self._queued(outcome)
+        if outcome.kind is EndKind.ANSWER:
+            return self._answer(outcome)
+        if outcome.kind is EndKind.REFUSED:
+            self.fail(str(outcome.code), str(outcome.message))
+        self._failed(outcome)
+
+    def _queued(self, outcome: LocalEnded) -> int:
         """A call the relay kept as a job: its id and how to fetch the answer; exit 0."""
         from agentcall.cli.render import safe_json
 
-        if result.job is None:
+        if outcome.job_id is None or outcome.expires_at is None:
             raise ValueError("not a queued result")
-        job = result.job
         if self.as_json:
             body: dict[str, object] = {
                 "ok": True,
                 "queued": True,
-                "job_id": job.job_id,
-                "address": result.address,
-                "expires_at": job.expires_at,
+                "job_id": outcome.job_id,
+                "address": outcome.address,
+                "expires_at": outcome.expires_at,
             }
             print(safe_json(body))
         else:
-            print(f"queued as job {job.job_id} (kept until {when(job.expires_at)})")
+            print(f"queued as job {outcome.job_id} (kept until {when(outcome.expires_at)})")
             print(
-                f"fetch the answer: agentcall jobs get {result.address} {job.job_id} "
+                f"fetch the answer: agentcall jobs get {outcome.address} {outcome.job_id} "
                 f"--wait {SUGGESTED_WAIT_S}"
             )
         print(
-            f"agentcall: {result.address} is offline or busy; the relay keeps your call until "
+            f"agentcall: {outcome.address} is offline or busy; the relay keeps your call until "
             "their agent takes it",
             file=sys.stderr,
             flush=True,
         )
         return 0
 
-    def result(self, result: CallResult, task: str | None, *, ended: bool = False) -> int:
-        """Print ``result``; ``ended``: the conversation it continued is over (context_unknown)."""
-        from agentcall.cli.render import describe_error, safe_cell, safe_json, safe_text
+    def _answer(self, outcome: LocalEnded) -> int:
+        from agentcall.cli.render import safe_json, safe_text
 
-        if result.job is not None:
-            return self.queued(result)
-        if result.reply is not None:
-            answered_task = result.reply.task or task
-            if self.as_json:
-                body: dict[str, object] = {
-                    "ok": True,
-                    "address": result.address,
-                    "call_id": result.call_id,
-                    # Cleaned here too, not only by the callee: `jq -r .text` prints the
-                    # decoded string raw, and the callee may be an older or hostile version.
-                    "text": safe_text(result.reply.text),
-                    "task": answered_task,
-                }
-                if result.reply.context_id is not None:
-                    body["context_id"] = result.reply.context_id
-                body.update(self.extra)
-                print(safe_json(body))
-            else:
-                text = safe_text(result.reply.text)
-                sys.stdout.write(text if text.endswith("\n") else text + "\n")
-            return 0
-        if result.code is None:
-            raise ValueError("a CallResult without a reply must carry a code")
-        message = describe_error(result.code)
-        if ended:
+        text = safe_text(outcome.text or "")
+        if self.as_json:
+            body: dict[str, object] = {
+                "ok": True,
+                "address": outcome.address,
+                "call_id": outcome.call_id,
+                # Cleaned here too, not only by the callee: `jq -r .text` prints the
+                # decoded string raw, and the callee may be an older or hostile version.
+                "text": text,
+                "task": outcome.task,
+            }
+            if outcome.context_id is not None:
+                body["context_id"] = outcome.context_id
+            body.update(self.extra)
+            print(safe_json(body))
+        else:
+            sys.stdout.write(text if text.endswith("\n") else text + "\n")
+        return 0
+
+    def _failed(self, outcome: LocalEnded) -> NoReturn:
+        from agentcall.cli.render import describe_error, safe_cell
+        from agentcall.errors import CallErrorCode
+
+        code = CallErrorCode(str(outcome.code))
+        message = describe_error(code)
+        if outcome.ended:
             message = (
-                f"That conversation with {result.address} has ended (it expired, reached its "
+                f"That conversation with {outcome.address} has ended (it expired, reached its "
                 "turn limit, or the agent no longer knows it); start a new call without "
                 "--continue or --context."
             )
-        if result.detail:
-            detail = safe_cell(result.detail)
+        if outcome.detail:
+            detail = safe_cell(outcome.detail)
             if len(detail) > MAX_DETAIL_SHOWN:
                 detail = detail[: MAX_DETAIL_SHOWN - 1] + "…"
             message += f" ({detail})"
-        if result.offered:
-            message += " Tasks offered to you: " + ", ".join(result.offered) + "."
+        if outcome.offered:
+            message += " Tasks offered to you: " + ", ".join(outcome.offered) + "."
         # The code too, so people can search for it and scripts can match it.
-        message += f" [{result.code}]"
-        self.fail(str(result.code), message, result.call_id)
+        message += f" [{code}]"
+        self.fail(str(code), message, outcome.call_id)
 
 
 class _Progress:
@@ -378,19 +402,7 @@ class _Progress:
             self._open = False
 
 
-@attrs.frozen
-class _Done:
-    result: CallResult
-    sent: Continuation | None
-    settled: Settled | None
-    trouble: str | None  # why the open conversations could not be updated
-
-
-def run(args: argparse.Namespace) -> int:
-    from agentcall.cli.main import CommandError
-
-    report = Reporter(args.json)
-    refuse_nested(report)
+def _message_or_fail(args: argparse.Namespace, report: Reporter) -> str:
     raw = _read_message(args.message)
     if len(raw) > limits.MAX_MESSAGE_BYTES:
         size = f"more than {limits.MAX_MESSAGE_BYTES}" if args.message == ["-"] else len(raw)
@@ -404,93 +416,85 @@ def run(args: argparse.Namespace) -> int:
         report.fail("bad_request", "the message is not valid UTF-8 text")
     if not message.strip():
         report.fail("bad_request", "the message is empty")
+    return message
 
-    from agentcall.caller import call as caller
-    from agentcall.caller import outbound
-    from agentcall.errors import AgentCallError
-    from agentcall.local.contacts import ContactBook
-    from agentcall.local.home import LocalStateError
-    from agentcall.local.keystore import load_keys
 
-    try:
-        home, config = load_installation()
-    except CommandError as exc:
-        report.fail("not_set_up", str(exc))
-    try:
-        address = ContactBook(home).resolve(args.target, config.org)
-    except LocalStateError as exc:
-        report.fail("bad_target", str(exc))
-    report.address = address
-    try:
-        keys = load_keys(home)
-    except LocalStateError as exc:
-        report.fail("local_error", str(exc))
+def run(args: argparse.Namespace) -> int:
+    from agentcall.cli import viaservice
+    from agentcall.wire.local import LocalCall
 
+    report = Reporter(args.json)
+    refuse_nested(report)
+    message = _message_or_fail(args, report)
     progress = _Progress()
 
     def on_note(text: str) -> None:
         progress.end()
         print(f"agentcall: warning: {text}", file=sys.stderr, flush=True)
 
-    async def work(reactor: Any) -> _Done:
-        start = reactor.seconds()
-        sent: Continuation | None = None
-        if args.continue_ or args.context is not None:
-            sent = outbound.load_continuation(
-                home,
-                config.relay_origin,
-                peer=address,
-                task=args.task,
-                use_continue=args.continue_,
-                context_id=args.context,
-                now=start,
-            )
-
-        def on_status(frame: CallStatus) -> None:
-            progress.state(str(frame.state), reactor.seconds() - start)
-
-        result = await caller.place(
-            reactor,
-            home,
-            config,
-            keys,
-            address,
-            message,
-            args.task if sent is None else sent.task,
-            on_status,
-            timeout_s=args.timeout,
-            on_note=on_note,
-            context_id=None if sent is None else sent.context_id,
-            queue=args.queue,
-        )
-        if sent is None and (result.reply is None or result.reply.context_id is None):
-            return _Done(result, sent, None, None)
-        try:
-            settled = outbound.record_outcome(
-                home,
-                config.relay_origin,
-                peer=address,
-                sent=sent,
-                task=args.task,
-                reply=result.reply,
-                code=result.code,
-                now=reactor.seconds(),
-            )
-        except AgentCallError as exc:
-            return _Done(result, sent, None, str(exc))
-        return _Done(result, sent, settled, None)
-
     try:
-        done = run_on_reactor(work)
-    except (caller.CallRefused, outbound.ConversationError) as exc:
+        request = LocalCall(
+            target=args.target,
+            message=message,
+            task=args.task,
+            continue_=args.continue_,
+            context_id=args.context,
+            queue=args.queue,
+            timeout_ms=round(args.timeout * 1000),
+        )
+    except ValueError:
+        # Nothing the service could take (a TARGET longer than any name): the direct path
+        # words the refusal as it always has.
+        request = None
+    # Through the running service when there is one (no Twisted, no crypto in this process),
+    # else dialling the relay from here.
+    try:
+        outcome = None if request is None else viaservice.call(request, progress.state, on_note)
+        if outcome is None:
+            outcome = _call_directly(args, message, report, progress.state, on_note)
+    except viaservice.ServiceTrouble as exc:
+        progress.end()
         report.fail(exc.code, str(exc))
     finally:
         progress.end()
-    if done.trouble is not None:
-        on_note(f"could not update your open conversations: {done.trouble}")
-    note = None if done.settled is None else done.settled.note(address)
-    if note is not None:
-        print(f"agentcall: {note}", file=sys.stderr, flush=True)
-    task = args.task if done.sent is None else done.sent.task
-    ended = done.settled is not None and done.settled.ended
-    return report.result(done.result, task, ended=ended)
+    return report.ended(outcome)
+
+
+def _call_directly(
+    args: argparse.Namespace,
+    message: str,
+    report: Reporter,
+    on_state: Callable[[str, float], None],
+    on_note: Callable[[str], None],
+) -> LocalEnded:
+    """The call placed from this process: keys, the relay's API and a socket of its own."""
+    from agentcall.caller import callflow
+    from agentcall.cli.main import CommandError
+
+    try:
+        home, config = load_installation()
+    except CommandError as exc:
+        report.fail("not_set_up", str(exc))
+
+    async def work(reactor: Any) -> LocalEnded:
+        start = reactor.seconds()
+
+        def on_status(frame: CallStatus) -> None:
+            on_state(str(frame.state), reactor.seconds() - start)
+
+        return await callflow.run_call(
+            reactor,
+            home,
+            config,
+            on_status,
+            on_note,
+            target=args.target,
+            message=message,
+            task=args.task,
+            use_continue=args.continue_,
+            context_id=args.context,
+            queue=args.queue,
+            timeout_s=args.timeout,
+        )
+
+    return run_on_reactor(work)

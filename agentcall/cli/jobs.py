@@ -43,6 +43,9 @@ you fetch it. A job and its answer are kept at most {limits.MAILBOX_TTL_S / 3600
   get     one job's state; once answered, its answer exactly as `agentcall call` prints it
   cancel  cancel a job you sent (a running one is stopped like a live call; waits until it has)
 
+Unlike `agentcall call`, these always talk to the relay from this process, whether or not
+the listener service runs.
+
 States: queued, delivered, running (pending); answered, failed (with a reason:
 delivery_failed, indeterminate_execution, revoked, rejected), cancelled, expired.
 

@@ -1,6 +1,6 @@
 """``agentcall listen``: run the listener in the foreground, as ``twistd -n agentcall-listen``.
 
-It is the very service the twistd plugin builds (``agentcall.listener.tap.makeService``), run
+It is the very service the twistd plugin builds (``agentcall.compose.listen.makeService``), run
 on the real reactor until SIGTERM or SIGINT. Log lines go to stdout, which the systemd unit
 appends to listener.log.
 
@@ -60,8 +60,8 @@ def run(args: argparse.Namespace) -> int:
     from twisted.python import usage
 
     from agentcall.cli.main import CommandError
+    from agentcall.compose import listen as tap
     from agentcall.errors import AgentCallError
-    from agentcall.listener import tap
 
     try:
         options = tap.Options()

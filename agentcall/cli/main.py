@@ -65,7 +65,9 @@ class CommandError(Exception):
         self.exit_code = exit_code
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, just that command's arguments are filled in
+    (the others are listed by name and summary), so running one command imports one module."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -82,6 +84,9 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument("--version", action="version", version=f"agentcall {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
+        if only is not None and name != only:
+            sub.add_parser(name, help=summary)
+            continue
         module = importlib.import_module(module_name)
         command = sub.add_parser(
             name,
@@ -141,7 +146,8 @@ def _main(args_list: list[str]) -> int:
         # Short-lived commands skip autobahn's native helpers: compiling them costs ~50 ms of
         # every start, and their speed matters only to long-running sockets (the listener).
         os.environ.setdefault("AUTOBAHN_USE_NVX", "0")
-    parser = build_parser()
+    # `agentcall call …` needs call's arguments only; anything else gets the whole parser.
+    parser = build_parser(args_list[0] if args_list[:1] and args_list[0] in COMMANDS else None)
     args = parser.parse_args(args_list)
     if not getattr(args, "_module", None):
         parser.print_help()

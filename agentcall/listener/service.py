@@ -44,6 +44,7 @@ from agentcall.listener.connection import RelayConnection, RelayLink, RelaySetti
 from agentcall.listener.contexts import Conversations
 from agentcall.listener.core import CallPipeline
 from agentcall.listener.effects import Effects
+from agentcall.listener.localsocket import CallHandler, LocalSocketService
 from agentcall.listener.mailboxdesk import MailboxDesk
 from agentcall.listener.outgoing import OutgoingCalls
 from agentcall.listener.planning import GuardSetup
@@ -128,10 +129,21 @@ def _check_admission(load: Callable[[], AdmissionInputs]) -> None:
         )
 
 
+# Given the service, what placing a thin client's call means (agentcall.compose.listen).
+LocalCallsFactory = Callable[["ListenerService"], CallHandler]
+
+
 def make_listener_service(
-    reactor: Any, environ: Mapping[str, str], *, test_ceiling: bool = False
+    reactor: Any,
+    environ: Mapping[str, str],
+    *,
+    test_ceiling: bool = False,
+    local_calls: LocalCallsFactory | None = None,
 ) -> ListenerService:
     """Check the installation named by ``environ`` and build its listener service.
+
+    With ``local_calls``, the service also serves thin ``agentcall call`` processes on its
+    local socket (:mod:`agentcall.listener.localsocket`) and places their calls with it.
 
     :raises ListenerStartError: with a one-line reason, when it must not start.
     """
@@ -162,7 +174,15 @@ def make_listener_service(
     except AgentCallError as exc:
         raise ListenerStartError(str(exc)) from None
     return ListenerService(
-        reactor, home, environ, config, keys, db=db, api=api, load_admission=load_admission
+        reactor,
+        home,
+        environ,
+        config,
+        keys,
+        db=db,
+        api=api,
+        load_admission=load_admission,
+        local_calls=local_calls,
     )
 
 
@@ -185,6 +205,7 @@ class ListenerService(service.MultiService):
         db: StateDb,
         api: RelayApi,
         load_admission: Callable[[], AdmissionInputs],
+        local_calls: LocalCallsFactory | None = None,
     ) -> None:
         super().__init__()
         self._reactor = reactor
@@ -229,6 +250,35 @@ class ListenerService(service.MultiService):
         )
         self.connection.setServiceParent(self)
         internet.TimerService(KEY_CHECK_INTERVAL_S, self._check_keys).setServiceParent(self)
+        # How this installation's own outgoing calls reach the relay (thin clients' calls,
+        # placed by the local socket's handler): on this service's own relay socket, several at
+        # once, or on a socket of their own while it is down. Same shape as
+        # agentcall.client.ws.place_call.
+        self.call_dial: Callable[..., Any] = self.outgoing.dial
+        self.local: LocalSocketService | None = None
+        if local_calls is not None:
+            self.local = LocalSocketService(reactor, home.service_socket_path, local_calls(self))
+            self.local.setServiceParent(self)
+
+    # --- what the local socket's calls are placed with --------------------------------------
+
+    @property
+    def reactor(self) -> Any:
+        return self._reactor
+
+    @property
+    def home(self) -> Home:
+        return self._home
+
+    @property
+    def config(self) -> Config:
+        """config.json as the relay connection last loaded it."""
+        return self._config
+
+    @property
+    def api(self) -> RelayApi:
+        """The relay's HTTP API as this installation (rebuilt when the settings change)."""
+        return self._api
 
     # --- effects ----------------------------------------------------------------------------
 
@@ -336,6 +386,9 @@ class ListenerService(service.MultiService):
         if not self.running:
             self._closed(None)
             return defer.succeed(None)
+        if self.local is not None:
+            # First, so a thin client waiting on a call hears at once that it is over.
+            self.local.stopService()
         grace = self._config.kill_grace_s + STOP_MARGIN_S
         stopping = self.core.shutdown(grace)
         stopping.addBoth(lambda _: super(ListenerService, self).stopService())

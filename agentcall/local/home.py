@@ -136,6 +136,13 @@ class Home:
     def listener_log_path(self) -> Path:
         return self.state_dir / "listener.log"
 
+    @property
+    def service_socket_path(self) -> Path:
+        """The running service's private UNIX socket (0600), where a thin ``agentcall call``
+        hands its call over (:mod:`agentcall.listener.localsocket`). Its path may be longer than
+        a socket address allows: reach it through :func:`agentcall.local.unixsocket.short_name`."""
+        return self.state_dir / "service.sock"
+
     def private_paths(self) -> tuple[Path, ...]:
         """Every file in the state directory that must be 0600 when it exists.
 

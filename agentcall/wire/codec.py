@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import json
 from collections.abc import Collection
-from typing import Any, TypeVar, get_args, get_origin
+from types import UnionType
+from typing import TYPE_CHECKING, Any, TypeVar, Union, get_args, get_origin
 
 import attrs
 import cattrs
@@ -17,7 +18,9 @@ from cattrs.gen import make_dict_structure_fn, make_dict_unstructure_fn, overrid
 
 from agentcall import limits, strictjson
 from agentcall.errors import MalformedFrame
-from agentcall.wire import frames, http, keyrecords, payloads
+
+if TYPE_CHECKING:
+    from agentcall.wire import frames, local
 
 T = TypeVar("T")
 
@@ -69,9 +72,34 @@ def _structure_variadic_tuple(value: Any, tp: Any) -> tuple[Any, ...]:
 converter.register_structure_hook_func(_is_variadic_tuple, _structure_variadic_tuple)
 
 
-def _register(cls: type[Any]) -> None:
-    """Map ``from_`` to the wire name ``from``; refuse unknown keys; keep the frame ``type``."""
-    renames: dict[str, Any] = {
+# Every attrs class of these modules is a wire shape. Their hooks are made the first time a
+# shape is encoded or decoded, not at import: a process pays only for the shapes it uses (the
+# thin `agentcall call` uses a handful), and a container's hook asks for its fields' hooks as it
+# is made, so no registration order matters.
+_WIRE_MODULES = frozenset(
+    {
+        "agentcall.wire.frames",
+        "agentcall.wire.http",
+        "agentcall.wire.keyrecords",
+        "agentcall.wire.payloads",
+        "agentcall.wire.local",
+    }
+)
+
+
+def _tag(cls: type[Any], name: str) -> str | None:
+    """A ClassVar tag (a frame's ``type``, an outcome's ``kind``); not a field of that name."""
+    value = cls.__dict__.get(name)
+    return value if isinstance(value, str) else None
+
+
+def _is_wire_shape(tp: Any) -> bool:
+    return isinstance(tp, type) and attrs.has(tp) and tp.__module__ in _WIRE_MODULES
+
+
+def _overrides(cls: type[Any]) -> dict[str, Any]:
+    """Map ``from_`` to the wire name ``from``; leave a later field out while at its default."""
+    return {
         a.name: override(
             rename=a.name.rstrip("_") if a.name.endswith("_") else None,
             omit_if_default=bool(a.metadata.get(OMIT_IF_DEFAULT)),
@@ -79,94 +107,74 @@ def _register(cls: type[Any]) -> None:
         for a in attrs.fields(cls)
         if a.name.endswith("_") or a.metadata.get(OMIT_IF_DEFAULT)
     }
-    structure = make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True, **renames)
-    unstructure = make_dict_unstructure_fn(cls, converter, **renames)
+
+
+def _structure_hook(cls: type[Any]) -> Any:
+    """Refuse anything but an object, and unknown keys."""
+    structure = make_dict_structure_fn(
+        cls, converter, _cattrs_forbid_extra_keys=True, **_overrides(cls)
+    )
 
     def _structure(value: Any, _type: Any) -> Any:
         if type(value) is not dict:
             raise TypeError(f"expected an object for {cls.__name__}")
         return structure(value, cls)
 
-    converter.register_structure_hook(cls, _structure)
-    converter.register_unstructure_hook(cls, unstructure)
+    return _structure
 
 
-# Nested classes before the classes that hold them (see the note at SignedResponse below).
-for _cls in (
-    frames.SealedEnvelope,
-    payloads.RequestPayload,
-    payloads.SignedRequest,
-    http.ApiErrorBody,
-    http.StatusResponse,
-    http.RegisterRequest,
-    http.RegisterResponse,
-    http.WhoAmIResponse,
-    http.InviteCreateRequest,
-    http.InviteInfo,
-    http.InviteCreated,
-    http.InviteList,
-    keyrecords.IdentityRecord,
-    keyrecords.SignedIdentityRecord,
-    keyrecords.EncryptionKeyRecord,
-    keyrecords.SignedEncryptionKeyRecord,
-    keyrecords.KeysResponse,
-    http.PresenceResponse,
-    http.OfflineDelivery,
-    http.JobInfo,
-    http.JobList,
-):
-    _register(_cls)
+def _unstructure_hook(cls: type[Any]) -> Any:
+    """Frames (and local lines) carry their ``type``, outcomes their ``kind``: encode adds it,
+    decode dispatches on it."""
+    base = make_dict_unstructure_fn(cls, converter, **_overrides(cls))
+    for name in ("type", "kind"):
+        tag = _tag(cls, name)
+        if tag is not None:
+
+            def _tagged(value: Any, _name: str = name, _tag: str = tag) -> dict[str, Any]:
+                return {_name: _tag, **base(value)}
+
+            return _tagged
+    return base
 
 
-# Frames carry their type as a ClassVar: encode adds it, decode dispatches on it.
-def _register_frame(cls: type[Any]) -> None:
-    _register(cls)
-    base_unstructure = converter.get_unstructure_hook(cls)
-
-    def _unstructure(value: Any) -> dict[str, Any]:
-        return {"type": cls.type, **base_unstructure(value)}
-
-    converter.register_unstructure_hook(cls, _unstructure)
+converter.register_structure_hook_factory(_is_wire_shape, _structure_hook)
+converter.register_unstructure_hook_factory(_is_wire_shape, _unstructure_hook)
 
 
-for _frame_cls in frames.FRAME_TYPES.values():
-    _register_frame(_frame_cls)
+# The outcome inside a response (payloads.Outcome, a union) is tagged by ``kind``.
+def _is_outcome(tp: Any) -> bool:
+    args = get_args(tp)
+    return (
+        get_origin(tp) in (Union, UnionType)
+        and len(args) > 1
+        and all(
+            _is_wire_shape(a) and a.__module__ == "agentcall.wire.payloads" and _tag(a, "kind")
+            for a in args
+        )
+    )
 
 
-# The outcome inside a response is tagged by ``kind``.
-def _unstructure_outcome(value: payloads.Outcome) -> dict[str, Any]:
-    body = make_dict_unstructure_fn(type(value), converter)(value)
-    return {"kind": value.kind, **body}
+def _outcome_hook(tp: Any) -> Any:
+    kinds: dict[str, type[Any]] = {str(_tag(cls, "kind")): cls for cls in get_args(tp)}
+    structurers = {
+        kind: make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
+        for kind, cls in kinds.items()
+    }
+
+    def _structure_outcome(value: Any, _type: Any) -> Any:
+        if type(value) is not dict:
+            raise TypeError("expected an outcome object")
+        body = dict(value)
+        kind = body.pop("kind", None)
+        if type(kind) is not str or kind not in kinds:
+            raise ValueError("unknown outcome kind")
+        return structurers[kind](body, kinds[kind])
+
+    return _structure_outcome
 
 
-_OUTCOME_KINDS: dict[str, type[payloads.Outcome]] = {
-    payloads.Reply.kind: payloads.Reply,
-    payloads.CallFailure.kind: payloads.CallFailure,
-}
-_outcome_structurers = {
-    kind: make_dict_structure_fn(cls, converter, _cattrs_forbid_extra_keys=True)
-    for kind, cls in _OUTCOME_KINDS.items()
-}
-
-
-def _structure_outcome(value: Any, _type: Any) -> payloads.Outcome:
-    if type(value) is not dict:
-        raise TypeError("expected an outcome object")
-    body = dict(value)
-    kind = body.pop("kind", None)
-    if type(kind) is not str or kind not in _OUTCOME_KINDS:
-        raise ValueError("unknown outcome kind")
-    result: payloads.Outcome = _outcome_structurers[kind](body, _OUTCOME_KINDS[kind])
-    return result
-
-
-for _outcome_cls in (payloads.Reply, payloads.CallFailure):
-    converter.register_unstructure_hook(_outcome_cls, _unstructure_outcome)
-converter.register_structure_hook(payloads.Outcome, _structure_outcome)
-# Order matters: the generated functions capture the hooks of nested classes when they are
-# made, so a container is registered only after everything it holds.
-_register(payloads.ResponsePayload)
-_register(payloads.SignedResponse)
+converter.register_structure_hook_factory(_is_outcome, _outcome_hook)
 
 
 # --- JSON text -------------------------------------------------------------------------------
@@ -220,13 +228,37 @@ def decode_frame(
     max_bytes: int = limits.MAX_FRAME_BYTES,
 ) -> frames.Frame:
     """Decode one WebSocket frame, optionally only of the types this receiver accepts."""
+    from agentcall.wire import frames
+
+    frame: frames.Frame = _decode_tagged(data, frames.FRAME_TYPES, accept, max_bytes)
+    return frame
+
+
+def decode_local(
+    data: bytes | str, accept: Collection[type[Any]], *, max_bytes: int
+) -> local.ToService | local.FromService:
+    """Decode one line of the local socket (:mod:`agentcall.wire.local`) of an accepted type."""
+    from agentcall.wire import local
+
+    line: local.ToService | local.FromService = _decode_tagged(
+        data, local.LOCAL_TYPES, accept, max_bytes
+    )
+    return line
+
+
+def _decode_tagged(
+    data: bytes | str,
+    types: dict[str, type[Any]],
+    accept: Collection[type[Any]] | None,
+    max_bytes: int,
+) -> Any:
     raw = parse_json(data, max_bytes=max_bytes)
     if type(raw) is not dict:
         raise MalformedFrame("a frame is a JSON object")
     frame_type = raw.pop("type", None)
-    if type(frame_type) is not str or frame_type not in frames.FRAME_TYPES:
+    if type(frame_type) is not str or frame_type not in types:
         raise MalformedFrame("unknown frame type")
-    cls = frames.FRAME_TYPES[frame_type]
+    cls = types[frame_type]
     if accept is not None and cls not in accept:
         raise MalformedFrame(f"{frame_type} is not expected here")
     return structure(raw, cls)

@@ -49,7 +49,10 @@ def test_the_newer_listener_keeps_the_identity_and_the_older_stops_for_good(
 ) -> None:
     first = start_agentcall_listen(world.ken)
     twin = Install("ken-twin", world.root / "ken-twin", world.relay.ca_file)
-    shutil.copytree(world.ken.home, twin.home, symlinks=True)
+    # Not the running service's socket: a copy of a live UNIX socket means nothing.
+    shutil.copytree(
+        world.ken.home, twin.home, symlinks=True, ignore=shutil.ignore_patterns("service.sock")
+    )
     twin.set_scenario("happy")
     twin.start_listener()
     try:

@@ -13,15 +13,15 @@ from twisted.internet.testing import MemoryReactorClock
 from agentcall import service_unit
 from agentcall.cli.listen import EXIT_REPLACED
 from agentcall.cli.main import main
+from agentcall.compose import listen as tap
 from agentcall.errors import AgentCallError
-from agentcall.listener import tap
 from agentcall.listener.service import make_listener_service
 from agentcall.local.home import Home
 from tests.unit.test_listener_core import fired, install
 
 REPO = Path(__file__).resolve().parents[2]
 
-# A stand-in for agentcall.listener.tap, installed before `agentcall listen` imports it.
+# A stand-in for agentcall.compose.listen, installed before `agentcall listen` imports it.
 FAKE_TAP = """
 import sys, types
 from twisted.application import service
@@ -48,10 +48,10 @@ class Recorder(service.Service):
         print("STOPPED", flush=True)
         return super().stopService()
 
-fake = types.ModuleType("agentcall.listener.tap")
+fake = types.ModuleType("agentcall.compose.listen")
 fake.Options = Options
 fake.makeService = lambda options: Recorder()
-sys.modules["agentcall.listener.tap"] = fake
+sys.modules["agentcall.compose.listen"] = fake
 from agentcall.cli.main import main
 sys.exit(main(["listen"]))
 """

@@ -163,3 +163,32 @@ def test_the_relay_imports_neither_the_client_nor_the_listener() -> None:
         if any(module == f or module.startswith(f + ".") for f in forbidden)
     ]
     assert leaks == []
+
+
+def test_the_three_roles_are_peers() -> None:
+    """No module of caller/, listener/ or relay/ imports one of another role, even lazily: a
+    program that needs two of them is composed above them (compose/, cli/). (local/statedb.py,
+    which opens every store of state.sqlite, is below all three and reaches both clients.)"""
+    roles = ("agentcall.caller", "agentcall.listener", "agentcall.relay")
+
+    def role(module: str) -> str | None:
+        return next((r for r in roles if module == r or module.startswith(r + ".")), None)
+
+    leaks = [
+        f"{e.source} -> {e.target} (line {e.line})"
+        for e in import_edges()
+        if role(e.source) is not None and role(e.target) not in (None, role(e.source))
+    ]
+    assert leaks == []
+
+
+def test_the_thin_call_path_reaches_no_twisted_module_of_ours() -> None:
+    """The thin client of `agentcall call` reaches none of the modules that pull in Twisted,
+    autobahn or crypto (a subprocess test checks sys.modules of the real thing)."""
+    heavy = ("agentcall.client", "agentcall.crypto", "agentcall.caller", "agentcall.listener")
+    leaks = [
+        " -> ".join(path)
+        for module, path in sorted(reachable(import_edges(), "agentcall.cli.viaservice").items())
+        if any(module == h or module.startswith(h + ".") for h in heavy)
+    ]
+    assert leaks == []

@@ -11,7 +11,7 @@ agentcall_relay = ServiceMaker(
 
 agentcall_listen = ServiceMaker(
     "AgentCall listener",
-    "agentcall.listener.tap",
+    "agentcall.compose.listen",
     "Answer AgentCall calls on this machine with a local coding agent",
     "agentcall-listen",
 )

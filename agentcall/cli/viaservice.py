@@ -1,0 +1,162 @@
+"""The thin path of ``agentcall call``: hand the call to the running listener service.
+
+The service listens on a private UNIX socket in the state directory
+(:attr:`agentcall.local.home.Home.service_socket_path`, served by
+:mod:`agentcall.listener.localsocket`); the lines it speaks are :mod:`agentcall.wire.local`.
+Nothing here imports Twisted, autobahn or any crypto: the service holds the keys, the relay
+connection and the conversations, and this process only renders what comes back.
+
+:func:`call` returns None when no service is there to take the call (no socket file, a stale
+one left by a killed service, a socket that refuses, one owned by another user), and when
+``AGENTCALL_RELAY`` names a relay for this run: the CLI then dials the relay itself. Once the
+request is handed over, the service owns the call: if it stops before saying how the call
+ended, :class:`ServiceTrouble` says so in one line (the call is not placed a second time).
+Ctrl-C or SIGTERM here closes the connection, which hangs up: the service cancels the call.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import socket
+import time
+from collections.abc import Callable, Iterator
+from types import FrameType
+
+from agentcall import limits
+from agentcall.errors import MalformedFrame
+from agentcall.local import unixsocket
+from agentcall.local.home import Home, LocalStateError
+from agentcall.wire import codec
+from agentcall.wire.local import FROM_SERVICE, LocalCall, LocalEnded, LocalNote, LocalStatus
+
+StateSink = Callable[[str, float], None]
+NoteSink = Callable[[str], None]
+
+STOPPED_MESSAGE = (
+    "the local AgentCall service stopped during the call (it may have reached the agent); "
+    "check `agentcall doctor`, then call again"
+)
+
+
+class ServiceTrouble(Exception):
+    """The service took the call but did not say how it ended; one line for the person."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def connect(home: Home) -> socket.socket | None:
+    """A connection to this user's running service, or None when there is none to use."""
+    path = home.service_socket_path
+    try:
+        sock = unixsocket.connect(path, timeout_s=limits.LOCAL_CONNECT_TIMEOUT_S)
+    except OSError:
+        # No file, a stale file nothing listens on, a path this system cannot reach.
+        return None
+    try:
+        peer = unixsocket.peer_credentials(sock)
+    except OSError:
+        sock.close()
+        return None
+    if peer.uid != os.getuid():
+        sock.close()
+        return None
+    return sock
+
+
+@contextlib.contextmanager
+def _sigterm_interrupts() -> Iterator[None]:
+    """SIGTERM ends the wait like Ctrl-C (KeyboardInterrupt), so the connection is closed."""
+
+    def interrupt(_signum: int, _frame: FrameType | None) -> None:
+        raise KeyboardInterrupt
+
+    try:
+        previous = signal.signal(signal.SIGTERM, interrupt)
+    except ValueError:  # not the main thread (a test harness): leave signals alone
+        yield
+        return
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def call(request: LocalCall, on_state: StateSink, on_note: NoteSink) -> LocalEnded | None:
+    """Place ``request`` through the running service; None when there is no service to use."""
+    try:
+        home = Home.from_environ()
+    except LocalStateError:
+        return None
+    if home.relay_override is not None:
+        # AGENTCALL_RELAY names a relay for this run; the service keeps its own.
+        return None
+    sock = connect(home)
+    if sock is None:
+        return None
+    with contextlib.closing(sock), _sigterm_interrupts():
+        start = time.monotonic()
+        try:
+            sock.sendall(codec.encode(request) + b"\n")
+        except OSError:
+            # It accepted and went away before reading: it never saw the call.
+            return None
+        deadline = start + request.timeout_s + limits.LOCAL_RESULT_MARGIN_S
+        return _follow(sock, deadline, start, on_state, on_note)
+
+
+def _follow(
+    sock: socket.socket,
+    deadline: float,
+    start: float,
+    on_state: StateSink,
+    on_note: NoteSink,
+) -> LocalEnded:
+    buffer = b""
+    while True:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            raise ServiceTrouble(
+                "service_timeout",
+                "the local AgentCall service did not say how the call ended in time",
+            )
+        sock.settimeout(remaining)
+        try:
+            chunk = sock.recv(65536)
+        except TimeoutError:
+            continue
+        except OSError:
+            chunk = b""
+        if not chunk:
+            raise ServiceTrouble("service_stopped", STOPPED_MESSAGE)
+        buffer += chunk
+        while b"\n" in buffer:
+            line, buffer = buffer.split(b"\n", 1)
+            event = _decode(line)
+            if isinstance(event, LocalEnded):
+                return event
+            if isinstance(event, LocalStatus):
+                on_state(str(event.state), time.monotonic() - start)
+            elif isinstance(event, LocalNote):
+                on_note(event.text)
+        if len(buffer) > limits.MAX_LOCAL_EVENT_BYTES:
+            raise ServiceTrouble(
+                "service_error", "the local AgentCall service sent more than a call can hold"
+            )
+
+
+def _decode(line: bytes) -> LocalStatus | LocalNote | LocalEnded:
+    try:
+        event = codec.decode_local(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+    except MalformedFrame:
+        raise ServiceTrouble(
+            "service_error",
+            "the local AgentCall service sent something this agentcall cannot read "
+            "(a different version?); restart it",
+        ) from None
+    if not isinstance(event, LocalStatus | LocalNote | LocalEnded):
+        raise ServiceTrouble("service_error", "the local AgentCall service sent a request")
+    return event

@@ -1,0 +1,92 @@
+"""``twistd agentcall-listen`` (and ``agentcall listen``): parse options, compose the service.
+
+The service is :class:`agentcall.listener.service.ListenerService`; this module adds its
+caller's side: a call a thin ``agentcall call`` hands over the local socket is placed by
+:func:`agentcall.caller.callflow.run_request`, exactly as the CLI would place it itself, with
+the service's own relay API and its :attr:`~agentcall.listener.service.ListenerService.call_dial`.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from twisted.application.service import IService
+from twisted.python import usage
+
+if TYPE_CHECKING:
+    from agentcall.listener.localsocket import CallHandler, EventSink
+    from agentcall.listener.service import ListenerService
+    from agentcall.wire.local import LocalCall, LocalEnded
+
+
+class Options(usage.Options):
+    synopsis = ""
+    longdesc = (
+        "Answer AgentCall calls on this machine: hold one connection to the relay and, for "
+        "each call the owner's policy admits, run a fresh one-shot agent (claude -p, codex "
+        "exec or the configured command) and send back its sealed, signed answer. It also "
+        "places this user's own calls for `agentcall call`, which hands them over a private "
+        "socket in the state directory. The installation is found through AGENTCALL_HOME "
+        "(default $HOME/.agentcall); set it up with `agentcall setup` first. AGENTCALL_RELAY "
+        "overrides the relay URL for this run."
+    )
+    optFlags = [
+        [
+            "test-ceiling-override",
+            None,
+            "TESTS ONLY: let AGENTCALL_TEST_CEILING_PATH replace the administrator's policy "
+            "ceiling. Never used by `agentcall listen` or the installed service.",
+        ],
+    ]
+
+
+def local_calls(svc: ListenerService) -> CallHandler:
+    """What placing a thin client's call means for ``svc``."""
+    from twisted.internet import defer
+
+    from agentcall.caller import callflow
+    from agentcall.wire.frames import CallStatus
+    from agentcall.wire.local import LocalNote, LocalStatus
+
+    def handle(request: LocalCall, send: EventSink) -> defer.Deferred[LocalEnded]:
+        def on_status(frame: CallStatus) -> None:
+            send(LocalStatus(str(frame.state), frame.call_id))
+
+        def on_note(text: str) -> None:
+            send(LocalNote(text))
+
+        return defer.Deferred.fromCoroutine(
+            callflow.run_request(
+                svc.reactor,
+                svc.home,
+                svc.config,
+                request,
+                on_status,
+                on_note,
+                api=svc.api,
+                dial=svc.call_dial,
+            )
+        )
+
+    return handle
+
+
+def makeService(config: Options) -> IService:
+    from twisted.internet import reactor
+
+    from agentcall.listener.service import (
+        ListenerStartError,
+        listener_environ,
+        make_listener_service,
+    )
+
+    try:
+        return make_listener_service(
+            reactor,
+            listener_environ(),
+            test_ceiling=bool(config["test-ceiling-override"]),
+            local_calls=local_calls,
+        )
+    except ListenerStartError as exc:
+        # twistd prints this and exits non-zero before anything is started.
+        raise SystemExit(f"agentcall-listen: {exc}") from None

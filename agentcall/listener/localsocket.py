@@ -1,0 +1,278 @@
+"""The service's private local socket: thin ``agentcall call`` processes hand their calls here.
+
+A UNIX socket in the 0700 state directory, mode 0600
+(:attr:`~agentcall.local.home.Home.service_socket_path`), bound when the service starts and
+removed when it stops; a stale file left by a killed service is replaced at the next start
+(:func:`agentcall.local.unixsocket.bind_listening`). Every connection's peer must be this user
+(``SO_PEERCRED``): anyone else is dropped before a byte is read.
+
+One connection carries one call (:mod:`agentcall.wire.local`): a request line within
+:data:`~agentcall.limits.LOCAL_REQUEST_TIMEOUT_S` and
+:data:`~agentcall.limits.MAX_LOCAL_REQUEST_BYTES`, strictly decoded; then status and note
+lines as the call goes on and one ``ended`` line, and the service closes. A malformed request
+gets an ``ended`` refusal (``bad_request``). The client closing early cancels the call (the
+call's Deferred is cancelled, which hangs up at the relay). Stopping the service closes every
+connection, so a waiting client learns it at once.
+
+What placing a call means is passed in (:data:`CallHandler`), so this module knows nothing of
+the caller's side; :mod:`agentcall.compose.listen` supplies it.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from twisted.application import service
+from twisted.internet import defer, protocol, tcp, unix
+from twisted.python.failure import Failure
+
+from agentcall import limits
+from agentcall.errors import MalformedFrame
+from agentcall.local import unixsocket
+from agentcall.local.unixsocket import PeerCredentials
+from agentcall.logevents import Logger
+from agentcall.wire import codec
+from agentcall.wire.local import (
+    TO_SERVICE,
+    EndKind,
+    FromService,
+    LocalCall,
+    LocalEnded,
+)
+
+_log = Logger(namespace="agentcall.listener.local")
+
+EventSink = Callable[[FromService], None]
+# Place one call for a thin client: events go to the sink as they happen; the Deferred fires
+# with how the call ended. Cancelling it hangs the call up.
+CallHandler = Callable[[LocalCall, EventSink], "defer.Deferred[LocalEnded]"]
+PeerReader = Callable[[socket.socket], PeerCredentials]
+
+
+class _Port(unix.Port):
+    """An adopted listening socket (bound and renamed into place by
+    :func:`~agentcall.local.unixsocket.bind_listening`) whose file this module removes itself,
+    only while it is still ours (a newer service may have replaced it); never Twisted on close.
+    """
+
+    @classmethod
+    def adopt(cls, reactor: Any, sock: socket.socket, path: Path, factory: Any) -> _Port:
+        port: _Port = cls._fromListeningDescriptor(reactor, sock.fileno(), factory)
+        # startListening chmods the bound path to ``mode``: the file's real name (the adopted
+        # socket was bound under a temporary one), and 0600 as it already is, never 0666.
+        port._bindPath = os.fsencode(path)
+        port.mode = 0o600
+        return port
+
+    def connectionLost(self, reason: Failure) -> None:
+        tcp.Port.connectionLost(self, reason)
+
+
+class LocalSession(protocol.Protocol):
+    """One client connection: its peer checked, one request read, one call followed."""
+
+    def __init__(self, server: LocalSocketService) -> None:
+        self._server = server
+        self._buffer = b""
+        self._request_seen = False
+        self._call: defer.Deferred[LocalEnded] | None = None
+        self._timer: Any = None
+        self._open = False
+
+    @property
+    def _transport(self) -> Any:
+        # A UNIX stream transport: ITCPTransport's abortConnection and getHandle.
+        return self.transport
+
+    def connectionMade(self) -> None:
+        server = self._server
+        try:
+            peer = server.read_peer(self._transport.getHandle())
+        except OSError:
+            peer = None
+        if peer is None or peer.uid != server.uid:
+            _log.warn("local_client_refused", uid=None if peer is None else peer.uid)
+            self._transport.abortConnection()
+            return
+        if len(server.sessions) >= limits.LOCAL_MAX_CLIENTS:
+            _log.warn("local_client_refused", reason="too many connections")
+            self._transport.abortConnection()
+            return
+        self._open = True
+        server.sessions.add(self)
+        self._timer = server.clock.callLater(limits.LOCAL_REQUEST_TIMEOUT_S, self._too_slow)
+
+    def _too_slow(self) -> None:
+        self._timer = None
+        _log.info("local_client_dropped", reason="no request in time")
+        self._transport.abortConnection()
+
+    def dataReceived(self, data: bytes) -> None:
+        if not self._open or self._request_seen:
+            return  # one request per connection; anything after it is ignored
+        self._buffer += data
+        line, newline, _rest = self._buffer.partition(b"\n")
+        if not newline:
+            if len(self._buffer) > limits.MAX_LOCAL_REQUEST_BYTES:
+                self._refuse("the request is larger than a call can hold")
+            return
+        self._request_seen = True
+        self._buffer = b""
+        self._cancel_timer()
+        try:
+            request = codec.decode_local(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
+        except MalformedFrame as exc:
+            self._refuse(f"the request is malformed: {exc}")
+            return
+        if not isinstance(request, LocalCall):
+            self._refuse("the request is not a call")
+            return
+        self._start(request)
+
+    def _refuse(self, why: str) -> None:
+        self._request_seen = True
+        self._buffer = b""
+        self._cancel_timer()
+        _log.info("local_request_refused", reason=why)
+        self._send(LocalEnded.refused("bad_request", why))
+        self._transport.loseConnection()
+
+    def _start(self, request: LocalCall) -> None:
+        try:
+            call = self._server.handler(request, self._send)
+        except Exception:
+            _log.failure("local_call_failed")
+            self._failed_locally()
+            return
+        self._call = call
+        call.addCallbacks(self._ended, self._broke)
+
+    def _ended(self, ended: LocalEnded) -> None:
+        self._call = None
+        if not self._open:
+            return  # hung up: logged as local_call_hung_up
+        _log.info(
+            "local_call_ended",
+            kind=str(ended.kind),
+            call_id=ended.call_id,
+            code=ended.code if ended.kind is not EndKind.ANSWER else None,
+        )
+        self._send(ended)
+        self._transport.loseConnection()
+
+    def _broke(self, failure: Failure) -> None:
+        self._call = None
+        if not self._open and failure.check(defer.CancelledError):
+            return  # hung up: logged as local_call_hung_up
+        _log.failure("local_call_failed", failure)
+        self._failed_locally()
+
+    def _failed_locally(self) -> None:
+        self._send(
+            LocalEnded.refused(
+                "local_error", "the local AgentCall service failed while placing the call"
+            )
+        )
+        self._transport.loseConnection()
+
+    def _send(self, event: FromService) -> None:
+        if self._open:
+            self._transport.write(codec.encode(event) + b"\n")
+
+    def _cancel_timer(self) -> None:
+        if self._timer is not None and self._timer.active():
+            self._timer.cancel()
+        self._timer = None
+
+    def connectionLost(self, reason: Failure = protocol.connectionDone) -> None:
+        was_open, self._open = self._open, False
+        self._cancel_timer()
+        self._server.sessions.discard(self)
+        call, self._call = self._call, None
+        if was_open and call is not None:
+            # The client hung up (Ctrl-C, SIGTERM, or it died), or the service is stopping:
+            # the call hangs up too.
+            _log.info("local_call_hung_up")
+            call.cancel()
+
+    def close(self) -> None:
+        """Stop serving this client (the service is stopping); its call is cancelled."""
+        self._transport.loseConnection()
+
+
+class _Factory(protocol.Factory):
+    def __init__(self, server: LocalSocketService) -> None:
+        self._server = server
+
+    def buildProtocol(self, addr: Any) -> LocalSession:
+        return LocalSession(self._server)
+
+
+class LocalSocketService(service.Service):
+    """Binds the local socket when started, removes it and closes every client when stopped.
+
+    A socket that cannot be bound (an unusable directory, a path this system cannot reach) is
+    logged and left out: the listener still answers calls, and thin clients dial directly.
+    """
+
+    def __init__(
+        self,
+        reactor: Any,
+        path: Path,
+        handler: CallHandler,
+        *,
+        read_peer: PeerReader = unixsocket.peer_credentials,
+        uid: int | None = None,
+        clock: Any = None,
+    ) -> None:
+        self.clock = reactor if clock is None else clock
+        self._reactor = reactor
+        self.path = path
+        self.handler = handler
+        self.read_peer = read_peer
+        self.uid = os.getuid() if uid is None else uid
+        self.sessions: set[LocalSession] = set()
+        self._port: _Port | None = None
+        self._identity: tuple[int, int] | None = None
+
+    @property
+    def listening(self) -> bool:
+        return self._port is not None
+
+    def startService(self) -> None:
+        super().startService()
+        try:
+            sock, identity = unixsocket.bind_listening(self.path)
+        except OSError as exc:
+            _log.warn("local_socket_unavailable", path=str(self.path), reason=str(exc))
+            return
+        try:
+            sock.setblocking(False)
+            port = _Port.adopt(self._reactor, sock, self.path, _Factory(self))
+            port.startListening()
+        except Exception as exc:
+            unixsocket.remove_if_ours(self.path, identity)
+            _log.warn("local_socket_unavailable", path=str(self.path), reason=str(exc))
+            return
+        finally:
+            # The port holds its own duplicate of the descriptor.
+            sock.close()
+        self._port, self._identity = port, identity
+        _log.info("local_socket_listening", path=str(self.path))
+
+    def stopService(self) -> defer.Deferred[None]:
+        super().stopService()
+        port, self._port = self._port, None
+        if self._identity is not None:
+            unixsocket.remove_if_ours(self.path, self._identity)
+            self._identity = None
+        for session in list(self.sessions):
+            session.close()
+        if port is None:
+            return defer.succeed(None)
+        stopped: defer.Deferred[None] = defer.maybeDeferred(port.stopListening)
+        return stopped

@@ -1,0 +1,211 @@
+"""`agentcall call` through the running listener service, and without one, as real processes.
+
+bob has a listener (`twistd agentcall-listen`), so his `agentcall call` hands the call to it
+over the private socket in his state directory; ann is caller-only, so hers dials the relay
+itself. ken answers with the fake agent, held at a gate where a test must act mid-call.
+Which path a call took is read from bob's listener log (``local_call_ended``), never guessed.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+import subprocess
+import sys
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.installs import AgentGate, Install, World, two_people
+
+pytestmark = pytest.mark.e2e
+
+HEAVY = ("twisted", "autobahn", "nacl", "cryptography", "txaio", "OpenSSL")
+# Runs `agentcall ARGS…` and reports on stderr which heavy packages the process imported.
+PROBE = (
+    "import atexit, sys\n"
+    f"heavy = {HEAVY!r}\n"
+    "atexit.register(lambda: print('IMPORTED=' + ','.join(sorted({m.split('.')[0] for m in "
+    "sys.modules if m.split('.')[0] in heavy})), file=sys.stderr))\n"
+    "from agentcall.cli.main import main\n"
+    "sys.exit(main(sys.argv[1:]))\n"
+)
+
+
+@pytest.fixture(scope="module")
+def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+    with two_people(tmp_path_factory.mktemp("thin")) as world:
+        world.ken.edit_config(agent_timeout_s=120, kill_grace_s=0.5)
+        world.ken.start_listener()
+        yield world
+
+
+@pytest.fixture(scope="module")
+def bob(world: World) -> Iterator[Install]:
+    bob = Install("bob", world.root / "bob", world.relay.ca_file)
+    bob.setup(world.invite(), "bob", "--agent", "claude")
+    bob.set_scenario("happy")
+    bob.start_listener()
+    bob.listener.log.wait_for(r"local_socket_listening")  # type: ignore[union-attr]
+    try:
+        yield bob
+    finally:
+        bob.stop()
+
+
+def _log(person: Install) -> object:
+    assert person.listener is not None
+    return person.listener.log
+
+
+def _probe(person: Install, *args: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [sys.executable, "-c", PROBE, *args],
+        env=person.env(),
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=False,
+        cwd=person.root,
+    )
+
+
+def _imported(done: subprocess.CompletedProcess[str]) -> set[str]:
+    line = [ln for ln in done.stderr.splitlines() if ln.startswith("IMPORTED=")][-1]
+    return {name for name in line.removeprefix("IMPORTED=").split(",") if name}
+
+
+def _held(person: Install, tmp_path: Path) -> AgentGate:
+    gate = AgentGate.make(tmp_path / f"{person.name}-gate")
+    person.set_scenario({"name": "happy", "hold": gate.scenario()})
+    return gate
+
+
+def _release(person: Install, gate: AgentGate) -> bool:
+    person.set_scenario("happy")
+    return gate.release()
+
+
+def test_a_call_goes_through_the_running_service(world: World, bob: Install) -> None:
+    """The answer, the lifecycle and the exit status are as ever; the service placed the call,
+    and the CLI process imported no Twisted, autobahn or crypto."""
+    assert bob.listener is not None
+    mark = bob.listener.log.mark()
+    done = _probe(bob, "call", "ken", "why did CI fail on main?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "FAKE-AGENT-ANSWER: why did CI fail on main?\n"
+    progress = done.stderr.splitlines()[0]
+    for state in ("ringing…", "answered", "working"):
+        assert state in progress
+    bob.listener.log.wait_for(r"local_call_ended .*kind='answer'", since=mark)
+    assert _imported(done) == set()
+
+
+def test_json_through_the_service_is_the_same_object(world: World, bob: Install) -> None:
+    assert bob.listener is not None
+    mark = bob.listener.log.mark()
+    done = bob.cli("call", "@acme/ken", "status?", "--json")
+    assert done.returncode == 0, done.stderr
+    body = json.loads(done.stdout)
+    assert set(body) - {"context_id"} == {"ok", "address", "call_id", "text", "task"}
+    assert body["ok"] is True and body["address"] == "@acme/ken"
+    assert body["text"] == "FAKE-AGENT-ANSWER: status?"
+    bob.listener.log.wait_for(r"local_call_ended", since=mark)
+    failed = bob.cli("call", "nobody-here", "hello?", "--json")
+    assert failed.returncode == 1
+    assert json.loads(failed.stdout)["code"] == "unknown_handle"
+
+
+def test_without_a_service_the_cli_dials_the_relay_itself(world: World) -> None:
+    """A caller-only installation has no socket: the call is placed from the CLI process."""
+    ann = world.ann
+    assert not (ann.state_dir / "service.sock").exists()
+    done = _probe(ann, "call", "ken", "direct?")
+    assert done.returncode == 0, done.stderr
+    assert done.stdout == "FAKE-AGENT-ANSWER: direct?\n"
+    assert {"twisted", "autobahn"} <= _imported(done)
+
+
+def test_two_concurrent_thin_calls_from_one_installation(
+    world: World, bob: Install, tmp_path: Path
+) -> None:
+    """While one call through bob's service waits on ken's agent, a second one (to bob's own
+    agent) goes through the same service and comes back first."""
+    assert bob.listener is not None
+    mark = bob.listener.log.mark()
+    gate = _held(world.ken, tmp_path)
+    first = bob.cli_async("call", "ken", "first question")
+    try:
+        gate.wait_started()
+        second = bob.cli("call", "@acme/bob", "second question")
+    finally:
+        released = _release(world.ken, gate)
+    assert released, "ken's agent was no longer waiting"
+    assert second.returncode == 0, second.stderr
+    assert second.stdout == "FAKE-AGENT-ANSWER: second question\n"
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, err
+    assert out == "FAKE-AGENT-ANSWER: first question\n"
+    bob.listener.log.wait_for(r"local_call_ended", since=mark)
+    ended = [
+        line for line in bob.listener.log.lines[mark:] if "local_call_ended" in line
+    ]  # both calls, whatever the order they were logged in
+    assert len(ended) == 2
+
+
+def test_an_interrupted_thin_client_hangs_up(world: World, bob: Install, tmp_path: Path) -> None:
+    """SIGTERM to the CLI ends it as Ctrl-C would (130), and the service cancels the call."""
+    assert bob.listener is not None
+    mark = bob.listener.log.mark()
+    gate = _held(world.ken, tmp_path)
+    waiting = bob.cli_async("call", "ken", "never mind")
+    try:
+        gate.wait_started()
+        waiting.send_signal(signal.SIGTERM)
+        _out, err = waiting.communicate(timeout=60)
+        bob.listener.log.wait_for(r"local_call_hung_up", since=mark)
+    finally:
+        _release(world.ken, gate)
+    assert waiting.returncode == 130
+    assert err.splitlines()[-1] == "agentcall: interrupted"
+
+
+def test_the_service_stopping_mid_call_is_a_clear_error(
+    world: World, bob: Install, tmp_path: Path
+) -> None:
+    """A thin client whose service stops while it waits exits 1 with one line saying so (no
+    hang); a service killed outright leaves a stale socket that neither fools the next call
+    (it dials directly) nor stops the next start."""
+    assert bob.listener is not None
+    gate = _held(world.ken, tmp_path)
+    waiting = bob.cli_async("call", "ken", "are you there?")
+    try:
+        gate.wait_started()
+        bob.listener.stop()
+        _out, err = waiting.communicate(timeout=60)
+    finally:
+        _release(world.ken, gate)
+    assert waiting.returncode == 1
+    assert "the local AgentCall service stopped during the call" in err.splitlines()[-1]
+    assert not (bob.state_dir / "service.sock").exists()
+
+    # Killed outright: the socket file stays behind, with nothing listening on it.
+    bob.start_listener()
+    assert bob.listener is not None
+    bob.listener.log.wait_for(r"local_socket_listening")
+    bob.listener.process.send_signal(signal.SIGKILL)
+    bob.listener.process.wait(timeout=30)
+    assert (bob.state_dir / "service.sock").exists()
+    direct = _probe(bob, "call", "ken", "anyone?")
+    assert direct.returncode == 0, direct.stderr
+    assert direct.stdout == "FAKE-AGENT-ANSWER: anyone?\n"
+    assert "twisted" in _imported(direct)
+
+    bob.start_listener()
+    assert bob.listener is not None
+    mark = bob.listener.log.mark()
+    bob.listener.log.wait_for(r"local_socket_listening")
+    again = bob.cli("call", "ken", "back?")
+    assert again.returncode == 0, again.stderr
+    bob.listener.log.wait_for(r"local_call_ended", since=mark)
