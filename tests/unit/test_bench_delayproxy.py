@@ -88,6 +88,7 @@ def _connect(
     host, port, up_factory, _timeout, _bind = reactor.tcpClients[-1]
     assert (host, port) == ("127.0.0.1", 9)
     upstream = up_factory.buildProtocol(None)
+    assert upstream is not None
     target = StringTransport()
     upstream.makeConnection(target)
     return conn, client, target
@@ -146,7 +147,8 @@ def test_the_far_side_is_closed_after_the_queued_bytes() -> None:
     assert not target.disconnecting
     reactor.advance(D)
     assert target.value() == HEAD_KEN and target.disconnecting
-    conn._upstream.connectionLost(None)  # type: ignore[union-attr]
+    assert conn._upstream is not None
+    conn._upstream.connectionLost(None)
     closes = [e for e in map(json.loads, out.getvalue().splitlines()) if e["ev"] == "close"]
     assert len(closes) == 1 and closes[0]["up"] == len(HEAD_KEN)
     assert not factory.open_connections
