@@ -36,6 +36,7 @@ import shutil
 import signal
 import sys
 import tempfile
+import threading
 import time
 from collections import Counter
 from collections.abc import Sequence
@@ -190,15 +191,17 @@ class Storm:
         relay.log_path.rename(self.workdir / "relay-1.log")
         self.say(f"relay stopped (exit {code}) in {stopped - killed:.2f} s; starting it again")
         self.relay = relay = relayproc.Relay(self.relay_argv, self.workdir)
-        await self.wait_until(lambda: bool(relay.log_lines()) or not relay.alive(), 30)
-        while relay.alive() and "relay_listening" not in relay.tail(50):
-            if time.monotonic() - stopped > 60:
-                raise BenchError("the restarted relay did not listen within 60 s")
-            await loadgen.sleep(self.reactor, 0.02)
-        if not relay.alive():
+        # The reactor is busy with the storm, so a thread watches for the relay's
+        # relay_listening line and stamps it (and the start-up CPU) when it appears.
+        seen: dict[str, float] = {}
+        watcher = threading.Thread(target=_watch_listening, args=(relay, seen), daemon=True)
+        watcher.start()
+        if not await self.wait_until(lambda: "at" in seen or not relay.alive(), 60, 0.02):
+            raise BenchError("the restarted relay did not listen within 60 s")
+        if "at" not in seen:
             raise BenchError(f"the restarted relay exited:\n{relay.tail()}")
-        listening = time.monotonic()
-        startup_cpu = relayproc.proc_cpu_s(relay.pid)
+        listening = seen["at"]
+        startup_cpu = seen["cpu"]
         # 3. storm
         everyone = await self.wait_until(
             lambda: all(len(li.readies) >= 2 for li in self.listeners), args.budget, 0.02
@@ -217,6 +220,9 @@ class Storm:
         residual = storm_cpu - useful
         # With no failed handshake there is nothing to waste: the residual is the estimate's noise.
         wasted = max(0.0, residual) if failed_at_relay else 0.0
+        # A failed handshake does at most the work of a successful one (it ends earlier), so
+        # failed / all dials bounds their share of the storm's handshake CPU from above.
+        upper = failed_at_relay / at_relay if at_relay else 0.0
         await loadgen.sleep(self.reactor, 2.0)
         rss_after = relayproc.proc_status_kib(relay.pid)
         last = returns[-1] if returns else None
@@ -244,6 +250,7 @@ class Storm:
             "relay_cpu_useful_s": round(useful, 3),
             "relay_cpu_wasted_s": round(wasted, 3),
             "wasted_share": round(wasted / storm_cpu, 3) if storm_cpu > 0 else None,
+            "wasted_share_upper_bound": round(upper, 3),
             "bench_cpu_s": round(bench_cpu, 3),
             "rss_after_kib": rss_after,
             "first_relay_refusals": refusals(first_log),
@@ -257,6 +264,17 @@ class Storm:
         for listener in self.listeners:
             listener.connection.stopService()
         await loadgen.sleep(self.reactor, 1.0)
+
+
+def _watch_listening(relay: relayproc.Relay, seen: dict[str, float]) -> None:
+    """Thread: stamp the moment the relay logs relay_listening (bounded: 60 s)."""
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and relay.alive():
+        if "relay_listening" in relay.tail(50):
+            seen["cpu"] = relayproc.proc_cpu_s(relay.pid)
+            seen["at"] = time.monotonic()
+            return
+        time.sleep(0.005)
 
 
 def _pct(ordered: list[float], q: float) -> float | None:
@@ -316,8 +334,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     signal.signal(signal.SIGINT, signal.default_int_handler)
     signal.signal(signal.SIGTERM, _sigterm)
     soft, hard = relayproc.raise_nofile_limit()
-    if soft < 2 * n + 200:
-        print(f"need about {2 * n + 200} file descriptors, the limit is {soft} (hard {hard})")
+    # Each process (this one, the relay) holds one descriptor per listener, plus a few hundred.
+    if soft < n + 500:
+        print(f"need about {n + 500} file descriptors, the limit is {soft} (hard {hard})")
         return 2
     from twisted.internet import reactor
 
@@ -411,9 +430,15 @@ def judge(r: dict[str, Any]) -> dict[str, Any]:
         },
         "none_lost": {"what": "listeners lost", "measured": s["lost"], "met": s["lost"] == 0},
         "failed_handshake_cpu": {
-            "what": "relay CPU beyond the calm cost of the returns / storm CPU",
-            "measured": s["wasted_share"],
-            "met": s["wasted_share"] is not None and s["wasted_share"] < TARGET_WASTE_SHARE,
+            "what": "share of the storm's relay CPU spent on failed handshakes"
+            " (estimate .. upper bound)",
+            "measured": f"{s['wasted_share']} .. {s['wasted_share_upper_bound']}",
+            # Met only when even the upper bound is under the target; missed when the estimate
+            # is over it; otherwise this bench cannot tell.
+            "met": s["wasted_share_upper_bound"] < TARGET_WASTE_SHARE,
+            "undetermined": (s["wasted_share"] or 0)
+            < TARGET_WASTE_SHARE
+            <= s["wasted_share_upper_bound"],
         },
         "idle_memory": {
             "what": f"relay RSS per idle listener{scale}",
@@ -447,10 +472,13 @@ def report(r: dict[str, Any]) -> str:
         f"         relay CPU {s['relay_storm_cpu_s']} s over the storm; {s['relay_cpu_useful_s']} s"
         f" = returns x calm cost; residual {s['relay_cpu_residual_s']} s; counted as failed-"
         f"handshake CPU {s['relay_cpu_wasted_s']} s = {s['wasted_share']:.0%} of the storm"
-        f" (0 when no handshake failed); bench CPU {s['bench_cpu_s']} s",
+        f" (estimate: 0 when no dial failed or the returns explain it all); at most"
+        f" {s['wasted_share_upper_bound']:.0%} (failed dials / all dials at the new relay);"
+        f" bench CPU {s['bench_cpu_s']} s",
     ]
     verdicts = [
-        f"{t['what']}: {t['measured']}: {'MET' if t['met'] else 'MISSED'}"
+        f"{t['what']}: {t['measured']}: "
+        + ("MET" if t["met"] else "UNDETERMINED" if t.get("undetermined") else "MISSED")
         for t in r["targets"].values()
     ]
     lines.append("targets  " + "\n         ".join(verdicts))
