@@ -216,9 +216,9 @@ def persistent_placer(
 # --- the bare relay ------------------------------------------------------------------------------
 
 
-class _BareProtocol(WebSocketClientProtocol):  # type: ignore[misc]
+class _BareProtocol(WebSocketClientProtocol):
     factory: _BareFactory
-    log = txaio.make_logger(level="info")
+    log = txaio.make_logger(level="info")  # type: ignore[attr-defined]
 
     def onOpen(self) -> None:
         self.factory.opened(self)
@@ -233,8 +233,8 @@ class _BareProtocol(WebSocketClientProtocol):  # type: ignore[misc]
         self.sendMessage(payload, isBinary=False)
 
 
-class _BareFactory(WebSocketClientFactory):  # type: ignore[misc]
-    protocol = _BareProtocol
+class _BareFactory(WebSocketClientFactory):
+    protocol = _BareProtocol  # type: ignore[assignment]
 
     def __init__(self, url: str, reactor: Any, handler: Callable[[bytes], None]) -> None:
         super().__init__(url, reactor=reactor)

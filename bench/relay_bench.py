@@ -811,7 +811,8 @@ def report(r: dict[str, Any]) -> str:
         f"machine  {machine_line(r['machine'])}",
         f"checkout {checkout_line(r.get('checkout') or {})}",
         f"setup    {r['seeded_identities']} identities seeded in {r['seed_s']} s; {o['pairs']}"
-        f" caller/echo-listener pairs; {o['message_bytes']} B messages; one socket per call",
+        f" caller/echo-listener pairs; {o['message_bytes']} B messages; paths"
+        f" {o.get('path', 'per-call')}; bare relay {'on' if o.get('bare', False) else 'off'}",
         *(
             [f"NOTE     relay started through {r['relay_wrapper']}, not the stock twistd"]
             if r.get("relay_wrapper")
