@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections import Counter
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
 import attrs
@@ -246,8 +246,12 @@ async def run_calls(
     concurrency: int,
     budget_s: float,
     message: str,
+    place: Callable[[int], Awaitable[Probe]] | None = None,
 ) -> CallRun:
-    """``total`` calls by ``concurrency`` workers, pairs taken round-robin; bounded by budget."""
+    """``total`` calls by ``concurrency`` workers, pairs taken round-robin; bounded by budget.
+
+    ``place(n)`` places call number ``n`` another way (the persistent path, the bare relay);
+    by default a call is :func:`one_call` on its own socket."""
     numbers = iter(range(total))
     probes: list[Probe] = []
     failed = 0
@@ -258,9 +262,12 @@ async def run_calls(
         for n in numbers:
             if now() > deadline:
                 return
-            caller, target = pairs[n % len(pairs)]
             try:
-                probes.append(await one_call(env, caller, target, message))
+                if place is not None:
+                    probes.append(await place(n))
+                else:
+                    caller, target = pairs[n % len(pairs)]
+                    probes.append(await one_call(env, caller, target, message))
             except Exception as exc:
                 failed += 1
                 env.error(f"caller: {type(exc).__name__}: {exc}")

@@ -30,6 +30,7 @@ from twisted.internet import epollreactor  # noqa: E402
 
 epollreactor.install()  # 10,000 sockets: never fall back to select()
 
+import callpaths  # noqa: E402
 import loadgen  # noqa: E402
 import relayproc  # noqa: E402
 from seeding import Identity, seed_identities  # noqa: E402
@@ -41,6 +42,10 @@ from agentcall.wire import codec, frames  # noqa: E402
 
 ORG = "bench"
 TARGET_P50_MS = 5.0
+# Issue 10: against the bare relay measured in the same run.
+TARGET_LATENCY_RATIO = {"p50": 2.0, "p99": 4.0}
+TARGET_CALLS_SHARE = 0.30
+TARGET_CPU_MS = {"persistent": 1.0, "per-call": 2.5}
 TARGET_IDLE_BYTES = 300_000_000  # for 10,000 idle listeners
 TARGET_IDLE_COUNT = 10_000
 MAX_CALLS_PER_HOUR = 1000  # the relay's own upper bound for --calls-per-hour
@@ -74,6 +79,19 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     p.add_argument("--concurrency", "-C", type=int, help="concurrent callers, loaded (8)")
     p.add_argument("--serial-calls", type=int, help="calls one at a time, unloaded phase (300)")
     p.add_argument("--tls", action="store_true", help="relay on TLS (throwaway CA)")
+    p.add_argument(
+        "--path",
+        choices=("per-call", "persistent", "both"),
+        default="both",
+        help="per-call: a new caller socket per call; persistent: calls on the caller's own"
+        " listener socket (needs the relay's mux); both (default)",
+    )
+    p.add_argument(
+        "--no-bare",
+        dest="bare",
+        action="store_false",
+        help="skip the bare autobahn relay (the floor measured in the same run)",
+    )
     p.add_argument("--quick", action="store_true", help="small numbers: a smoke run in ~20 s")
     p.add_argument("--message-bytes", type=int, default=200, help="request text size (200)")
     p.add_argument("--open-window", type=int, default=64, help="idle sockets dialling at once")
@@ -116,7 +134,9 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} is out of range")
     if not 1 <= args.message_bytes <= 60_000:
         p.error("--message-bytes must be 1..60000")
-    per_pair = -(-(warmup_calls(args) + args.serial_calls + args.calls) // args.pairs)
+    agentcall_paths = 2 if args.path == "both" else 1
+    per_call_path = warmup_calls(args) + args.serial_calls + args.calls
+    per_pair = -(-(warmup_calls(args) + 1 + agentcall_paths * per_call_path) // args.pairs)
     if per_pair > MAX_CALLS_PER_HOUR:
         p.error(
             f"{per_pair} calls per pair exceeds the relay's rate cap of {MAX_CALLS_PER_HOUR}/h;"
@@ -203,6 +223,8 @@ class Bench:
         self.args = args
         self.reactor = reactor
         self.relay: relayproc.Relay | None = None
+        self.bare: relayproc.Relay | None = None
+        self.bare_port: int | None = None
         self.result: dict[str, Any] = {}
 
     def say(self, text: str) -> None:
@@ -212,6 +234,8 @@ class Bench:
         relay = self.relay
         if relay is None or not relay.alive():
             raise BenchError("the relay process exited")
+        if self.bare is not None and not self.bare.alive():
+            raise BenchError("the bare relay process exited")
 
     async def run(
         self,
@@ -245,30 +269,15 @@ class Bench:
             raise BenchError(f"warm-up failed: {dict(env.errors)}")
         self.say(f"warm-up: {len(warm.probes)} calls")
 
-        phases = []
-        for name, total, concurrency in (
-            ("serial", args.serial_calls, 1),
-            ("loaded", args.calls, args.concurrency),
-        ):
-            if total == 0:
-                continue
-            self.check_relay()
-            relay_cpu, bench_cpu = relayproc.proc_cpu_s(relay.pid), relayproc.self_cpu_s()
-            lag = loadgen.LoopLag(self.reactor)
-            lag.start()
-            run = await loadgen.run_calls(env, targets, total, concurrency, budget, message)
-            lags = lag.stop()
-            relay_cpu = relayproc.proc_cpu_s(relay.pid) - relay_cpu
-            bench_cpu = relayproc.self_cpu_s() - bench_cpu
-            phase = call_phase_result(name, concurrency, run, relay_cpu, bench_cpu)
-            phase["bench_loop_lag_ms"] = summary_ms(lags)
-            phases.append(phase)
-            added = phase["relay_added_ms"] or {}
-            self.say(
-                f"{name}: {phase['calls_ok']} calls ok, {phase['calls_failed']} failed,"
-                f" {phase['calls_per_s']} calls/s, relay-added p50 {added.get('p50')} ms"
-            )
+        phases: list[dict[str, Any]] = []
         self.result["call_phases"] = phases
+        paths = ("per-call", "persistent") if args.path == "both" else (args.path,)
+        if "per-call" in paths:
+            phases += await self.call_phases(env, targets, message, "agentcall", "per-call", None)
+        if "persistent" in paths:
+            phases += await self.persistent_phases(env, targets, message)
+        if self.bare_port is not None:
+            phases += await self.bare_phases(env, pairs, paths)
         self.result["echo_listener_drops"] = sum(1 for li in listeners if li.closed is not None)
 
         # Idle listeners, in rounds: RSS before, open all, every ready, settle, RSS after, close.
@@ -283,6 +292,125 @@ class Bench:
             memory["rss_peak_kib"] = relayproc.proc_status_kib(relay.pid, "VmHWM")
             memory["rounds"] = rounds
             self.result["idle"] = memory
+
+    async def call_phases(
+        self,
+        env: loadgen.Env,
+        targets: Sequence[tuple[Identity, loadgen.Target]],
+        message: str,
+        relay_name: str,
+        path: str,
+        place: Any,
+    ) -> list[dict[str, Any]]:
+        """The serial and the loaded phase of one relay and one path."""
+        args = self.args
+        pid = self.relay.pid if relay_name == "agentcall" else self.bare.pid  # type: ignore[union-attr]
+        phases = []
+        for name, total, concurrency in (
+            ("serial", args.serial_calls, 1),
+            ("loaded", args.calls, args.concurrency),
+        ):
+            if total == 0:
+                continue
+            self.check_relay()
+            relay_cpu, bench_cpu = relayproc.proc_cpu_s(pid), relayproc.self_cpu_s()
+            lag = loadgen.LoopLag(self.reactor)
+            lag.start()
+            run = await loadgen.run_calls(
+                env, targets, total, concurrency, args.phase_budget, message, place
+            )
+            lags = lag.stop()
+            relay_cpu = relayproc.proc_cpu_s(pid) - relay_cpu
+            bench_cpu = relayproc.self_cpu_s() - bench_cpu
+            phase = call_phase_result(name, concurrency, run, relay_cpu, bench_cpu)
+            phase["relay"] = relay_name
+            phase["path"] = path
+            phase["bench_loop_lag_ms"] = summary_ms(lags)
+            phases.append(phase)
+            added = phase["relay_added_ms"] or {}
+            self.say(
+                f"{relay_name} {path} {name}: {phase['calls_ok']} calls ok,"
+                f" {phase['calls_failed']} failed, {phase['calls_per_s']} calls/s,"
+                f" relay-added p50 {added.get('p50')} ms,"
+                f" relay CPU/call {phase['relay_cpu_ms_per_call']} ms"
+            )
+        return phases
+
+    async def persistent_phases(
+        self,
+        env: loadgen.Env,
+        targets: Sequence[tuple[Identity, loadgen.Target]],
+        message: str,
+    ) -> list[dict[str, Any]]:
+        """Calls on each caller's own listener socket; skipped (said) if the relay ignores them."""
+        callers = [caller for caller, _target in targets]
+        persistent = await callpaths.open_persistent(env, callers)
+        status: dict[str, Any] = {"supported": False}
+        self.result["persistent"] = status
+        try:
+            try:
+                await callpaths.probe_persistent(persistent, targets[0], message)
+            except callpaths.PathUnsupported as exc:
+                status["reason"] = str(exc)
+                self.say(f"persistent path NOT MEASURED: {exc}")
+                return []
+            except Exception as exc:
+                status["reason"] = f"{type(exc).__name__}: {exc}"
+                self.say(f"persistent path NOT MEASURED: {status['reason']}")
+                return []
+            status["supported"] = True
+            place = callpaths.persistent_placer(persistent, targets, message)
+            warm = await loadgen.run_calls(
+                env, targets, warmup_calls(self.args), self.args.concurrency, 60, message, place
+            )
+            if warm.failed:
+                raise BenchError(f"persistent warm-up failed: {dict(env.errors)}")
+            phases = await self.call_phases(env, targets, message, "agentcall", "persistent", place)
+            status["unexpected_frames"] = sum(p.unexpected for p in persistent.values())
+            return phases
+        finally:
+            for caller in persistent.values():
+                if caller.socket is not None:
+                    caller.socket.close()
+
+    async def bare_phases(
+        self,
+        env: loadgen.Env,
+        pairs: Sequence[tuple[Identity, Identity]],
+        paths: Sequence[str],
+    ) -> list[dict[str, Any]]:
+        """The same calls through the bare relay: same clients, same frames, same counts."""
+        assert self.bare_port is not None
+        request, outcome = callpaths.sample_frames(env)
+        bare = callpaths.BareEnv(env, self.bare_port, request, outcome)
+        listeners = [callpaths.BareListener(bare, callee.handle) for _caller, callee in pairs]
+        for listener in listeners:
+            await listener.start()
+        names = [(caller.handle, callee.handle) for caller, callee in pairs]
+        targets: list[Any] = list(pairs)  # only counted by run_calls; the placer routes
+        phases = []
+        muxes: dict[str, callpaths.BareMux] = {}
+        try:
+            for path in paths:
+                mux = None
+                if path == "persistent":
+                    for caller, _callee in pairs:
+                        muxes[caller.handle] = callpaths.BareMux(bare)
+                        await muxes[caller.handle].start()
+                    mux = muxes
+                place = callpaths.bare_placer(bare, names, mux)
+                await loadgen.run_calls(
+                    env, targets, warmup_calls(self.args), self.args.concurrency, 60, "", place
+                )
+                phases += await self.call_phases(env, targets, "", "bare", path, place)
+        finally:
+            for listener in listeners:
+                if listener.socket is not None:
+                    listener.socket.sendClose(1000)
+            for m in muxes.values():
+                if m.socket is not None:
+                    m.socket.sendClose(1000)
+        return phases
 
     async def idle_round(
         self, env: loadgen.Env, idle: Sequence[Identity], number: int
@@ -468,6 +596,13 @@ def main(argv: Sequence[str] | None = None) -> int:
         bench.relay = relay
         port = relay.wait_ready(30.0)
         bench.say(f"{len(identities)} identities seeded in {seed_s:.1f} s; relay pid {relay.pid}")
+        if args.bare:
+            (workdir / "bare").mkdir()
+            bench.bare = relayproc.Relay(
+                [sys.executable, str(BENCH / "bare_relay.py"), "--port", "0"], workdir / "bare"
+            )
+            bench.bare_port = bench.bare.wait_ready(30.0)
+            bench.say(f"bare relay pid {bench.bare.pid} on port {bench.bare_port}")
         if port != url.port:
             raise BenchError(f"relay listens on {port}, expected {url.port}")
         k = args.pairs
@@ -490,6 +625,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "message_bytes": args.message_bytes,
                     "open_window": args.open_window,
                     "tls": args.tls,
+                    "path": args.path,
+                    "bare": args.bare,
                 },
                 "seeded_identities": len(identities),
                 "seed_s": round(seed_s, 2),
@@ -513,6 +650,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         if relay is not None:
             print(relay.tail())
     finally:
+        if bench.bare is not None:
+            bench.result["bare_exit_code"] = bench.bare.stop()
+            bench.result["bare_log_tail"] = bench.bare.tail(2)
         if relay is not None:
             code = relay.stop()
             bench.result["relay_exit_code"] = code
@@ -557,12 +697,23 @@ def display_path(path: Path) -> str:
         return str(path)
 
 
+def find_phase(result: dict[str, Any], relay: str, path: str, phase: str) -> dict[str, Any] | None:
+    for p in result.get("call_phases", []):
+        if (p.get("relay", "agentcall"), p.get("path", "per-call"), p["phase"]) == (
+            relay,
+            path,
+            phase,
+        ):
+            return p
+    return None
+
+
 def judge(result: dict[str, Any]) -> dict[str, Any]:
+    """Issue 10's targets, each against its floor from the same run (see README)."""
     targets: dict[str, Any] = {}
-    phases = {p["phase"]: p for p in result.get("call_phases", [])}
     # Judged on the unloaded (one call at a time) phase only: under load the figure also holds
     # the load generator's own queueing, which on a small machine dominates (see README).
-    serial = phases.get("serial")
+    serial = find_phase(result, "agentcall", "per-call", "serial")
     added = serial.get("relay_added_ms") if serial else None
     if added:
         targets["relay_added_p50"] = {
@@ -570,6 +721,62 @@ def judge(result: dict[str, Any]) -> dict[str, Any]:
             "target_ms": TARGET_P50_MS,
             "measured_ms": added["p50"],
             "met": added["p50"] < TARGET_P50_MS,
+        }
+    for path in ("per-call", "persistent"):
+        real_serial = find_phase(result, "agentcall", path, "serial")
+        bare_serial = find_phase(result, "bare", path, "serial")
+        real_loaded = find_phase(result, "agentcall", path, "loaded")
+        bare_loaded = find_phase(result, "bare", path, "loaded")
+        real_added = (real_serial or {}).get("relay_added_ms")
+        bare_added = (bare_serial or {}).get("relay_added_ms")
+        if real_added and bare_added:
+            for q, limit in (
+                ("p50", TARGET_LATENCY_RATIO["p50"]),
+                ("p99", TARGET_LATENCY_RATIO["p99"]),
+            ):
+                ratio = real_added[q] / bare_added[q] if bare_added[q] > 0 else None
+                targets[f"{path}_added_{q}_ratio"] = {
+                    "kind": "ratio",
+                    "what": f"relay-added {q}, serial, {path}: agentcall / bare",
+                    "measured": round(ratio, 2) if ratio is not None else None,
+                    "agentcall_ms": real_added[q],
+                    "bare_ms": bare_added[q],
+                    "target": f"<= {limit:g}x",
+                    "met": ratio is not None and ratio <= limit,
+                }
+        if (
+            real_loaded
+            and bare_loaded
+            and real_loaded["calls_per_s"]
+            and bare_loaded["calls_per_s"]
+        ):
+            share = real_loaded["calls_per_s"] / bare_loaded["calls_per_s"]
+            targets[f"{path}_calls_per_s_share"] = {
+                "kind": "ratio",
+                "what": f"calls/s, loaded C={real_loaded['concurrency']}, {path}: agentcall / bare",
+                "measured": round(share, 3),
+                "agentcall": real_loaded["calls_per_s"],
+                "bare": bare_loaded["calls_per_s"],
+                "target": f">= {TARGET_CALLS_SHARE:.0%}",
+                "met": share >= TARGET_CALLS_SHARE,
+            }
+        if real_loaded and real_loaded["relay_cpu_ms_per_call"] is not None:
+            limit = TARGET_CPU_MS[path]
+            bare_cpu = (bare_loaded or {}).get("relay_cpu_ms_per_call")
+            targets[f"{path}_relay_cpu_per_call"] = {
+                "kind": "cpu",
+                "what": f"relay CPU per call, loaded, {path}",
+                "measured_ms": real_loaded["relay_cpu_ms_per_call"],
+                "bare_ms": bare_cpu,
+                "target": f"<= {limit:g} ms",
+                "met": real_loaded["relay_cpu_ms_per_call"] <= limit,
+            }
+    if result.get("persistent", {}).get("supported") is False:
+        targets["persistent_path"] = {
+            "kind": "missing",
+            "what": "persistent path",
+            "reason": result["persistent"].get("reason"),
+            "met": False,
         }
     idle = result.get("idle", {})
     per = idle.get("rss_per_listener_kib")
@@ -604,18 +811,21 @@ def report(r: dict[str, Any]) -> str:
         f"machine  {machine_line(r['machine'])}",
         f"checkout {checkout_line(r.get('checkout') or {})}",
         f"setup    {r['seeded_identities']} identities seeded in {r['seed_s']} s; {o['pairs']}"
-        f" caller/echo-listener pairs; {o['message_bytes']} B messages; one socket per call",
+        f" caller/echo-listener pairs; {o['message_bytes']} B messages; paths"
+        f" {o.get('path', 'per-call')}; bare relay {'on' if o.get('bare', False) else 'off'}",
         *(
             [f"NOTE     relay started through {r['relay_wrapper']}, not the stock twistd"]
             if r.get("relay_wrapper")
             else []
         ),
-        "calls    phase    C  ok/fail   calls/s  relay-added ms p50/p90/p99/max"
-        "   wall ms p50/p99   dial ms p50   relay CPU/call  relay|bench core",
+        "calls    relay     path        phase    C  ok/fail   calls/s"
+        "  relay-added ms p50/p90/p99/max   wall ms p50/p99   dial ms p50"
+        "   relay CPU/call  relay|bench core",
     ]
     for p in r.get("call_phases", []):
         lines.append(
-            f"{'':9}{p['phase']:<7}{p['concurrency']:>3}"
+            f"{'':9}{p.get('relay', 'agentcall'):<10}{p.get('path', 'per-call'):<12}"
+            f"{p['phase']:<7}{p['concurrency']:>3}"
             f"  {p['calls_ok']:>4}/{p['calls_failed']:<4}"
             f" {p['calls_per_s']:>8}  {_ms(p['relay_added_ms'], 'p50', 'p90', 'p99', 'max'):<31}"
             f"  {_ms(p['wall_ms'], 'p50', 'p99'):<16}  {_ms(p['dial_ms'], 'p50'):<12}"
@@ -623,7 +833,7 @@ def report(r: dict[str, Any]) -> str:
             f"{p['relay_core_use']:.0%}|{p['bench_core_use']:.0%}"
         )
         lines.append(
-            f"{'':17}legs ms p50/p99: request {_ms(p['request_leg_ms'], 'p50', 'p99')},"
+            f"{'':39}legs ms p50/p99: request {_ms(p['request_leg_ms'], 'p50', 'p99')},"
             f" outcome {_ms(p['outcome_leg_ms'], 'p50', 'p99')}; bench loop lag ms p50/p99"
             f" {_ms(p.get('bench_loop_lag_ms'), 'p50', 'p99')}"
         )
@@ -661,7 +871,25 @@ def report(r: dict[str, Any]) -> str:
     verdicts = []
     for t in r.get("targets", {}).values():
         mark = "MET" if t["met"] else "MISSED"
-        if "measured_ms" in t:
+        kind = t.get("kind")
+        if kind == "ratio" and "agentcall_ms" in t:
+            verdicts.append(
+                f"{t['what']}: {t['agentcall_ms']} / {t['bare_ms']} ms = {t['measured']}x"
+                f" ({t['target']}): {mark}"
+            )
+        elif kind == "ratio":
+            verdicts.append(
+                f"{t['what']}: {t['agentcall']} / {t['bare']} = {t['measured']:.0%}"
+                f" ({t['target']}): {mark}"
+            )
+        elif kind == "cpu":
+            verdicts.append(
+                f"{t['what']}: {t['measured_ms']} ms (bare {t['bare_ms']} ms)"
+                f" ({t['target']}): {mark}"
+            )
+        elif kind == "missing":
+            verdicts.append(f"{t['what']}: NOT MEASURED ({t['reason']})")
+        elif "measured_ms" in t:
             verdicts.append(
                 f"relay-added p50 (serial) {t['measured_ms']} ms < {t['target_ms']:g} ms: {mark}"
             )
