@@ -37,7 +37,7 @@ from agentcall import limits
 from agentcall.client.api import USER_AGENT, Credentials
 from agentcall.client.ws import OPEN_TIMEOUT_S, relay_endpoint, set_relay_protocol_options
 from agentcall.errors import AgentCallError, MalformedFrame
-from agentcall.logevents import Logger
+from agentcall.logevents import Logger, without_option_dump
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.closecodes import CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR, CLOSE_REPLACED
@@ -118,6 +118,7 @@ class RelayLink:
             protocol.close_normally()
 
 
+@without_option_dump
 class _ListenerProtocol(WebSocketClientProtocol):
     factory: _ListenerFactory
     # autobahn logs the whole upgrade request, bearer token included, at debug level; this

@@ -13,7 +13,8 @@ class Options(usage.Options):
         "each call the owner's policy admits, run a fresh one-shot agent (claude -p, codex "
         "exec or the configured command) and send back its sealed, signed answer. The "
         "installation is found through AGENTCALL_HOME (default $HOME/.agentcall); set it up "
-        "with `agentcall setup` first. AGENTCALL_RELAY overrides the relay URL for this run."
+        "with `agentcall setup` first. AGENTCALL_RELAY overrides the relay URL for this run; "
+        "AGENTCALL_LOG_LEVEL=debug also writes the per-call detail (default info)."
     )
     optFlags = [
         [
@@ -33,7 +34,12 @@ def makeService(config: Options) -> IService:
         listener_environ,
         make_listener_service,
     )
+    from agentcall.logevents import configure_from_environ
 
+    try:
+        configure_from_environ()
+    except ValueError as exc:
+        raise SystemExit(f"agentcall-listen: {exc}") from None
     try:
         return make_listener_service(
             reactor, listener_environ(), test_ceiling=bool(config["test-ceiling-override"])

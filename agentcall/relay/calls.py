@@ -311,7 +311,7 @@ class CallBook:
         self._calls[call.call_id] = call
         self._live_to[(org, target)] += 1
         self._caller_channels[channel] = call.call_id
-        _log.info("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
+        _log.debug("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
         channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
         listener.send(
             fr.IncomingCall(
@@ -414,11 +414,11 @@ class CallBook:
             return
         call_id = self._caller_channels.get(channel)
         if not isinstance(frame, fr.CancelCall) or call_id is None or frame.call_id != call_id:
-            _log.info("caller_frame_ignored", call_id=call_id, frame_type=frame.type)
+            _log.debug("caller_frame_ignored", call_id=call_id, frame_type=frame.type)
             return
         call = self._calls.get(call_id)
         if call is not None:
-            _log.info("call_cancel_requested", call_id=call_id, org=call.org)
+            _log.debug("call_cancel_requested", call_id=call_id, org=call.org)
             self._send_cancel(call)
 
     def caller_gone(self, channel: Channel) -> None:
@@ -429,7 +429,7 @@ class CallBook:
         call = self._calls.get(call_id) if call_id is not None else None
         if call is None:
             return
-        _log.info("caller_gone", call_id=call.call_id, org=call.org, caller=call.caller)
+        _log.debug("caller_gone", call_id=call.call_id, org=call.org, caller=call.caller)
         # The record stays until a terminal frame or the deadline: a late outcome is then
         # recognised, audited and dropped instead of being counted as a stray frame.
         call = self._store(attrs.evolve(call, caller_channel=None))
@@ -462,7 +462,9 @@ class CallBook:
             self._fail(call, events.CALL_CANCEL, CallErrorCode.CANCELED, str(frame.phase))
         else:
             # call_not_cancelled only answers a cancel; the call goes on toward its outcome.
-            _log.info("call_not_cancelled", call_id=call.call_id, org=org, reason=str(frame.reason))
+            _log.debug(
+                "call_not_cancelled", call_id=call.call_id, org=org, reason=str(frame.reason)
+            )
 
     def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
         """A listener session ended. Its calls stay: a reconnected session may still deliver."""
@@ -473,7 +475,7 @@ class CallBook:
 
     def _advance(self, call: Call, to: Phase) -> None:
         if to <= call.phase:
-            _log.info(
+            _log.debug(
                 "lifecycle_ignored",
                 call_id=call.call_id,
                 phase=call.phase.name.lower(),
@@ -484,7 +486,7 @@ class CallBook:
             # call_started straight from ringing implies the listener accepted the call.
             self._audit(events.CALL_ACCEPT, call, actor=call.target, target=call.caller)
         call = self._store(attrs.evolve(call, phase=to))
-        _log.info("call_progress", call_id=call.call_id, org=call.org, phase=to.name.lower())
+        _log.debug("call_progress", call_id=call.call_id, org=call.org, phase=to.name.lower())
         if call.caller_channel is not None:
             call.caller_channel.send(fr.CallStatus(call_id=call.call_id, state=_STATUS_OF[to]))
 
@@ -498,7 +500,7 @@ class CallBook:
             to=call.caller,
         )
         if problem is not None:
-            _log.info("outcome_route_refused", call_id=call.call_id, org=call.org, field=problem)
+            _log.debug("outcome_route_refused", call_id=call.call_id, org=call.org, field=problem)
             self._fail(call, events.CALL_FAIL, CallErrorCode.PROTOCOL_ERROR, f"route:{problem}")
             return
         event = (
@@ -518,13 +520,12 @@ class CallBook:
         # Forgetting first means anything the caller's close triggers synchronously (such as
         # caller_gone) already finds no live call and sends no cancel.
         self._forget(call)
-        _log.info("call_terminal", call_id=call.call_id, org=call.org, event=event)
         channel = call.caller_channel
+        # The call's one info line: everything else about it is at debug.
+        self._log_ended(call, event, detail, caller_present=channel is not None)
         if channel is not None:
             channel.send(to_caller)
             channel.close(CLOSE_NORMAL, close_reason)
-        else:
-            _log.info("outcome_dropped", call_id=call.call_id, org=call.org, event=event)
         self._audit(event, call, actor=call.target, target=call.caller, detail=detail)
         self._ended(call)
 
@@ -532,7 +533,8 @@ class CallBook:
         call = self._calls.pop(call_id, None)
         if call is None:
             return
-        _log.info("call_timeout", call_id=call_id, org=call.org, phase=call.phase.name.lower())
+        detail = call.phase.name.lower()
+        self._log_ended(call, events.CALL_TIMEOUT, detail, call.caller_channel is not None)
         if call.caller_channel is not None:
             call.caller_channel.send(fr.CallError(code=CallErrorCode.TIMEOUT, call_id=call_id))
             call.caller_channel.close(CLOSE_NORMAL, str(CallErrorCode.TIMEOUT))
@@ -540,7 +542,6 @@ class CallBook:
         listener = self._switchboard.listener_for(call.org, call.target)
         if listener is not None:
             listener.send(fr.CancelCall(call_id=call_id))
-        detail = call.phase.name.lower()
         self._audit(events.CALL_TIMEOUT, call, actor=None, target=call.target, detail=detail)
         self._ended(call)
 
@@ -563,7 +564,7 @@ class CallBook:
         listener = self._switchboard.listener_for(call.org, call.target)
         if listener is None:
             # Left unsent so a later trigger can try again; the deadline bounds the call anyway.
-            _log.info("cancel_undeliverable", call_id=call.call_id, org=call.org)
+            _log.debug("cancel_undeliverable", call_id=call.call_id, org=call.org)
             return
         listener.send(fr.CancelCall(call_id=call.call_id))
         self._store(attrs.evolve(call, cancel_sent=True))
@@ -577,9 +578,24 @@ class CallBook:
         if call.deadline.active():
             call.deadline.cancel()
 
+    def _log_ended(self, call: Call, event: str, detail: str, caller_present: bool) -> None:
+        """The one info line of a call that rang: who, what ended it, and how long it took."""
+        _log.info(
+            "call_ended",
+            call_id=call.call_id,
+            org=call.org,
+            caller=call.caller,
+            target=call.target,
+            # Not "event": that key is the log event's own name.
+            audit_event=event,
+            outcome=detail,
+            duration_ms=round((self._clock.seconds() - call.submitted_at) * 1000, 1),
+            caller_present=caller_present,
+        )
+
     def _ignore(self, org: str, handle: str, call_id: str | None, reason: str) -> None:
         self.ignored_frames += 1
-        _log.info("listener_frame_ignored", org=org, handle=handle, call_id=call_id, reason=reason)
+        _log.debug("listener_frame_ignored", org=org, handle=handle, call_id=call_id, reason=reason)
 
     def _new_call_id(self) -> str:
         # A uuid4 never collides in practice; the check keeps a bad injected minter from

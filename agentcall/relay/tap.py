@@ -16,7 +16,7 @@ from twisted.python import usage
 
 from agentcall import limits
 from agentcall.atomicfile import replace_file
-from agentcall.logevents import Logger
+from agentcall.logevents import Logger, configure_from_environ
 
 if TYPE_CHECKING:
     from agentcall.relay.composition import RelaySettings
@@ -34,7 +34,8 @@ class Options(usage.Options):
         "Run an AgentCall relay: enrolment by one-time invite, published keys, presence, and "
         "routing of end-to-end encrypted calls between identities of one organisation. The "
         "relay sees routing metadata only, never a prompt or a reply. Create the database and "
-        "the first admin invite with `agentcall relay bootstrap` first."
+        "the first admin invite with `agentcall relay bootstrap` first. Logs one info line per "
+        "call; AGENTCALL_LOG_LEVEL=debug (or warn, error) changes that."
     )
     optParameters = [
         [
@@ -314,6 +315,10 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     from agentcall.relay.composition import compose
     from agentcall.relay.store import open_relay_store
 
+    try:
+        configure_from_environ()
+    except ValueError as exc:
+        raise SystemExit(f"agentcall-relay: {exc}") from None
     settings = settings_from(config)
     try:
         store = open_relay_store(config["database"])
