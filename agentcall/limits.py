@@ -110,3 +110,7 @@ MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request h
 FD_RESERVE = 128  # descriptors kept free under RLIMIT_NOFILE for the database, logs and refusals
 REGISTER_PER_MINUTE = 30  # POST /v1/register attempts per source address (bucket size and rate)
 AUTH_FAILURES_PER_MINUTE = 20  # failed authentications per source address before 429
+
+# Audit rows the relay batches per reactor turn (agentcall.relay.audit.BatchingAuditSink).
+AUDIT_MAX_PENDING = 10_000  # rows kept while the database refuses them; older ones are dropped
+AUDIT_RETRY_S = 5.0  # a failed batch is tried again this much later

@@ -328,6 +328,8 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     relay = compose(settings, store, reactor)
 
     top = service.MultiService()
+    # First in, so last to stop: it writes what the services stopped after it still recorded.
+    _AuditFlush(relay.audit).setServiceParent(top)
     ListeningService(
         reactor, config["listen"], relay.factory, config["ready-file"], relay.windows_restored
     ).setServiceParent(top)
@@ -360,6 +362,18 @@ class _DoorFlush(internet.TimerService):
     def stopService(self) -> Any:
         result = super().stopService()
         self._door.flush(final=True)
+        return result
+
+
+class _AuditFlush(service.Service):
+    """Writes the audit rows still waiting for their reactor turn when the relay stops."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def stopService(self) -> Any:
+        result = super().stopService()
+        self._sink.flush()
         return result
 
 

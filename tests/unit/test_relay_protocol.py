@@ -184,6 +184,17 @@ def test_a_call_is_routed_from_caller_to_listener_and_back(switch: Switch) -> No
     assert ken.close_code is None  # the listener's session outlives its calls
     assert switch.relay.relay.calls.active_count() == 0
     assert switch.relay.relay.door.gate.callers_of("@acme/ann") == 0
+    # The call's audit rows wait for the end of the reactor turn, then go in one batch each.
+    store, sink = switch.relay.store, switch.relay.relay.audit
+    assert sink.pending > 0
+    switch.relay.reactor.advance(0)
+    assert sink.pending == 0
+    rows = [(r.event, r.call_id) for r in fired(store.audit_rows("acme"))]
+    assert [r for r in rows if r[1] == call_id] == [
+        (audit.CALL_SUBMIT, call_id),
+        (audit.CALL_ACCEPT, call_id),
+        (audit.CALL_COMPLETE, call_id),
+    ]
 
 
 def test_a_call_to_a_handle_that_is_not_listening_is_offline(switch: Switch) -> None:
@@ -243,6 +254,7 @@ def test_a_bad_token_is_closed_unauthorized_and_counted(switch: Switch) -> None:
     assert caller.close_code == CLOSE_UNAUTHORIZED
     switch.relay.reactor.advance(60.0)
     switch.relay.relay.door.flush()
+    switch.relay.reactor.advance(0)
     [row] = fired(switch.relay.store.audit_rows(audit.RELAY_WIDE))
     assert row.detail == "2 failed authentications in this minute"
 
