@@ -107,6 +107,11 @@ CALL_REQUEST_TIMEOUT_S = 10.0  # a caller socket sends its call_request this soo
 MAX_CONNECTIONS_PER_SOURCE = 64
 MAX_CALLERS_PER_IDENTITY = 8
 MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request head (or upgrade)
+# WebSocket upgrades between the request and `ready` (their credentials being checked); more are
+# answered 503 with a Retry-After of UPGRADE_RETRY_MIN_S..UPGRADE_RETRY_MAX_S, before any lookup.
+MAX_UPGRADES_IN_FLIGHT = 64
+UPGRADE_RETRY_MIN_S = 1
+UPGRADE_RETRY_MAX_S = 10
 FD_RESERVE = 128  # descriptors kept free under RLIMIT_NOFILE for the database, logs and refusals
 REGISTER_PER_MINUTE = 30  # POST /v1/register attempts per source address (bucket size and rate)
 AUTH_FAILURES_PER_MINUTE = 20  # failed authentications per source address before 429

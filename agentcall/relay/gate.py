@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Callable
 
 import attrs
+
+from agentcall import limits
 
 
 class TurnedAway(enum.StrEnum):
@@ -30,6 +33,8 @@ class TurnedAway(enum.StrEnum):
     CALLERS_PER_IDENTITY = "callers_per_identity"
     HEAD_TIMEOUT = "head_timeout"
     CALL_REQUEST_TIMEOUT = "call_request_timeout"
+    # A WebSocket upgrade told to come back (503): too many were having their credentials checked.
+    UPGRADES_BUSY = "upgrades_busy"
     REGISTER_THROTTLED = "register_throttled"
     AUTH_THROTTLED = "auth_throttled"
     # Refused HTTP API requests (404, 401, 400, ...): counted here rather than one line each.
@@ -52,6 +57,7 @@ class GateLimits:
     total: int = attrs.field(validator=_at_least_one)
     handshakes: int = attrs.field(validator=_at_least_one)
     callers_per_identity: int = attrs.field(validator=_at_least_one)
+    upgrades: int = attrs.field(default=limits.MAX_UPGRADES_IN_FLIGHT, validator=_at_least_one)
 
 
 @attrs.define(eq=False)
@@ -63,6 +69,8 @@ class Ticket:
     in_head: bool = True
     plain_http: bool = True
     released: bool = False
+    # Between its WebSocket upgrade request and ``ready`` (credentials being checked).
+    upgrading: bool = False
 
 
 @attrs.frozen
@@ -86,6 +94,7 @@ class ConnectionGate:
         # Oldest first (dicts keep insertion order): who makes room when a cap is reached.
         self._heads: dict[Ticket, None] = {}
         self._plain: dict[Ticket, None] = {}
+        self._upgrading = 0
 
     # --- connections ------------------------------------------------------------------------
 
@@ -121,8 +130,26 @@ class ConnectionGate:
             ticket.in_head = False
             del self._heads[ticket]
 
+    def begin_upgrade(self, ticket: Ticket) -> bool:
+        """The connection asks for a WebSocket upgrade: count it while its credentials are
+        checked, or False (and no count) when ``caps.upgrades`` are already being checked."""
+        if ticket.upgrading:
+            return True
+        if ticket.released or self._upgrading >= self.caps.upgrades:
+            return False
+        ticket.upgrading = True
+        self._upgrading += 1
+        return True
+
+    def end_upgrade(self, ticket: Ticket) -> None:
+        """The upgrade was answered (``ready`` or a refusal); calling it again is harmless."""
+        if ticket.upgrading:
+            ticket.upgrading = False
+            self._upgrading -= 1
+
     def upgraded(self, ticket: Ticket) -> None:
         """The connection is now an authenticated WebSocket: never evicted to make room."""
+        self.end_upgrade(ticket)
         self.head_done(ticket)
         if ticket.plain_http and not ticket.released:
             ticket.plain_http = False
@@ -132,6 +159,7 @@ class ConnectionGate:
         """The connection is gone; calling it again is harmless."""
         if ticket.released:
             return
+        self.end_upgrade(ticket)
         self.head_done(ticket)
         self._plain.pop(ticket, None)
         ticket.released = True
@@ -166,6 +194,11 @@ class ConnectionGate:
         return len(self._heads)
 
     @property
+    def upgrades_in_flight(self) -> int:
+        """WebSocket upgrades whose credentials are being checked."""
+        return self._upgrading
+
+    @property
     def plain_http(self) -> int:
         """Open connections that are not (yet) authenticated WebSockets."""
         return len(self._plain)
@@ -197,6 +230,19 @@ class TurnedAwayTally:
         counts = {str(reason): n for reason, n in sorted(self._counts.items())}
         self._counts.clear()
         return counts
+
+
+def busy_retry_after_s(
+    random: Callable[[], float],
+    low: int = limits.UPGRADE_RETRY_MIN_S,
+    high: int = limits.UPGRADE_RETRY_MAX_S,
+) -> int:
+    """Whole seconds in ``low..high`` for the ``Retry-After`` of an upgrade told to come back,
+    spread evenly by ``random()`` (in [0, 1)): a crowd turned away in one second does not all
+    come back in the same second."""
+    if not 1 <= low <= high:
+        raise ValueError("need 1 <= low <= high")
+    return low + min(high - low, int(random() * (high - low + 1)))
 
 
 def total_cap(open_file_limit: int, reserve: int) -> int:

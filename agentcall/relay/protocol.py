@@ -148,6 +148,8 @@ class RelayWebSocket(WebSocketServerProtocol):
 
     def onOpen(self) -> None:
         self.opened = True
+        # Answered (ready or a refusal): the next upgrade may take this one's place.
+        self.factory.door.upgrade_answered(self.transport)
         self._release_handshake()
         member = self.member
         self.channel = WebSocketChannel(self, peer=self.peer or "?")

@@ -103,6 +103,14 @@ class Options(usage.Options):
             "at once; at the cap a newcomer evicts the oldest of them (1-100000).",
         ],
         [
+            "max-upgrades",
+            None,
+            str(limits.MAX_UPGRADES_IN_FLIGHT),
+            "WebSocket upgrades whose credentials may be checked at once; more are answered 503 "
+            f"with a Retry-After of {limits.UPGRADE_RETRY_MIN_S}-{limits.UPGRADE_RETRY_MAX_S} s, "
+            "spread at random, before any lookup (1-100000).",
+        ],
+        [
             "max-connections",
             None,
             "auto",
@@ -199,6 +207,7 @@ def _door_config(options: usage.Options, open_file_limit: int) -> Any:
         per_source=_bounded(options["max-per-source"], "--max-per-source", 1, 100_000, int),
         total=total,
         handshakes=_bounded(options["max-handshakes"], "--max-handshakes", 1, 100_000, int),
+        upgrades=_bounded(options["max-upgrades"], "--max-upgrades", 1, 100_000, int),
         callers_per_identity=_bounded(
             options["max-callers-per-identity"], "--max-callers-per-identity", 1, 10_000, int
         ),
@@ -344,6 +353,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_connections=caps.total,
         max_per_source=caps.per_source,
         max_handshakes=caps.handshakes,
+        max_upgrades=caps.upgrades,
         max_callers_per_identity=caps.callers_per_identity,
         mailbox_max_queued=settings.mailbox.max_queued_per_callee,
         mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,

@@ -163,3 +163,41 @@ def test_the_relay_service_stops_the_mailbox_timers_with_it(tmp_path: Path) -> N
     timers.startService()
     timers.stopService()
     assert stopped == [True]
+
+
+def test_the_relay_takes_a_cap_on_upgrades_in_flight() -> None:
+    from twisted.python import usage
+
+    from agentcall import limits
+    from agentcall.relay import tap
+
+    base = ["--database", "relay.db", "--url", "http://127.0.0.1:8765"]
+    options = tap.Options()
+    options.parseOptions(base)
+    assert options["door"].caps.upgrades == limits.MAX_UPGRADES_IN_FLIGHT
+    options = tap.Options()
+    options.parseOptions([*base, "--max-upgrades", "7"])
+    assert options["door"].caps.upgrades == 7
+    with pytest.raises(usage.UsageError, match="--max-upgrades must be between 1 and 100000"):
+        tap.Options().parseOptions([*base, "--max-upgrades", "0"])
+
+
+def test_the_relay_service_flushes_its_audit_rows_when_it_stops(tmp_path: Path) -> None:
+    from twisted.application.service import MultiService
+    from twisted.internet.testing import MemoryReactorClock
+
+    from agentcall.relay import tap
+
+    path = tmp_path / "relay.db"
+    bootstrap(path, "acme", URL, T0)
+    options = tap.Options()
+    options.parseOptions(["--database", str(path), "--url", "http://127.0.0.1:8765"])
+    top = tap.makeService(options, reactor=MemoryReactorClock())
+    assert isinstance(top, MultiService)
+    # Last to stop: every other service may still record rows while it stops.
+    assert isinstance(list(top)[0], tap._AuditFlush)
+    flushed: list[bool] = []
+    list(top)[0]._sink = type("Sink", (), {"flush": lambda _self: flushed.append(True)})()
+    list(top)[0].startService()
+    list(top)[0].stopService()
+    assert flushed == [True]

@@ -13,6 +13,7 @@ from agentcall.relay.gate import (
     Ticket,
     TurnedAway,
     TurnedAwayTally,
+    busy_retry_after_s,
     total_cap,
 )
 from agentcall.relay.throttle import (
@@ -150,7 +151,9 @@ def test_callers_per_identity() -> None:
     assert g.callers_of("@acme/ken") == 0
 
 
-@pytest.mark.parametrize("field", ["per_source", "total", "handshakes", "callers_per_identity"])
+@pytest.mark.parametrize(
+    "field", ["per_source", "total", "handshakes", "callers_per_identity", "upgrades"]
+)
 def test_caps_must_be_positive(field: str) -> None:
     values = {"per_source": 1, "total": 1, "handshakes": 1, "callers_per_identity": 1, field: 0}
     with pytest.raises(ValueError, match=field):
@@ -303,3 +306,44 @@ def test_a_full_table_shares_one_bucket_among_new_keys() -> None:
     # A known key is untouched by the overflow.
     assert buckets.take("known", 1.0) is None
     assert len(buckets) == 11
+
+
+# --- upgrades in flight -------------------------------------------------------------------------
+
+
+def test_upgrades_are_counted_up_to_their_cap() -> None:
+    g = ConnectionGate(GateLimits(10, 10, 10, 1, upgrades=2))
+    one, two, three = (let_in(g, "a") for _ in range(3))
+    assert g.begin_upgrade(one) and g.begin_upgrade(two)
+    assert g.begin_upgrade(one)  # the same upgrade again takes no second place
+    assert not g.begin_upgrade(three)
+    assert g.upgrades_in_flight == 2 and not three.upgrading
+    g.end_upgrade(one)
+    g.end_upgrade(one)
+    assert g.upgrades_in_flight == 1
+    assert g.begin_upgrade(three)
+
+
+def test_an_upgrade_ends_when_it_opens_or_its_connection_goes() -> None:
+    g = ConnectionGate(GateLimits(10, 10, 10, 1, upgrades=5))
+    opened, gone = let_in(g, "a"), let_in(g, "a")
+    g.begin_upgrade(opened)
+    g.begin_upgrade(gone)
+    g.upgraded(opened)
+    g.release(gone)
+    assert g.upgrades_in_flight == 0
+    assert not g.begin_upgrade(gone)  # a released connection upgrades nothing
+    assert g.upgrades_in_flight == 0
+
+
+@pytest.mark.parametrize(("r", "seconds"), [(0.0, 1), (0.09, 1), (0.1, 2), (0.55, 6), (0.999, 10)])
+def test_busy_retry_after_spreads_evenly_over_its_range(r: float, seconds: int) -> None:
+    assert busy_retry_after_s(lambda: r, 1, 10) == seconds
+
+
+def test_busy_retry_after_stays_in_range_even_for_a_random_of_one() -> None:
+    assert busy_retry_after_s(lambda: 1.0, 2, 4) == 4
+    with pytest.raises(ValueError):
+        busy_retry_after_s(lambda: 0.5, 0, 3)
+    with pytest.raises(ValueError):
+        busy_retry_after_s(lambda: 0.5, 5, 3)

@@ -6,7 +6,7 @@ import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -22,7 +22,16 @@ from agentcall.relay import audit
 from agentcall.relay.door import Door, DoorConfig, source_of
 from agentcall.relay.gate import GateLimits
 from agentcall.relay.store import SqliteRelayStore
-from tests.unit.relay_helpers import ORIGIN, MemoryRelay, fired, memory_relay, parse_answer
+from agentcall.relay.store_interface import RelayStore
+from tests.unit.relay_helpers import (
+    ORIGIN,
+    HeldStore,
+    MemoryRelay,
+    fired,
+    holding,
+    memory_relay,
+    parse_answer,
+)
 
 
 @attrs.define
@@ -409,3 +418,68 @@ def test_caller_sockets_per_identity_are_capped(front: Front) -> None:
     assert json.loads(sent[0][1])["code"] == "rate_limited"
     assert sent[1][0] == 0x8 and int.from_bytes(sent[1][1][:2], "big") == 4029
     assert front.door.gate.callers_of("@acme/ann") == 1
+
+
+# --- upgrades in flight -------------------------------------------------------------------------
+
+
+def test_upgrades_past_the_cap_are_told_to_come_back_before_any_lookup(tmp_path: Path) -> None:
+    """Two upgrades whose credentials are still being checked fill a cap of two; the third is
+    answered 503 with a jittered Retry-After without a store lookup, and counted."""
+    caps = GateLimits(per_source=10, total=10, handshakes=10, callers_per_identity=1, upgrades=2)
+    stores: list[HeldStore] = []
+
+    def hold(store: SqliteRelayStore) -> RelayStore:
+        stores.append(HeldStore(store, "authenticate"))
+        return cast(RelayStore, stores[-1])
+
+    memory = memory_relay(tmp_path, now=1_000_000.0, door=config(caps=caps), wrap=hold)
+    token = memory.enrol("ann")
+    [held] = stores
+    memory.relay.door.random = lambda: 0.5
+    headers = (
+        f"Authorization: Bearer {token}",
+        "X-AgentCall-Org: acme",
+        "X-AgentCall-Handle: ann",
+    )
+    waiting = []
+    for _ in range(2):
+        protocol, transport = memory.connect()
+        protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+        waiting.append((protocol, transport))
+    assert len(held.pending) == 2 and memory.relay.door.gate.upgrades_in_flight == 2
+    protocol, transport = memory.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+    status, answer_headers, body = parse(transport.value())
+    assert status == 503 and answer_headers["retry-after"] == "6"
+    assert json.loads(body)["error"] == "rate_limited"
+    assert len(held.pending) == 2  # no lookup for the one turned away
+    assert memory.relay.door.turned_away.drain() == {"upgrades_busy": 1}
+    # Once the first two are answered (ready), the next upgrade is checked again.
+    held.release()
+    assert [parse(t.value())[0] for _p, t in waiting] == [101, 101]
+    assert memory.relay.door.gate.upgrades_in_flight == 0
+    protocol, transport = memory.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+    assert len(held.pending) == 1
+
+
+def test_an_upgrade_that_leaves_while_checked_frees_its_place(tmp_path: Path) -> None:
+    caps = GateLimits(per_source=10, total=10, handshakes=10, callers_per_identity=1, upgrades=1)
+    memory = memory_relay(
+        tmp_path, now=1_000_000.0, door=config(caps=caps), wrap=holding("authenticate")
+    )
+    token = memory.enrol("ann")
+    headers = (f"Authorization: Bearer {token}", "X-AgentCall-Org: acme", "X-AgentCall-Handle: ann")
+    protocol, _transport = memory.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+    assert memory.relay.door.gate.upgrades_in_flight == 1
+    protocol.connectionLost(Failure(ConnectionDone()))
+    assert memory.relay.door.gate.upgrades_in_flight == 0
+
+
+def test_a_refused_upgrade_is_answered_and_frees_its_place(front: Front) -> None:
+    """Bad credentials: the socket opens only to be closed; it no longer counts as in flight."""
+    protocol, _transport = front.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *auth(front, "nope")))
+    assert front.door.gate.upgrades_in_flight == 0
