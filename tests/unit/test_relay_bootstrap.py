@@ -195,9 +195,10 @@ def test_the_relay_service_flushes_its_audit_rows_when_it_stops(tmp_path: Path) 
     top = tap.makeService(options, reactor=MemoryReactorClock())
     assert isinstance(top, MultiService)
     # Last to stop: every other service may still record rows while it stops.
-    assert isinstance(list(top)[0], tap._AuditFlush)
+    first = next(iter(top))
+    assert isinstance(first, tap._AuditFlush)
     flushed: list[bool] = []
-    list(top)[0]._sink = type("Sink", (), {"flush": lambda _self: flushed.append(True)})()
-    list(top)[0].startService()
-    list(top)[0].stopService()
+    first._sink = type("Sink", (), {"flush": lambda _self: flushed.append(True)})()
+    first.startService()
+    first.stopService()
     assert flushed == [True]
