@@ -483,3 +483,24 @@ def test_a_refused_upgrade_is_answered_and_frees_its_place(front: Front) -> None
     protocol, _transport = front.connect()
     protocol.dataReceived(upgrade("/v1/ws?role=listen", *auth(front, "nope")))
     assert front.door.gate.upgrades_in_flight == 0
+
+
+def test_the_connection_wrapper_claims_the_transport_s_interfaces_but_not_tls(
+    front: Front,
+) -> None:
+    """autobahn must not take the wrapper for the TLS layer; everything else is passed on."""
+    from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITransport
+    from zope.interface import directlyProvides
+
+    class TlsTransport(StringTransport):
+        pass
+
+    for _ in range(2):  # the second one through the cached interfaces
+        transport = TlsTransport(peerAddress=IPv4Address("TCP", "10.0.0.1", 40000))
+        directlyProvides(transport, ISSLTransport)
+        protocol = front.memory.relay.factory.buildProtocol(transport.getPeer())
+        protocol.makeConnection(transport)
+        assert ITransport.providedBy(protocol) and IPushProducer.providedBy(protocol)
+        assert not ISSLTransport.providedBy(protocol)
+    plain, _ = front.connect()
+    assert ITransport.providedBy(plain) and not ISSLTransport.providedBy(plain)
