@@ -469,7 +469,10 @@ class CallBook:
     def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
         """A listener session ended. Its calls stay: a reconnected session may still deliver."""
         in_flight = sum(1 for c in self._calls.values() if (c.org, c.target) == (org, handle))
-        _log.info("listener_gone", org=org, handle=handle, in_flight=in_flight)
+        # listener_detached (relay/protocol.py) is the session's info line; calls left in
+        # flight are worth one of their own.
+        emit = _log.info if in_flight else _log.debug
+        emit("listener_gone", org=org, handle=handle, in_flight=in_flight)
 
     # --- transitions -------------------------------------------------------------------------
 

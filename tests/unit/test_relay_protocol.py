@@ -355,3 +355,22 @@ def test_a_client_gone_during_the_token_check_is_never_attached(
     assert ken.frames == [] and ann.frames == []
     assert not switch.relay.relay.switchboard.is_online("acme", "ken")
     assert switch.relay.relay.door.gate.callers_of("@acme/ann") == 0
+
+
+def test_a_listener_session_logs_one_info_line_each_way(switch: Switch) -> None:
+    """Attached and detached; the switchboard's and the call book's own lines are debug."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    with capturedLogs() as events:
+        ken = switch.connect("role=listen", "ken")
+        assert ken.socket is not None
+        ken.socket.sendClose(CLOSE_NORMAL)
+        switch.flush()
+    ours = [e for e in events if str(e.get("log_namespace", "")).startswith("agentcall")]
+    assert [e["event"] for e in ours if e["log_level"] is LogLevel.info] == [
+        "listener_attached",
+        "listener_detached",
+    ]
+    assert {"listener_online", "listener_offline", "listener_gone"} <= {
+        e["event"] for e in ours if e["log_level"] is LogLevel.debug
+    }
