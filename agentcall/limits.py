@@ -113,6 +113,9 @@ CALL_REQUEST_TIMEOUT_S = 10.0  # a caller socket sends its call_request this soo
 MAX_CONNECTIONS_PER_SOURCE = 64
 MAX_CALLERS_PER_IDENTITY = 8
 MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request head (or upgrade)
+# At that cap a connection younger than this is not evicted (it is most likely an honest client
+# mid-handshake in a reconnect storm): the newcomer is closed at once instead, before TLS.
+HEAD_EVICT_AFTER_S = 2.0
 # WebSocket upgrades between the request and `ready` (their credentials being checked); more are
 # answered 503 with a Retry-After of UPGRADE_RETRY_MIN_S..UPGRADE_RETRY_MAX_S, before any lookup.
 MAX_UPGRADES_IN_FLIGHT = 64

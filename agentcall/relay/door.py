@@ -345,7 +345,7 @@ class GatedFactory(WrappingFactory[GatedConnection]):
         self.door = site.door
 
     def buildProtocol(self, addr: IAddress) -> Any:  # type: ignore[override]
-        decision = self.door.gate.admit(source_of(addr))
+        decision = self.door.gate.admit(source_of(addr), self.door.clock.seconds())
         if isinstance(decision, TurnedAway):
             self.door.turned_away.note(decision)
             return _Refused()

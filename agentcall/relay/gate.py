@@ -32,6 +32,8 @@ class TurnedAway(enum.StrEnum):
     TOTAL = "total"
     CALLERS_PER_IDENTITY = "callers_per_identity"
     HEAD_TIMEOUT = "head_timeout"
+    # At the head cap with every connection in head younger than the grace: closed at once.
+    HANDSHAKES_BUSY = "handshakes_busy"
     CALL_REQUEST_TIMEOUT = "call_request_timeout"
     # A WebSocket upgrade told to come back (503): too many were having their credentials checked.
     UPGRADES_BUSY = "upgrades_busy"
@@ -58,6 +60,9 @@ class GateLimits:
     handshakes: int = attrs.field(validator=_at_least_one)
     callers_per_identity: int = attrs.field(validator=_at_least_one)
     upgrades: int = attrs.field(default=limits.MAX_UPGRADES_IN_FLIGHT, validator=_at_least_one)
+    # At the head cap only a connection in head at least this long (seconds) is evicted; 0 lets
+    # a newcomer evict the oldest whatever its age.
+    head_grace_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
 
 
 @attrs.define(eq=False)
@@ -66,6 +71,7 @@ class Ticket:
     ``plain_http`` until it becomes an authenticated WebSocket."""
 
     source: str
+    opened_at: float = 0.0
     in_head: bool = True
     plain_http: bool = True
     released: bool = False
@@ -98,21 +104,36 @@ class ConnectionGate:
 
     # --- connections ------------------------------------------------------------------------
 
-    def admit(self, source: str) -> LetIn | TurnedAway:
-        """A ticket for a new connection from ``source`` and the connections to close for it
-        (already released here), or why the newcomer must be closed at once."""
+    def admit(self, source: str, now: float = 0.0) -> LetIn | TurnedAway:
+        """A ticket for a new connection from ``source`` opened at ``now`` and the connections
+        to close for it (already released here), or why the newcomer must be closed at once.
+
+        At the head cap the oldest connection in head is evicted only once it has been there
+        ``caps.head_grace_s``: younger ones are most likely honest clients half way through
+        their handshake (a reconnect storm), and evicting them would waste the work done and
+        send them back to retry. The newcomer is closed instead (``handshakes_busy``), which
+        costs the relay almost nothing, and comes back after its own backoff. A flood of slow
+        heads still loses its places once they are older than the grace.
+        """
         # A source's own cap is never eased by evicting: it would only evict itself.
         if self._by_source[source] >= self.caps.per_source:
             return TurnedAway.PER_SOURCE
+        heads_full = len(self._heads) >= self.caps.handshakes
+        if heads_full and now - next(iter(self._heads)).opened_at < self.caps.head_grace_s:
+            # Decided before anything is evicted for the total cap, which would then be for
+            # nothing.
+            return TurnedAway.HANDSHAKES_BUSY
         evicted: list[tuple[Ticket, TurnedAway]] = []
         # Total first: it protects the file descriptors everyone else needs.
         if self._total >= self.caps.total:
             if not self._plain:
                 return TurnedAway.TOTAL
             evicted.append((self._evict(self._plain), TurnedAway.EVICTED_PLAIN_HTTP))
+        # Again: the total cap's eviction may have freed a place in head (its oldest is the
+        # one checked against the grace above, or it was the connection just evicted).
         if len(self._heads) >= self.caps.handshakes:
             evicted.append((self._evict(self._heads), TurnedAway.EVICTED_IN_HEAD))
-        ticket = Ticket(source)
+        ticket = Ticket(source, opened_at=now)
         self._by_source[source] += 1
         self._total += 1
         self._heads[ticket] = None

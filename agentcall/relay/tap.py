@@ -103,6 +103,14 @@ class Options(usage.Options):
             "at once; at the cap a newcomer evicts the oldest of them (1-100000).",
         ],
         [
+            "handshake-grace",
+            None,
+            f"{limits.HEAD_EVICT_AFTER_S:g}",
+            "Seconds a connection may spend on its first head before a newcomer at the "
+            "--max-handshakes cap may evict it; until then the newcomer is closed at once "
+            "instead, so a reconnecting crowd is not evicted half way through TLS (0-60).",
+        ],
+        [
             "max-upgrades",
             None,
             str(limits.MAX_UPGRADES_IN_FLIGHT),
@@ -208,6 +216,7 @@ def _door_config(options: usage.Options, open_file_limit: int) -> Any:
         total=total,
         handshakes=_bounded(options["max-handshakes"], "--max-handshakes", 1, 100_000, int),
         upgrades=_bounded(options["max-upgrades"], "--max-upgrades", 1, 100_000, int),
+        head_grace_s=_bounded(options["handshake-grace"], "--handshake-grace", 0, 60, float),
         callers_per_identity=_bounded(
             options["max-callers-per-identity"], "--max-callers-per-identity", 1, 10_000, int
         ),
@@ -354,6 +363,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_per_source=caps.per_source,
         max_handshakes=caps.handshakes,
         max_upgrades=caps.upgrades,
+        handshake_grace_s=caps.head_grace_s,
         max_callers_per_identity=caps.callers_per_identity,
         mailbox_max_queued=settings.mailbox.max_queued_per_callee,
         mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,

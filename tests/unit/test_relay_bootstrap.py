@@ -202,3 +202,20 @@ def test_the_relay_service_flushes_its_audit_rows_when_it_stops(tmp_path: Path) 
     first.startService()
     first.stopService()
     assert flushed == [True]
+
+
+def test_the_relay_takes_a_head_grace() -> None:
+    from twisted.python import usage
+
+    from agentcall import limits
+    from agentcall.relay import tap
+
+    base = ["--database", "relay.db", "--url", "http://127.0.0.1:8765"]
+    options = tap.Options()
+    options.parseOptions(base)
+    assert options["door"].caps.head_grace_s == limits.HEAD_EVICT_AFTER_S == 2.0
+    options = tap.Options()
+    options.parseOptions([*base, "--handshake-grace", "0"])
+    assert options["door"].caps.head_grace_s == 0.0
+    with pytest.raises(usage.UsageError, match="--handshake-grace must be between 0 and 60"):
+        tap.Options().parseOptions([*base, "--handshake-grace", "61"])

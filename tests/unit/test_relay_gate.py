@@ -347,3 +347,54 @@ def test_busy_retry_after_stays_in_range_even_for_a_random_of_one() -> None:
         busy_retry_after_s(lambda: 0.5, 0, 3)
     with pytest.raises(ValueError):
         busy_retry_after_s(lambda: 0.5, 5, 3)
+
+
+# --- the head grace (reconnect storms) -----------------------------------------------------------
+
+
+def graceful(handshakes: int = 2, total: int = 10, grace: float = 2.0) -> ConnectionGate:
+    return ConnectionGate(GateLimits(10, total, handshakes, 1, head_grace_s=grace))
+
+
+def test_at_the_head_cap_young_heads_are_kept_and_the_newcomer_is_closed() -> None:
+    g = graceful()
+    one, two = g.admit("a", 100.0), g.admit("b", 100.5)
+    assert isinstance(one, LetIn) and isinstance(two, LetIn)
+    assert g.admit("c", 101.9) is TurnedAway.HANDSHAKES_BUSY
+    assert not one.ticket.released and g.open_total == 2 and g.in_head == 2
+    # Once the oldest has been in head for the grace, it makes room as before.
+    decision = g.admit("c", 102.0)
+    assert isinstance(decision, LetIn)
+    assert decision.evicted == ((one.ticket, TurnedAway.EVICTED_IN_HEAD),)
+    assert decision.ticket.opened_at == 102.0
+
+
+def test_a_young_head_refusal_evicts_nothing_for_the_total_cap_either() -> None:
+    g = graceful(handshakes=1, total=2)
+    idle = g.admit("a", 100.0)
+    assert isinstance(idle, LetIn)
+    g.head_done(idle.ticket)
+    heading = g.admit("b", 101.0)
+    assert isinstance(heading, LetIn)
+    assert g.admit("c", 101.5) is TurnedAway.HANDSHAKES_BUSY
+    assert not idle.ticket.released and not heading.ticket.released
+    decision = g.admit("c", 103.0)
+    assert isinstance(decision, LetIn)
+    assert decision.evicted == (
+        (idle.ticket, TurnedAway.EVICTED_PLAIN_HTTP),
+        (heading.ticket, TurnedAway.EVICTED_IN_HEAD),
+    )
+
+
+def test_a_grace_of_zero_evicts_the_oldest_whatever_its_age() -> None:
+    g = graceful(grace=0.0)
+    first = g.admit("a", 100.0)
+    g.admit("b", 100.0)
+    decision = g.admit("c", 100.0)
+    assert isinstance(first, LetIn) and isinstance(decision, LetIn)
+    assert decision.evicted == ((first.ticket, TurnedAway.EVICTED_IN_HEAD),)
+
+
+def test_a_negative_grace_is_refused() -> None:
+    with pytest.raises(ValueError):
+        GateLimits(1, 1, 1, 1, head_grace_s=-1.0)

@@ -504,3 +504,23 @@ def test_the_connection_wrapper_claims_the_transport_s_interfaces_but_not_tls(
         assert not ISSLTransport.providedBy(protocol)
     plain, _ = front.connect()
     assert ITransport.providedBy(plain) and not ISSLTransport.providedBy(plain)
+
+
+def test_a_newcomer_at_the_head_cap_is_closed_while_the_heads_are_young(tmp_path: Path) -> None:
+    """A reconnecting crowd: those half way through their handshake keep their place, the
+    newcomer is closed at once (before TLS would start), and the slow ones still lose theirs
+    once the grace has passed."""
+    caps = GateLimits(
+        per_source=10, total=10, handshakes=2, callers_per_identity=1, head_grace_s=2.0
+    )
+    front = make_front(tmp_path, config(caps=caps))
+    _, first = front.connect("10.0.0.2")
+    _, second = front.connect("10.0.0.3")
+    _, turned_away = front.connect("10.0.0.4")
+    assert turned_away.disconnected or turned_away.disconnecting
+    assert not first.disconnecting and not second.disconnecting
+    assert front.door.gate.open_total == 2
+    front.reactor.advance(2.0)
+    _, newcomer = front.connect("10.0.0.5")
+    assert first.disconnected and not newcomer.disconnecting
+    assert front.door.turned_away.drain() == {"evicted_in_head": 1, "handshakes_busy": 1}
