@@ -179,6 +179,20 @@ def test_sqlite_writes_a_batch_in_one_transaction(tmp_path: Path) -> None:
     store.close()
 
 
+def test_sqlite_writes_a_batch_of_one_as_one_statement(tmp_path: Path) -> None:
+    store = open_relay_store(tmp_path / "relay.sqlite")
+    fired(store.ensure_org("acme", T0))
+    statements: list[str] = []
+    store.registry._conn.set_trace_callback(statements.append)
+    fired(store.record_many([entry(0)]))
+    store.registry._conn.set_trace_callback(None)
+    assert len(statements) == 1 and statements[0].startswith("INSERT INTO audit")
+    with pytest.raises(ValueError, match="not an audit event"):
+        fired(store.record_many([entry(1, "call.peek")]))
+    assert [r.call_id for r in fired(store.audit_rows("acme"))] == ["call-0"]
+    store.close()
+
+
 def test_sqlite_writes_all_of_a_batch_or_none(tmp_path: Path) -> None:
     store = Fired(open_relay_store(tmp_path / "relay.sqlite"))
     store.ensure_org("acme", T0)
