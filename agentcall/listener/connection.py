@@ -1,6 +1,6 @@
 """The listener's one WebSocket to the relay, kept up by ``ClientService``.
 
-- Reconnects with exponential backoff and full jitter, the first attempt included, and no
+- Reconnects with exponential backoff (x1.5) and full jitter, the first attempt included, and no
   sooner than a ``Retry-After`` the relay sent (:func:`reconnect_delay`).
 - Re-reads the relay URL, token and CA file (through ``load_settings``) on every attempt, so a
   rotated token or a moved relay is picked up without a restart.
@@ -48,7 +48,7 @@ txaio.use_twisted()
 
 _log = Logger(namespace="agentcall.listener.connection")
 
-RECONNECT_FACTOR = 2.0
+RECONNECT_FACTOR = 1.5
 REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
     "and does not reconnect (restart it to answer calls here again)"
@@ -68,7 +68,8 @@ def reconnect_delay(
 ) -> float:
     """Seconds before retry number ``attempt`` (1, 2, …) of a connection to the relay.
 
-    Full jitter: uniform between 0.25 s and a window of 4, 8, 16, 32, then 60 s, so a crowd
+    Full jitter: uniform between 0.25 s and a window of 4 s that grows 1.5 times with each
+    attempt (6, 9, 13.5, … at most 60 s), so a crowd
     of listeners that lost the relay at the same instant comes back spread over seconds, not
     in one burst, and a single listener after a blip is back within 4 s. ``retry_after`` (the
     relay's ``Retry-After``, capped at 60 s) is a floor, plus up to 0.5 s so that those told

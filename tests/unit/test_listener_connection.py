@@ -63,21 +63,23 @@ ADDR = IPv4Address("TCP", "127.0.0.1", 4433)
         (1, 0.0, 0.25),
         (1, 0.5, 2.125),
         (1, 1.0, 4.0),
-        (2, 1.0, 8.0),
-        (3, 1.0, 16.0),
-        (4, 1.0, 32.0),
-        (5, 1.0, 60.0),
+        (2, 1.0, 6.0),
+        (3, 1.0, 9.0),
+        (4, 1.0, 13.5),
+        (5, 1.0, 20.25),
+        (8, 1.0, 60.0),
         (50, 1.0, 60.0),
         (10_000, 1.0, 60.0),
         (10_000, 0.0, 0.25),
-        (3, 0.5, 8.125),
+        (3, 0.5, 4.625),
     ],
 )
-def test_reconnect_delay_is_full_jitter_over_a_doubling_window(
+def test_reconnect_delay_is_full_jitter_over_a_growing_window(
     attempt: int, r: float, expected: float
 ) -> None:
-    """Uniform in [0.25 s, window) with a window of 4, 8, 16, 32 s, then 60 s: the first
-    attempt included, so a crowd spreads out at once and one listener is back within 4 s."""
+    """Uniform in [0.25 s, window) with a window of 4 s growing 1.5 times per attempt up to
+    60 s: the first attempt included, so a crowd spreads out at once and one listener is back
+    within 4 s."""
     assert reconnect_delay(attempt, lambda: r) == expected
 
 
@@ -97,7 +99,7 @@ def test_reconnect_delays_of_a_crowd_spread_over_the_first_window() -> None:
     [
         (1, 0.0, 7.0, 7.0),  # the relay's number is a floor
         (1, 0.5, 7.0, 7.25),  # plus up to half a second, spread
-        (5, 1.0, 7.0, 60.0),  # the own backoff is already longer
+        (8, 1.0, 7.0, 60.0),  # the own backoff is already longer
         (1, 0.0, 86_400.0, 60.0),  # never more than the longest backoff (plus jitter)
         (1, 0.0, -3.0, 0.25),
     ],
@@ -416,10 +418,10 @@ def test_unusable_settings_are_retried_with_backoff(listener: Listener) -> None:
         listener.connection.startService()
         listener.clock.advance(2.125)
     delays = [event["retry_in_s"] for event in events_named(events, "relay_connect_failed")]
-    assert delays == [2.125, 4.125]
+    assert delays == [2.125, 3.125]
     assert "not a valid token" in events_named(events, "relay_connect_failed")[0]["reason"]
     listener.next_settings = settings()
-    listener.clock.advance(4.0)
+    listener.clock.advance(3.0)
     listener.relay.flush()
     assert listener.connection.connections == 0
     listener.clock.advance(0.125)
