@@ -76,7 +76,14 @@ MAX_RUNNING_CALLS = 1
 MAX_WAITING_CALLS = 0
 MAX_STDOUT_BYTES = 10 * 1024 * 1024
 MAX_STDERR_BYTES = 1024 * 1024
-RECONNECT_INITIAL_S = 1.0
+# Reconnecting to the relay ("full jitter", agentcall.listener.connection.reconnect_delay):
+# attempt n waits a uniform time in [RECONNECT_MIN_S, window) with window
+# FIRST_WINDOW * 1.5**(n-1) capped at RECONNECT_MAX_S, so 10,000 listeners that lost the relay at
+# once come back spread over the first 4 s, and those turned away over 6 s, 9 s, ... (growing
+# gently: four refusals in a row still add up to at most 32.5 s); a Retry-After from the relay
+# is honoured (up to RECONNECT_MAX_S) plus up to RECONNECT_JITTER_S.
+RECONNECT_MIN_S = 0.25
+RECONNECT_FIRST_WINDOW_S = 4.0
 RECONNECT_MAX_S = 60.0
 RECONNECT_JITTER_S = 0.5
 
@@ -122,6 +129,14 @@ MAX_CONNECTIONS_PER_SOURCE = 64
 MAX_CALLERS_PER_IDENTITY = 8
 MAX_OUTGOING_CALLS_PER_SOCKET = 8  # calls one installation places at once on its own socket
 MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request head (or upgrade)
+# At that cap a connection younger than this is not evicted (it is most likely an honest client
+# mid-handshake in a reconnect storm): the newcomer is closed at once instead, before TLS.
+HEAD_EVICT_AFTER_S = 2.0
+# WebSocket upgrades between the request and `ready` (their credentials being checked); more are
+# answered 503 with a Retry-After of UPGRADE_RETRY_MIN_S..UPGRADE_RETRY_MAX_S, before any lookup.
+MAX_UPGRADES_IN_FLIGHT = 64
+UPGRADE_RETRY_MIN_S = 1
+UPGRADE_RETRY_MAX_S = 10
 FD_RESERVE = 128  # descriptors kept free under RLIMIT_NOFILE for the database, logs and refusals
 REGISTER_PER_MINUTE = 30  # POST /v1/register attempts per source address (bucket size and rate)
 AUTH_FAILURES_PER_MINUTE = 20  # failed authentications per source address before 429
@@ -136,3 +151,6 @@ LOCAL_MAX_CLIENTS = 32  # connections the service serves at once; more are close
 LOCAL_CONNECT_TIMEOUT_S = 2.0  # the CLI gives up on a service that does not accept
 # The CLI waits this much beyond its --timeout for the service to report how the call ended.
 LOCAL_RESULT_MARGIN_S = 30.0
+# Audit rows the relay batches per reactor turn (agentcall.relay.audit.BatchingAuditSink).
+AUDIT_MAX_PENDING = 10_000  # rows kept while the database refuses them; older ones are dropped
+AUDIT_RETRY_S = 5.0  # a failed batch is tried again this much later

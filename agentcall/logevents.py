@@ -5,19 +5,81 @@ name, the keywords are its fields. :class:`Logger` fills in a text format that s
 field (``call_ringing call_id=… org=…``) so plain-text logs stay useful, and records the name
 as ``event`` so JSON logs and tests can select on it. Never pass a secret, a message, a reply
 or ciphertext as a field.
+
+A program chooses the lowest level it writes once, at start-up (:func:`configure_from_environ`
+in the relay's and the listener's tap: ``AGENTCALL_LOG_LEVEL``, default ``info``). An event
+below it is dropped in :meth:`Logger.emit` before any format is built or observer called, so a
+``debug`` line costs one set lookup when debug is off. Until a program chooses, every level is
+written (library use, tests).
 """
 
 from __future__ import annotations
 
+import os
 import sys
-from typing import Any
+from collections.abc import Mapping
+from typing import Any, TypeVar
 
 from twisted.logger import ILogObserver, LogLevel, jsonFileLogObserver
 from twisted.logger import Logger as _TwistedLogger
 
+P = TypeVar("P")
+LEVEL_ENV = "AGENTCALL_LOG_LEVEL"
+DEFAULT_LEVEL: LogLevel = LogLevel.info
+
+# Lowest first, as twisted.logger ranks them.
+_ORDER: tuple[LogLevel, ...] = (
+    LogLevel.debug,
+    LogLevel.info,
+    LogLevel.warn,
+    LogLevel.error,
+    LogLevel.critical,
+)
+# Changed in place (never rebound), so every Logger reads the current choice.
+_enabled: set[LogLevel] = set(_ORDER)
+
+
+def set_level(lowest: LogLevel) -> None:
+    """Write events at ``lowest`` and above; drop the rest as early as possible."""
+    chosen = _ORDER[_ORDER.index(lowest) :]
+    _enabled.intersection_update(chosen)
+    _enabled.update(chosen)
+
+
+def level_enabled(level: LogLevel) -> bool:
+    return level in _enabled
+
+
+def lowest_level() -> LogLevel:
+    return next(level for level in _ORDER if level in _enabled)
+
+
+def level_from_environ(environ: Mapping[str, str]) -> LogLevel:
+    """The level ``AGENTCALL_LOG_LEVEL`` names (debug, info, warn, error, critical; default
+    info). Raises ValueError for anything else, so a typo is not silently ignored."""
+    name = environ.get(LEVEL_ENV, "").strip().lower()
+    if not name:
+        return DEFAULT_LEVEL
+    if name == "warning":
+        name = "warn"
+    for level in _ORDER:
+        if level.name == name:
+            return level
+    names = ", ".join(level.name for level in _ORDER)
+    raise ValueError(f"{LEVEL_ENV}={name!r} is not a log level ({names})")
+
+
+def configure_from_environ(environ: Mapping[str, str] | None = None) -> LogLevel:
+    """Set the level from ``AGENTCALL_LOG_LEVEL`` (see :func:`level_from_environ`)."""
+    level = level_from_environ(os.environ if environ is None else environ)
+    set_level(level)
+    return level
+
 
 class Logger(_TwistedLogger):
     def emit(self, level: LogLevel, format: str | None = None, **kwargs: Any) -> None:
+        if level not in _enabled:
+            return
         if format is not None and "{" not in format:
             fields = [k for k in kwargs if not k.startswith("log_") and k != "failure"]
             kwargs.setdefault("event", format)
@@ -28,3 +90,28 @@ class Logger(_TwistedLogger):
 def json_stdout_observer() -> ILogObserver:
     """For ``twistd --logger agentcall.logevents.json_stdout_observer``: JSON lines on stdout."""
     return jsonFileLogObserver(sys.stdout)
+
+
+def without_option_dump(cls: type[P]) -> type[P]:
+    """Class decorator for an autobahn WebSocket protocol: each new connection copies the
+    factory's protocol options the way autobahn does, without autobahn's per-connection
+    ``pformat`` of every option. autobahn builds that text for its debug log even when debug
+    is off; it was about a sixth of the relay's busy CPU per socket.
+
+    autobahn's ``_connectionMade`` walks ``CONFIG_ATTRS``: the class gets an empty list, and
+    its ``_connectionMade`` first does the copy itself over the names autobahn declared.
+    """
+    protocol: Any = cls
+    names = tuple(protocol.CONFIG_ATTRS)
+    inherited = protocol._connectionMade
+
+    def _connectionMade(self: Any) -> None:
+        factory = self.factory
+        for name in names:
+            if not hasattr(self, name):
+                setattr(self, name, getattr(factory, name))
+        inherited(self)
+
+    protocol.CONFIG_ATTRS = []
+    protocol._connectionMade = _connectionMade
+    return cls

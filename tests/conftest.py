@@ -3,10 +3,24 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 
+import pytest
 from hypothesis import settings
 
 from tests.hypothesis_profiles import default_profile
 
 # ``--hypothesis-profile=NAME`` still wins: Hypothesis's plugin loads it after this file.
 settings.load_profile(default_profile(os.environ))
+
+
+@pytest.fixture(autouse=True)
+def _log_level_restored() -> Iterator[None]:
+    """A test that composes a program (its tap sets the log level) leaves the level as it was."""
+    from agentcall import logevents
+
+    before = logevents.lowest_level()
+    try:
+        yield
+    finally:
+        logevents.set_level(before)

@@ -29,7 +29,7 @@ from agentcall import ids, limits
 from agentcall.client.api import USER_AGENT, Credentials, RelayUnreachable, describe_failure
 from agentcall.client.tls import chosen_ca_file, client_tls_options, roots_from
 from agentcall.errors import AgentCallError, MalformedFrame
-from agentcall.logevents import Logger
+from agentcall.logevents import Logger, without_option_dump
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.closecodes import CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR
@@ -142,6 +142,7 @@ class ClientSocket:
         self._protocol.close_normally()
 
 
+@without_option_dump
 class _RelayClientProtocol(WebSocketClientProtocol):
     factory: _RelayClientFactory
     # autobahn logs the whole upgrade request, bearer token included, at debug level; this

@@ -28,7 +28,8 @@ class Options(usage.Options):
         "places this user's own calls for `agentcall call`, which hands them over a private "
         "socket in the state directory. The installation is found through AGENTCALL_HOME "
         "(default $HOME/.agentcall); set it up with `agentcall setup` first. AGENTCALL_RELAY "
-        "overrides the relay URL for this run."
+        "overrides the relay URL for this run; AGENTCALL_LOG_LEVEL=debug also writes the "
+        "per-call detail (default info)."
     )
     optFlags = [
         [
@@ -79,7 +80,12 @@ def makeService(config: Options) -> IService:
         listener_environ,
         make_listener_service,
     )
+    from agentcall.logevents import configure_from_environ
 
+    try:
+        configure_from_environ()
+    except ValueError as exc:
+        raise SystemExit(f"agentcall-listen: {exc}") from None
     try:
         return make_listener_service(
             reactor,

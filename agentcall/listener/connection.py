@@ -1,6 +1,7 @@
 """The listener's one WebSocket to the relay, kept up by ``ClientService``.
 
-- Reconnects with exponential backoff and jitter (:func:`reconnect_delay`).
+- Reconnects with exponential backoff (x1.5) and full jitter, the first attempt included, and no
+  sooner than a ``Retry-After`` the relay sent (:func:`reconnect_delay`).
 - Re-reads the relay URL, token and CA file (through ``load_settings``) on every attempt, so a
   rotated token or a moved relay is picked up without a restart.
 - Verifies TLS exactly as the client library does (:func:`agentcall.client.ws.relay_endpoint`)
@@ -37,7 +38,7 @@ from agentcall import limits
 from agentcall.client.api import USER_AGENT, Credentials
 from agentcall.client.ws import OPEN_TIMEOUT_S, relay_endpoint, set_relay_protocol_options
 from agentcall.errors import AgentCallError, MalformedFrame
-from agentcall.logevents import Logger
+from agentcall.logevents import Logger, without_option_dump
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.closecodes import CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR, CLOSE_REPLACED
@@ -47,7 +48,7 @@ txaio.use_twisted()
 
 _log = Logger(namespace="agentcall.listener.connection")
 
-RECONNECT_FACTOR = 2.0
+RECONNECT_FACTOR = 1.5
 REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
     "and does not reconnect (restart it to answer calls here again)"
@@ -62,11 +63,38 @@ def listen_query(*, mailbox: bool) -> dict[str, str]:
     return query
 
 
-def reconnect_delay(attempt: int, random: Callable[[], float]) -> float:
-    """Seconds before retry number ``attempt`` (1, 2, …): 1, 2, 4 … 60, plus ≤ 0.5 s jitter."""
+def reconnect_delay(
+    attempt: int, random: Callable[[], float], retry_after: float | None = None
+) -> float:
+    """Seconds before retry number ``attempt`` (1, 2, …) of a connection to the relay.
+
+    Full jitter: uniform between 0.25 s and a window of 4 s that grows 1.5 times with each
+    attempt (6, 9, 13.5, … at most 60 s), so a crowd
+    of listeners that lost the relay at the same instant comes back spread over seconds, not
+    in one burst, and a single listener after a blip is back within 4 s. ``retry_after`` (the
+    relay's ``Retry-After``, capped at 60 s) is a floor, plus up to 0.5 s so that those told
+    the same number do not come back on the same tick. ``random()`` is in [0, 1).
+    """
     exponent = min(max(attempt, 1) - 1, 32)  # 2**32 s is far past the cap; no overflow
-    base = min(limits.RECONNECT_INITIAL_S * RECONNECT_FACTOR**exponent, limits.RECONNECT_MAX_S)
-    return base + random() * limits.RECONNECT_JITTER_S
+    window = min(
+        limits.RECONNECT_FIRST_WINDOW_S * RECONNECT_FACTOR**exponent, limits.RECONNECT_MAX_S
+    )
+    delay = limits.RECONNECT_MIN_S + random() * (window - limits.RECONNECT_MIN_S)
+    if retry_after is not None:
+        told = min(max(retry_after, 0.0), limits.RECONNECT_MAX_S)
+        delay = max(delay, told + random() * limits.RECONNECT_JITTER_S)
+    return delay
+
+
+def parse_retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` in whole seconds (the form the relay sends), or None for anything else
+    (absent, an HTTP date, junk)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isdigit() or len(text) > 6:
+        return None
+    return float(int(text))
 
 
 @attrs.frozen
@@ -118,6 +146,7 @@ class RelayLink:
             protocol.close_normally()
 
 
+@without_option_dump
 class _ListenerProtocol(WebSocketClientProtocol):
     factory: _ListenerFactory
     # autobahn logs the whole upgrade request, bearer token included, at debug level; this
@@ -132,6 +161,8 @@ class _ListenerProtocol(WebSocketClientProtocol):
         self.counted = False
         self._ready: Ready | Exception | None = None
         self._ready_waiters: list[defer.Deferred[_ListenerProtocol]] = []
+        # The relay's Retry-After, when it turned this upgrade away.
+        self.retry_after: float | None = None
 
     def connectionMade(self) -> None:
         self.factory.latest = self
@@ -236,6 +267,13 @@ class _ListenerProtocol(WebSocketClientProtocol):
 
     def onClose(self, wasClean: bool, code: int | None, reason: str | None) -> None:
         self.usable = False
+        if self._ready is None:
+            # An upgrade refused over HTTP (503 while the relay is busy) may say when to return.
+            headers = getattr(self, "http_headers", None) or {}
+            self.retry_after = parse_retry_after(headers.get("retry-after"))
+            if self.retry_after is not None:
+                # Before the waiter fails: that failure is what asks for the next delay.
+                self.factory.told_retry_after(self.retry_after)
         self._settle(NotReady(f"the relay closed the socket before ready ({code}: {reason})"))
         self.factory.closed(self, code, reason)
 
@@ -268,6 +306,9 @@ class _ListenerFactory(WebSocketClientFactory):
 
     def closed(self, protocol: _ListenerProtocol, code: int | None, reason: str | None) -> None:
         self._connection.socket_closed(protocol, code, reason)
+
+    def told_retry_after(self, seconds: float) -> None:
+        self._connection.retry_after = seconds
 
 
 @implementer(IProtocol)
@@ -365,6 +406,7 @@ class RelayConnection(service.MultiService):
         self.connections = 0  # usable connections so far
         self._last_failure = "not connected yet"
         self._lost: tuple[int | None, str | None] | None = None
+        self.retry_after: float | None = None  # the relay's Retry-After, for the next retry only
         self.replaced = False  # set once the relay said another listener took over
         self.client = internet.ClientService(
             _ReloadingEndpoint(self),
@@ -424,7 +466,8 @@ class RelayConnection(service.MultiService):
         return result.addCallbacks(ready, not_ready)
 
     def _retry_delay(self, attempt: int) -> float:
-        delay = reconnect_delay(attempt, self._random)
+        retry_after, self.retry_after = self.retry_after, None
+        delay = reconnect_delay(attempt, self._random, retry_after)
         if self._lost is not None:
             code, reason = self._lost
             self._lost = None
@@ -435,6 +478,7 @@ class RelayConnection(service.MultiService):
                 attempt=attempt,
                 reason=self._last_failure,
                 retry_in_s=round(delay, 3),
+                retry_after=retry_after,
             )
         return delay
 

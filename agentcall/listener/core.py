@@ -136,7 +136,7 @@ class CallPipeline:
         elif isinstance(frame, CancelCall):
             self.handle_cancel(frame)
         else:
-            _log.info("relay_frame_ignored", frame_type=frame.type)
+            _log.debug("relay_frame_ignored", frame_type=frame.type)
 
     def handle_incoming(self, incoming: IncomingCall) -> defer.Deferred[None]:
         """Start one call; the Deferred fires (never fails) once it is over."""
@@ -170,7 +170,7 @@ class CallPipeline:
 
     def _begin(self, incoming: IncomingCall, call: _Call) -> defer.Deferred[None]:
         self._calls[call.call_id] = call
-        _log.info(
+        _log.debug(
             "call_received",
             call_id=call.call_id,
             caller=incoming.from_,
@@ -190,7 +190,7 @@ class CallPipeline:
         if call is None:
             known = frame.call_id in self._finished
             reason = NotCancelledReason.ALREADY_TERMINAL if known else NotCancelledReason.UNKNOWN
-            _log.info("call_not_cancelled", call_id=frame.call_id, reason=str(reason))
+            _log.debug("call_not_cancelled", call_id=frame.call_id, reason=str(reason))
             self._outbox.deliver(CallNotCancelled(call_id=frame.call_id, reason=reason), keep=False)
             return
         self._request_cancel(call)
@@ -208,7 +208,7 @@ class CallPipeline:
         if call.cancel_requested:
             return
         call.cancel_requested = True
-        _log.info("call_cancel_requested", call_id=call.call_id, running=call.run is not None)
+        _log.debug("call_cancel_requested", call_id=call.call_id, running=call.run is not None)
         if call.run is not None:
             # call_cancelled goes out once the process is gone (see _pipeline).
             call.run.cancel()
@@ -230,7 +230,7 @@ class CallPipeline:
                 clock=fx.clock,
             )
         except stages.EnvelopeRejected as exc:
-            _log.info("call_rejected", call_id=call.call_id, reason=exc.reason)
+            _log.debug("call_rejected", call_id=call.call_id, reason=exc.reason)
             self._terminal(call, CallRejected(call_id=call.call_id))
             self._record(call, CallStatus.PROTOCOL_ERROR, error=exc.reason)
             return
@@ -269,12 +269,12 @@ class CallPipeline:
             now=fx.clock.seconds(),
         )
         if isinstance(binding, ContextRefusal):
-            _log.info("context_refused", call_id=call.call_id, reason=str(binding.reason))
+            _log.debug("context_refused", call_id=call.call_id, reason=str(binding.reason))
             self._refuse(call, opened, stages.context_refusal())
             return
         # Step 5: one running, none waiting (a job holds the slot from before step 2).
         if (self._running is not None and self._running is not call) or self._stopping:
-            _log.info("call_busy", call_id=call.call_id, running=self.running_call_id)
+            _log.debug("call_busy", call_id=call.call_id, running=self.running_call_id)
             detail = STOPPING_DETAIL if self._stopping else BUSY_DETAIL
             busy = CallFailure(code=CallErrorCode.BUSY, detail=detail)
             self._answer(call, opened, busy, CallStatus.BUSY)
@@ -314,7 +314,7 @@ class CallPipeline:
             self._answer(call, opened, failure, CallStatus.AGENT_ERROR, error=exc.strerror)
             return
         call.run = control
-        _log.info("agent_started", call_id=call.call_id, agent=str(self.config.agent_kind))
+        _log.debug("agent_started", call_id=call.call_id, agent=str(self.config.agent_kind))
         try:
             result = await done
         finally:
@@ -376,7 +376,7 @@ class CallPipeline:
     def _refuse(
         self, call: _Call, opened: stages.OpenedCall, refusal: stages.RefusalAnswer
     ) -> None:
-        _log.info(
+        _log.debug(
             "call_refused",
             call_id=call.call_id,
             caller=opened.facts.caller_handle,
@@ -416,7 +416,7 @@ class CallPipeline:
             now=self._fx.clock.seconds(),
         )
         if kept.error is not None:
-            _log.info("context_not_kept", call_id=facts.call_id, reason=kept.error)
+            _log.debug("context_not_kept", call_id=facts.call_id, reason=kept.error)
         return attrs.evolve(verdict.outcome, context_id=kept.context_id)
 
     # --- answers ------------------------------------------------------------------------------
@@ -438,7 +438,7 @@ class CallPipeline:
         self._terminal(call, frame)
         text = outcome.text if isinstance(outcome, Reply) else (outcome.detail or "")
         self._record(call, status, text=text, error=error, flags=flags)
-        _log.info(
+        _log.debug(
             "call_answered",
             call_id=call.call_id,
             status=str(status),
@@ -446,7 +446,7 @@ class CallPipeline:
         )
 
     def _cancelled(self, call: _Call, phase: CancelPhase) -> None:
-        _log.info("call_cancelled", call_id=call.call_id, phase=str(phase))
+        _log.debug("call_cancelled", call_id=call.call_id, phase=str(phase))
         self._terminal(call, CallCancelled(call_id=call.call_id, phase=phase))
         self._record(call, CallStatus.CANCELED)
 
@@ -481,6 +481,16 @@ class CallPipeline:
         flags: tuple[str, ...] = (),
     ) -> None:
         now = self._fx.clock.seconds()
+        duration_ms = max(0, int((now - call.received_at) * 1000))
+        # The call's one info line (the steps before it are at debug); never its text.
+        _log.info(
+            "call_ended",
+            call_id=call.call_id,
+            caller=call.caller_handle,
+            status=str(status),
+            duration_ms=duration_ms,
+            job=call.sink is not None,
+        )
         self._fx.call_log.append(
             CallRecord(
                 at=now,
@@ -488,7 +498,7 @@ class CallPipeline:
                 caller=ids.format_address(self.config.org, call.caller_handle),
                 task=call.task,
                 status=status,
-                duration_ms=max(0, int((now - call.received_at) * 1000)),
+                duration_ms=duration_ms,
                 outcome_text=text,
                 error=error,
                 flags=flags,
@@ -496,7 +506,7 @@ class CallPipeline:
         )
 
     def _agent_finished(self, call: _Call, status: CallStatus, result: RunResult) -> None:
-        _log.info(
+        _log.debug(
             "agent_finished",
             call_id=call.call_id,
             status=str(status),

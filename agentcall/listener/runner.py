@@ -235,7 +235,7 @@ class AgentProcess(ProcessProtocol):
     def connectionMade(self) -> None:
         self._proc = self.transport
         self.pid = getattr(self.transport, "pid", None)
-        _log.info(
+        _log.debug(
             "agent_spawned",
             run_id=self.run_id,
             pid=self.pid,
@@ -286,7 +286,7 @@ class AgentProcess(ProcessProtocol):
             # cannot have been reused yet: this runs in the same reactor turn as the reap.
             self._signal_group(self.pid, signal.SIGKILL)
         self._do_sweep()
-        _log.info(
+        _log.debug(
             "agent_exited",
             run_id=self.run_id,
             exit_code=self._exit_code,
@@ -390,7 +390,7 @@ class AgentProcess(ProcessProtocol):
             self._parser_broke()
             return
         if not was_done and self._safe_done() and not self._exited and not self._fired:
-            _log.info("agent_answer_seen", run_id=self.run_id)
+            _log.debug("agent_answer_seen", run_id=self.run_id)
             early = StopReason.EARLY_FINISH
             self._later("finish", self._run.finish_grace_s, lambda: self._terminate(early))
 
@@ -435,7 +435,7 @@ class AgentProcess(ProcessProtocol):
         # Sizes and flags only: output text never goes into logs.
         fields = attrs.asdict(result, filter=lambda a, _v: a.name not in ("stdout", "stderr"))
         fields["duration_s"] = round(result.duration_s, 3)
-        _log.info(
+        _log.debug(
             "agent_run_finished",
             run_id=self.run_id,
             stdout_bytes=len(result.stdout),

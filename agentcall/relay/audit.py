@@ -2,14 +2,24 @@
 
 An audit row is metadata: who did what to whom and when. It never carries message content,
 bearer tokens or invite secrets; the store refuses any event not named here.
+
+The rows of call transitions and front-door tallies go through :class:`BatchingAuditSink`:
+what is recorded during one reactor turn is written by one ``record_many`` (one transaction)
+at the start of the next, and a batch the store refuses is kept and tried again.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from typing import Protocol
 
 import attrs
+from twisted.internet import defer
 from twisted.internet.defer import Deferred
+from twisted.python.failure import Failure
+
+from agentcall import limits
+from agentcall.logevents import Logger
 
 INVITE_ISSUE = "invite.issue"
 INVITE_REDEEM = "invite.redeem"
@@ -89,3 +99,137 @@ class AuditSink(Protocol):
     def record(self, entry: AuditEntry) -> Deferred[None]:
         """Append one row; its event is from :data:`EVENTS`."""
         ...
+
+
+class AuditLog(Protocol):
+    """Where batches of audit rows are written (part of the relay's store interface)."""
+
+    def record_many(self, entries: Sequence[AuditEntry]) -> Deferred[None]:
+        """Append every row, in order, in one transaction: all of them or none."""
+        ...
+
+
+class AuditDropped(Exception):
+    """The row was never written: the database kept refusing and the backlog was full."""
+
+
+class _Pending(Protocol):
+    def active(self) -> bool: ...
+
+    def cancel(self) -> None: ...
+
+
+class _Clock(Protocol):
+    """What the sink needs of an ``IReactorTime`` (the reactor, or ``Clock`` in tests)."""
+
+    def callLater(
+        self, delay: float, callable: Callable[..., object], *args: object, **kw: object
+    ) -> _Pending: ...
+
+
+_log = Logger(namespace="agentcall.relay.audit")
+
+
+class BatchingAuditSink:
+    """An :class:`AuditSink` that writes the rows of one reactor turn with one store call.
+
+    :meth:`record` queues the row and, unless a write is already due, asks the clock for a
+    ``callLater(0)``: every row recorded until the reactor gets there goes into the same
+    ``record_many``. Its Deferred fires once the row is written. A batch the store refuses is
+    logged (``audit_batch_failed``) and put back in front of newer rows, to be tried again
+    ``retry_s`` later; rows that arrive meanwhile wait for that retry rather than hammering a
+    failing database every turn. At most ``max_pending`` rows wait: past that the oldest are
+    dropped, their Deferreds failing with :class:`AuditDropped` (``audit_dropped``, counted).
+    One batch is in flight at a time, so rows reach the store in the order they were recorded.
+    """
+
+    def __init__(
+        self,
+        log: AuditLog,
+        clock: _Clock,
+        *,
+        max_pending: int = limits.AUDIT_MAX_PENDING,
+        retry_s: float = limits.AUDIT_RETRY_S,
+    ) -> None:
+        if max_pending < 1:
+            raise ValueError("max_pending must be at least 1")
+        self._log = log
+        self._clock = clock
+        self._max_pending = max_pending
+        self._retry_s = retry_s
+        self._pending: list[tuple[AuditEntry, Deferred[None]]] = []
+        self._due: _Pending | None = None
+        self._writing = False
+        self.batches = 0  # store calls made (for tests and the bench)
+        self.dropped = 0
+
+    @property
+    def pending(self) -> int:
+        return len(self._pending)
+
+    def record(self, entry: AuditEntry) -> Deferred[None]:
+        written: Deferred[None] = Deferred()
+        self._pending.append((entry, written))
+        self._trim()
+        self._arm(0.0)
+        return written
+
+    def flush(self) -> None:
+        """Write what is waiting now (the relay is stopping), unless a batch is in flight."""
+        if self._due is not None and self._due.active():
+            self._due.cancel()
+        self._due = None
+        self._write()
+
+    # --- internals ----------------------------------------------------------------------
+
+    def _arm(self, delay: float) -> None:
+        if self._writing or (self._due is not None and self._due.active()):
+            return
+        self._due = self._clock.callLater(delay, self._turn)
+
+    def _turn(self) -> None:
+        self._due = None
+        self._write()
+
+    def _write(self) -> None:
+        if self._writing or not self._pending:
+            return
+        batch, self._pending = self._pending, []
+        self._writing = True
+        self.batches += 1
+        written = defer.maybeDeferred(self._log.record_many, [entry for entry, _ in batch])
+        written.addCallbacks(
+            self._written, self._refused, callbackArgs=(batch,), errbackArgs=(batch,)
+        )
+
+    def _written(self, _result: object, batch: list[tuple[AuditEntry, Deferred[None]]]) -> None:
+        self._writing = False
+        for _entry, done in batch:
+            done.callback(None)
+        if self._pending:
+            self._arm(0.0)
+
+    def _refused(self, failure: Failure, batch: list[tuple[AuditEntry, Deferred[None]]]) -> None:
+        self._writing = False
+        # Kept, in front of what came since: a busy database is no reason to forget.
+        self._pending = batch + self._pending
+        _log.failure(
+            "audit_batch_failed",
+            failure=failure,
+            rows=len(batch),
+            waiting=len(self._pending),
+            retry_in_s=self._retry_s,
+        )
+        self._trim()
+        self._arm(self._retry_s)
+
+    def _trim(self) -> None:
+        excess = len(self._pending) - self._max_pending
+        if excess <= 0:
+            return
+        dropped, self._pending = self._pending[:excess], self._pending[excess:]
+        self.dropped += excess
+        _log.warn("audit_dropped", rows=excess, dropped_total=self.dropped)
+        for entry, done in dropped:
+            done.errback(Failure(AuditDropped(f"{entry.event} row dropped: backlog full")))

@@ -34,6 +34,7 @@ from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.audit import AuditEntry, AuditSink
 from agentcall.relay.callerkeys import attachable_keys
+from agentcall.relay.outgoing import CallPort
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store_interface import (
     Directory,
@@ -146,6 +147,8 @@ class Call:
     caller_channel: Channel | None  # None once the caller's connection went away
     deadline: Pending = attrs.field(eq=False, repr=False)
     cancel_sent: bool = False
+    # Placed on the caller's persistent (listener) socket rather than a socket of its own.
+    shared_socket: bool = False
 
 
 def route_problem(
@@ -330,11 +333,12 @@ class CallBook:
             phase=Phase.RINGING,
             caller_channel=channel,
             deadline=self._clock.callLater(self._deadline_s, self._expire, call_id),
+            shared_socket=isinstance(channel, CallPort),
         )
         self._calls[call.call_id] = call
         self._live_to[(org, target)] += 1
         self._caller_channels[channel] = call.call_id
-        _log.info("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
+        _log.debug("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
         channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
         listener.send(
             fr.IncomingCall(
@@ -438,11 +442,11 @@ class CallBook:
             return
         call_id = self._caller_channels.get(channel)
         if not isinstance(frame, fr.CancelCall) or call_id is None or frame.call_id != call_id:
-            _log.info("caller_frame_ignored", call_id=call_id, frame_type=frame.type)
+            _log.debug("caller_frame_ignored", call_id=call_id, frame_type=frame.type)
             return
         call = self._calls.get(call_id)
         if call is not None:
-            _log.info("call_cancel_requested", call_id=call_id, org=call.org)
+            _log.debug("call_cancel_requested", call_id=call_id, org=call.org)
             self._send_cancel(call)
 
     def caller_gone(self, channel: Channel) -> None:
@@ -453,7 +457,7 @@ class CallBook:
         call = self._calls.get(call_id) if call_id is not None else None
         if call is None:
             return
-        _log.info("caller_gone", call_id=call.call_id, org=call.org, caller=call.caller)
+        _log.debug("caller_gone", call_id=call.call_id, org=call.org, caller=call.caller)
         # The record stays until a terminal frame or the deadline: a late outcome is then
         # recognised, audited and dropped instead of being counted as a stray frame.
         call = self._store(attrs.evolve(call, caller_channel=None))
@@ -486,18 +490,23 @@ class CallBook:
             self._fail(call, events.CALL_CANCEL, CallErrorCode.CANCELED, str(frame.phase))
         else:
             # call_not_cancelled only answers a cancel; the call goes on toward its outcome.
-            _log.info("call_not_cancelled", call_id=call.call_id, org=org, reason=str(frame.reason))
+            _log.debug(
+                "call_not_cancelled", call_id=call.call_id, org=org, reason=str(frame.reason)
+            )
 
     def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
         """A listener session ended. Its calls stay: a reconnected session may still deliver."""
         in_flight = sum(1 for c in self._calls.values() if (c.org, c.target) == (org, handle))
-        _log.info("listener_gone", org=org, handle=handle, in_flight=in_flight)
+        # listener_detached (relay/protocol.py) is the session's info line; calls left in
+        # flight are worth one of their own.
+        emit = _log.info if in_flight else _log.debug
+        emit("listener_gone", org=org, handle=handle, in_flight=in_flight)
 
     # --- transitions -------------------------------------------------------------------------
 
     def _advance(self, call: Call, to: Phase) -> None:
         if to <= call.phase:
-            _log.info(
+            _log.debug(
                 "lifecycle_ignored",
                 call_id=call.call_id,
                 phase=call.phase.name.lower(),
@@ -508,7 +517,7 @@ class CallBook:
             # call_started straight from ringing implies the listener accepted the call.
             self._audit(events.CALL_ACCEPT, call, actor=call.target, target=call.caller)
         call = self._store(attrs.evolve(call, phase=to))
-        _log.info("call_progress", call_id=call.call_id, org=call.org, phase=to.name.lower())
+        _log.debug("call_progress", call_id=call.call_id, org=call.org, phase=to.name.lower())
         if call.caller_channel is not None:
             call.caller_channel.send(fr.CallStatus(call_id=call.call_id, state=_STATUS_OF[to]))
 
@@ -522,7 +531,7 @@ class CallBook:
             to=call.caller,
         )
         if problem is not None:
-            _log.info("outcome_route_refused", call_id=call.call_id, org=call.org, field=problem)
+            _log.debug("outcome_route_refused", call_id=call.call_id, org=call.org, field=problem)
             self._fail(call, events.CALL_FAIL, CallErrorCode.PROTOCOL_ERROR, f"route:{problem}")
             return
         event = (
@@ -542,13 +551,12 @@ class CallBook:
         # Forgetting first means anything the caller's close triggers synchronously (such as
         # caller_gone) already finds no live call and sends no cancel.
         self._forget(call)
-        _log.info("call_terminal", call_id=call.call_id, org=call.org, event=event)
         channel = call.caller_channel
+        # The call's one info line: everything else about it is at debug.
+        self._log_ended(call, event, detail, caller_present=channel is not None)
         if channel is not None:
             channel.send(to_caller)
             channel.close(CLOSE_NORMAL, close_reason)
-        else:
-            _log.info("outcome_dropped", call_id=call.call_id, org=call.org, event=event)
         self._audit(event, call, actor=call.target, target=call.caller, detail=detail)
         self._ended(call)
 
@@ -556,7 +564,8 @@ class CallBook:
         call = self._calls.pop(call_id, None)
         if call is None:
             return
-        _log.info("call_timeout", call_id=call_id, org=call.org, phase=call.phase.name.lower())
+        detail = call.phase.name.lower()
+        self._log_ended(call, events.CALL_TIMEOUT, detail, call.caller_channel is not None)
         if call.caller_channel is not None:
             call.caller_channel.send(fr.CallError(code=CallErrorCode.TIMEOUT, call_id=call_id))
             call.caller_channel.close(CLOSE_NORMAL, str(CallErrorCode.TIMEOUT))
@@ -564,7 +573,6 @@ class CallBook:
         listener = self._switchboard.listener_for(call.org, call.target)
         if listener is not None:
             listener.send(fr.CancelCall(call_id=call_id))
-        detail = call.phase.name.lower()
         self._audit(events.CALL_TIMEOUT, call, actor=None, target=call.target, detail=detail)
         self._ended(call)
 
@@ -587,7 +595,7 @@ class CallBook:
         listener = self._switchboard.listener_for(call.org, call.target)
         if listener is None:
             # Left unsent so a later trigger can try again; the deadline bounds the call anyway.
-            _log.info("cancel_undeliverable", call_id=call.call_id, org=call.org)
+            _log.debug("cancel_undeliverable", call_id=call.call_id, org=call.org)
             return
         listener.send(fr.CancelCall(call_id=call.call_id))
         self._store(attrs.evolve(call, cancel_sent=True))
@@ -601,9 +609,25 @@ class CallBook:
         if call.deadline.active():
             call.deadline.cancel()
 
+    def _log_ended(self, call: Call, event: str, detail: str, caller_present: bool) -> None:
+        """The one info line of a call that rang: who, what ended it, and how long it took."""
+        _log.info(
+            "call_ended",
+            call_id=call.call_id,
+            org=call.org,
+            caller=call.caller,
+            target=call.target,
+            # Not "event": that key is the log event's own name.
+            audit_event=event,
+            outcome=detail,
+            duration_ms=round((self._clock.seconds() - call.submitted_at) * 1000, 1),
+            caller_present=caller_present,
+            caller_socket="shared" if call.shared_socket else "own",
+        )
+
     def _ignore(self, org: str, handle: str, call_id: str | None, reason: str) -> None:
         self.ignored_frames += 1
-        _log.info("listener_frame_ignored", org=org, handle=handle, call_id=call_id, reason=reason)
+        _log.debug("listener_frame_ignored", org=org, handle=handle, call_id=call_id, reason=reason)
 
     def _new_call_id(self) -> str:
         # A uuid4 never collides in practice; the check keeps a bad injected minter from

@@ -15,6 +15,7 @@ from twisted.internet.defer import Deferred
 from twisted.web import resource
 
 from agentcall import limits
+from agentcall.relay.audit import BatchingAuditSink
 from agentcall.relay.calls import CallBook, restore_windows
 from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
 from agentcall.relay.jobs import JobDesk
@@ -55,6 +56,8 @@ class Relay:
     limiter: SlidingWindowLimiter
     # Fires once the rate windows hold the calls of the last hour; the relay listens after.
     windows_restored: Deferred[None] = attrs.field(eq=False, repr=False)
+    # The call and front-door audit rows, written once per reactor turn (flushed at stop).
+    audit: BatchingAuditSink = attrs.field(eq=False, repr=False)
 
 
 def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
@@ -63,6 +66,8 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     # The windows start from the calls of the last hour, so a restart grants no fresh hour.
     limiter = SlidingWindowLimiter(settings.calls_per_hour, limits.RATE_WINDOW_S)
     windows_restored = restore_windows(store, limiter, reactor.seconds())
+    # The rows of one reactor turn go to the store together, in one transaction.
+    audit_sink = BatchingAuditSink(store, reactor)
 
     def live_call_to(org: str, handle: str) -> bool:
         # Bound late: the desk and the book each need the other; the book is made just below.
@@ -81,7 +86,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         reactor,
         switchboard,
         store,
-        store,
+        audit_sink,
         limiter,
         settings.relay_origin,
         deadline_s=settings.call_deadline_s,
@@ -90,7 +95,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     )
     # Jobs outlive the process: the sweep is armed from the store (failures are logged).
     jobs.start()
-    door = Door(settings.door, reactor, store)
+    door = Door(settings.door, reactor, audit_sink)
     ws_factory = RelayWebSocketFactory(
         settings.ws_url,
         store=store,
@@ -114,4 +119,13 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
     site = RelaySite(root, door, reactor)
     site.requestFactory = CappedRequest
-    return Relay(GatedFactory(site), door, calls, jobs, switchboard, limiter, windows_restored)
+    return Relay(
+        GatedFactory(site),
+        door,
+        calls,
+        jobs,
+        switchboard,
+        limiter,
+        windows_restored,
+        audit=audit_sink,
+    )

@@ -10,6 +10,7 @@ only wires them to sockets. The stack for one connection is (TLS) → :class:`Ga
 from __future__ import annotations
 
 import ipaddress
+import random as _random
 from collections.abc import Callable
 from typing import Any
 
@@ -20,7 +21,7 @@ from twisted.internet.protocol import Protocol, connectionDone
 from twisted.protocols.policies import ProtocolWrapper, WrappingFactory
 from twisted.python.failure import Failure
 from twisted.web import http, resource, server
-from zope.interface import directlyProvidedBy, directlyProvides
+from zope.interface import directlyProvides, providedBy
 
 from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.logevents import Logger
@@ -33,6 +34,7 @@ from agentcall.relay.gate import (
     Ticket,
     TurnedAway,
     TurnedAwayTally,
+    busy_retry_after_s,
 )
 from agentcall.relay.throttle import FailureRow, FailureTally, TokenBuckets, retry_after_header
 from agentcall.wire import codec
@@ -53,19 +55,27 @@ class DoorConfig:
 
 
 class Throttled(ApiError):
-    """429 ``rate_limited``; the API adds ``Retry-After`` from ``retry_after_s``."""
+    """429 ``rate_limited`` (or ``status``); the API adds ``Retry-After`` from
+    ``retry_after_s``."""
 
-    def __init__(self, retry_after_s: float, message: str) -> None:
-        super().__init__(429, ApiErrorCode.RATE_LIMITED, message)
+    def __init__(self, retry_after_s: float, message: str, status: int = 429) -> None:
+        super().__init__(status, ApiErrorCode.RATE_LIMITED, message)
         self.retry_after_s = retry_after_s
 
 
 class Door:
     """The front door's state for one relay: counters, throttles and what is due to be logged."""
 
-    def __init__(self, config: DoorConfig, clock: IReactorTime, sink: AuditSink) -> None:
+    def __init__(
+        self,
+        config: DoorConfig,
+        clock: IReactorTime,
+        sink: AuditSink,
+        random: Callable[[], float] = _random.random,
+    ) -> None:
         self.config = config
         self.clock = clock
+        self.random = random  # spreads the Retry-After of upgrades told to come back
         self.gate = ConnectionGate(config.caps)
         self.turned_away = TurnedAwayTally()
         self._register = TokenBuckets(config.register_per_minute)
@@ -80,6 +90,29 @@ class Door:
         ticket = getattr(transport, "ticket", None)
         if isinstance(ticket, Ticket):
             self.gate.upgraded(ticket)
+
+    def begin_upgrade(self, transport: object) -> None:
+        """A WebSocket upgrade arrived on ``transport``: count it until it is answered, or raise
+        :class:`Throttled` (503, a jittered ``Retry-After``) when too many are being checked.
+
+        Called before any credential is hashed or looked up, so turning a reconnecting crowd
+        away costs only the request head already read.
+        """
+        ticket = getattr(transport, "ticket", None)
+        if not isinstance(ticket, Ticket) or self.gate.begin_upgrade(ticket):
+            return
+        self.turned_away.note(TurnedAway.UPGRADES_BUSY)
+        raise Throttled(
+            busy_retry_after_s(self.random),
+            "the relay is busy accepting other connections; try again after Retry-After",
+            status=503,
+        )
+
+    def upgrade_answered(self, transport: object) -> None:
+        """The upgrade on ``transport`` was answered (ready, or refused)."""
+        ticket = getattr(transport, "ticket", None)
+        if isinstance(ticket, Ticket):
+            self.gate.end_upgrade(ticket)
 
     # --- throttles (called by the API and the WebSocket adapter) ------------------------------
 
@@ -123,6 +156,7 @@ class Door:
                     **counts,
                     open_connections=self.gate.open_total,
                     in_head=self.gate.in_head,
+                    upgrades_in_flight=self.gate.upgrades_in_flight,
                 )
             rows = self._failures.drain() if final else self._failures.due(now)
             for row in rows:
@@ -254,11 +288,16 @@ class GatedConnection(ProtocolWrapper):
 
     def makeConnection(self, transport: Any) -> None:
         self.factory.door.open_connections[self.ticket] = self
-        super().makeConnection(transport)
-        # ProtocolWrapper copies the transport's interfaces, TLS included; autobahn then takes
-        # this wrapper for the TLS layer itself and fails to read a channel id from it. The
-        # relay asks nothing of TLS at this level, so the wrapper does not claim it.
-        directlyProvides(self, directlyProvidedBy(self) - ISSLTransport)
+        # ProtocolWrapper.makeConnection, except for the interfaces this wrapper claims: the
+        # transport's, without TLS (autobahn would take this wrapper for the TLS layer itself
+        # and fail to read a channel id from it; the relay asks nothing of TLS at this level).
+        # They are worked out once per kind of transport: building zope declarations for each
+        # connection cost about a tenth of the relay's busy CPU.
+        directlyProvides(self, *_interfaces_without_tls(providedBy(transport)))
+        Protocol.makeConnection(self, transport)
+        self.factory.registerProtocol(self)
+        wrapped: Any = self.wrappedProtocol
+        wrapped.makeConnection(self)
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         door = self.factory.door
@@ -272,6 +311,20 @@ class GatedConnection(ProtocolWrapper):
         transport: Any = self.transport
         if transport is not None:
             transport.abortConnection()
+
+
+_WITHOUT_TLS: dict[object, tuple[Any, ...]] = {}
+_WITHOUT_TLS_MAX = 32  # kinds of transport; a spec made per connection is not kept
+
+
+def _interfaces_without_tls(spec: Any) -> tuple[Any, ...]:
+    """The interfaces ``spec`` declares, except ISSLTransport and what extends it."""
+    found = _WITHOUT_TLS.get(spec)
+    if found is None:
+        found = tuple(i for i in spec.interfaces() if not i.isOrExtends(ISSLTransport))
+        if len(_WITHOUT_TLS) < _WITHOUT_TLS_MAX:
+            _WITHOUT_TLS[spec] = found
+    return found
 
 
 class _Refused(Protocol):
@@ -292,7 +345,7 @@ class GatedFactory(WrappingFactory[GatedConnection]):
         self.door = site.door
 
     def buildProtocol(self, addr: IAddress) -> Any:  # type: ignore[override]
-        decision = self.door.gate.admit(source_of(addr))
+        decision = self.door.gate.admit(source_of(addr), self.door.clock.seconds())
         if isinstance(decision, TurnedAway):
             self.door.turned_away.note(decision)
             return _Refused()

@@ -18,8 +18,11 @@ from __future__ import annotations
 
 import enum
 from collections import Counter
+from collections.abc import Callable
 
 import attrs
+
+from agentcall import limits
 
 
 class TurnedAway(enum.StrEnum):
@@ -29,7 +32,11 @@ class TurnedAway(enum.StrEnum):
     TOTAL = "total"
     CALLERS_PER_IDENTITY = "callers_per_identity"
     HEAD_TIMEOUT = "head_timeout"
+    # At the head cap with every connection in head younger than the grace: closed at once.
+    HANDSHAKES_BUSY = "handshakes_busy"
     CALL_REQUEST_TIMEOUT = "call_request_timeout"
+    # A WebSocket upgrade told to come back (503): too many were having their credentials checked.
+    UPGRADES_BUSY = "upgrades_busy"
     REGISTER_THROTTLED = "register_throttled"
     AUTH_THROTTLED = "auth_throttled"
     # Refused HTTP API requests (404, 401, 400, ...): counted here rather than one line each.
@@ -52,6 +59,10 @@ class GateLimits:
     total: int = attrs.field(validator=_at_least_one)
     handshakes: int = attrs.field(validator=_at_least_one)
     callers_per_identity: int = attrs.field(validator=_at_least_one)
+    upgrades: int = attrs.field(default=limits.MAX_UPGRADES_IN_FLIGHT, validator=_at_least_one)
+    # At the head cap only a connection in head at least this long (seconds) is evicted; 0 lets
+    # a newcomer evict the oldest whatever its age.
+    head_grace_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
 
 
 @attrs.define(eq=False)
@@ -60,9 +71,12 @@ class Ticket:
     ``plain_http`` until it becomes an authenticated WebSocket."""
 
     source: str
+    opened_at: float = 0.0
     in_head: bool = True
     plain_http: bool = True
     released: bool = False
+    # Between its WebSocket upgrade request and ``ready`` (credentials being checked).
+    upgrading: bool = False
 
 
 @attrs.frozen
@@ -86,24 +100,40 @@ class ConnectionGate:
         # Oldest first (dicts keep insertion order): who makes room when a cap is reached.
         self._heads: dict[Ticket, None] = {}
         self._plain: dict[Ticket, None] = {}
+        self._upgrading = 0
 
     # --- connections ------------------------------------------------------------------------
 
-    def admit(self, source: str) -> LetIn | TurnedAway:
-        """A ticket for a new connection from ``source`` and the connections to close for it
-        (already released here), or why the newcomer must be closed at once."""
+    def admit(self, source: str, now: float = 0.0) -> LetIn | TurnedAway:
+        """A ticket for a new connection from ``source`` opened at ``now`` and the connections
+        to close for it (already released here), or why the newcomer must be closed at once.
+
+        At the head cap the oldest connection in head is evicted only once it has been there
+        ``caps.head_grace_s``: younger ones are most likely honest clients half way through
+        their handshake (a reconnect storm), and evicting them would waste the work done and
+        send them back to retry. The newcomer is closed instead (``handshakes_busy``), which
+        costs the relay almost nothing, and comes back after its own backoff. A flood of slow
+        heads still loses its places once they are older than the grace.
+        """
         # A source's own cap is never eased by evicting: it would only evict itself.
         if self._by_source[source] >= self.caps.per_source:
             return TurnedAway.PER_SOURCE
+        heads_full = len(self._heads) >= self.caps.handshakes
+        if heads_full and now - next(iter(self._heads)).opened_at < self.caps.head_grace_s:
+            # Decided before anything is evicted for the total cap, which would then be for
+            # nothing.
+            return TurnedAway.HANDSHAKES_BUSY
         evicted: list[tuple[Ticket, TurnedAway]] = []
         # Total first: it protects the file descriptors everyone else needs.
         if self._total >= self.caps.total:
             if not self._plain:
                 return TurnedAway.TOTAL
             evicted.append((self._evict(self._plain), TurnedAway.EVICTED_PLAIN_HTTP))
+        # Again: the total cap's eviction may have freed a place in head (its oldest is the
+        # one checked against the grace above, or it was the connection just evicted).
         if len(self._heads) >= self.caps.handshakes:
             evicted.append((self._evict(self._heads), TurnedAway.EVICTED_IN_HEAD))
-        ticket = Ticket(source)
+        ticket = Ticket(source, opened_at=now)
         self._by_source[source] += 1
         self._total += 1
         self._heads[ticket] = None
@@ -121,8 +151,26 @@ class ConnectionGate:
             ticket.in_head = False
             del self._heads[ticket]
 
+    def begin_upgrade(self, ticket: Ticket) -> bool:
+        """The connection asks for a WebSocket upgrade: count it while its credentials are
+        checked, or False (and no count) when ``caps.upgrades`` are already being checked."""
+        if ticket.upgrading:
+            return True
+        if ticket.released or self._upgrading >= self.caps.upgrades:
+            return False
+        ticket.upgrading = True
+        self._upgrading += 1
+        return True
+
+    def end_upgrade(self, ticket: Ticket) -> None:
+        """The upgrade was answered (``ready`` or a refusal); calling it again is harmless."""
+        if ticket.upgrading:
+            ticket.upgrading = False
+            self._upgrading -= 1
+
     def upgraded(self, ticket: Ticket) -> None:
         """The connection is now an authenticated WebSocket: never evicted to make room."""
+        self.end_upgrade(ticket)
         self.head_done(ticket)
         if ticket.plain_http and not ticket.released:
             ticket.plain_http = False
@@ -132,6 +180,7 @@ class ConnectionGate:
         """The connection is gone; calling it again is harmless."""
         if ticket.released:
             return
+        self.end_upgrade(ticket)
         self.head_done(ticket)
         self._plain.pop(ticket, None)
         ticket.released = True
@@ -166,6 +215,11 @@ class ConnectionGate:
         return len(self._heads)
 
     @property
+    def upgrades_in_flight(self) -> int:
+        """WebSocket upgrades whose credentials are being checked."""
+        return self._upgrading
+
+    @property
     def plain_http(self) -> int:
         """Open connections that are not (yet) authenticated WebSockets."""
         return len(self._plain)
@@ -197,6 +251,19 @@ class TurnedAwayTally:
         counts = {str(reason): n for reason, n in sorted(self._counts.items())}
         self._counts.clear()
         return counts
+
+
+def busy_retry_after_s(
+    random: Callable[[], float],
+    low: int = limits.UPGRADE_RETRY_MIN_S,
+    high: int = limits.UPGRADE_RETRY_MAX_S,
+) -> int:
+    """Whole seconds in ``low..high`` for the ``Retry-After`` of an upgrade told to come back,
+    spread evenly by ``random()`` (in [0, 1)): a crowd turned away in one second does not all
+    come back in the same second."""
+    if not 1 <= low <= high:
+        raise ValueError("need 1 <= low <= high")
+    return low + min(high - low, int(random() * (high - low + 1)))
 
 
 def total_cap(open_file_limit: int, reserve: int) -> int:

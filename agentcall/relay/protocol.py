@@ -27,7 +27,7 @@ from zope.interface import implementer
 from agentcall import limits
 from agentcall.errors import CallErrorCode, MalformedFrame
 from agentcall.interfaces import IChannel
-from agentcall.logevents import Logger
+from agentcall.logevents import Logger, without_option_dump
 from agentcall.relay.auth import authenticate_headers
 from agentcall.relay.calls import CallBook
 from agentcall.relay.door import Door, source_of
@@ -89,6 +89,7 @@ class Verbatim:
         return self._raw if frame is self._frame and self._frame is not None else None
 
 
+@without_option_dump
 class RelayWebSocket(WebSocketServerProtocol):
     factory: RelayWebSocketFactory
     # autobahn owns ``self.log`` and logs the whole upgrade request, bearer token included, at
@@ -160,7 +161,7 @@ class RelayWebSocket(WebSocketServerProtocol):
             peer = self.transport.getPeer() if self.transport is not None else None
             self.factory.door.auth_failed(source_of(peer))
             self._refusal = (CLOSE_UNAUTHORIZED, CallErrorCode.UNAUTHORIZED, "unauthorized")
-            _log.info("ws_unauthorized", role=str(self.role), peer=self.peer)
+            _log.debug("ws_unauthorized", role=str(self.role), peer=self.peer)
         elif self.role is frames.Role.CALL:
             identity = self.member.address
             if self.factory.door.gate.admit_caller(identity):
@@ -175,6 +176,8 @@ class RelayWebSocket(WebSocketServerProtocol):
 
     def onOpen(self) -> None:
         self.opened = True
+        # Answered (ready or a refusal): the next upgrade may take this one's place.
+        self.factory.door.upgrade_answered(self.transport)
         self._release_handshake()
         member = self.member
         self.channel = WebSocketChannel(self, peer=self.peer or "?")

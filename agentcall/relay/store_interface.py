@@ -9,11 +9,12 @@ as a failed Deferred carrying ``ApiError(status, code, message)``; a failing dat
 store never reads the clock.
 
 Each method is declared once, here, as a typing :class:`~typing.Protocol`; narrow views
-(:class:`Directory`, :class:`KeySource`, :class:`~agentcall.relay.audit.AuditSink`,
-:class:`SubmissionLog`) are the protocols :class:`RelayStore` is built from, so a core asks for
-only what it uses. Not a zope interface: what matters for an asynchronous store is the return
-type (a Deferred of the right value, never a bare value), which zope cannot express and mypy
-checks on every caller, implementation and fake alike.
+(:class:`Directory`, :class:`KeySource`, :class:`~agentcall.relay.audit.AuditSink` and
+:class:`~agentcall.relay.audit.AuditLog`, :class:`SubmissionLog`) are the protocols
+:class:`RelayStore` is built from, so a core asks for only what it uses. Not a zope interface:
+what matters for an asynchronous store is the return type (a Deferred of the right value, never a
+bare value), which zope cannot express and mypy checks on every caller, implementation and fake
+alike.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from agentcall import ids
-from agentcall.relay.audit import AuditSink
+from agentcall.relay.audit import AuditLog, AuditSink
 from agentcall.relay.mailbox import Decision, Job, Refused
 from agentcall.wire.frames import Terminal
 from agentcall.wire.http import (
@@ -238,7 +239,7 @@ class SubmissionLog(Protocol):
         ...
 
 
-class RelayStore(Directory, KeySource, AuditSink, SubmissionLog, JobStore, Protocol):
+class RelayStore(Directory, KeySource, AuditSink, AuditLog, SubmissionLog, JobStore, Protocol):
     """The relay's registry: orgs, members, invites, published keys, audit rows, jobs."""
 
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:

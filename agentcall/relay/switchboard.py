@@ -45,7 +45,8 @@ class Switchboard:
         # old socket's teardown, whose detach must already see that it is no longer current.
         self._listeners[key] = channel
         if older is None:
-            _log.info("listener_online", org=org, handle=handle)
+            # listener_attached (relay/protocol.py) is the session's info line.
+            _log.debug("listener_online", org=org, handle=handle)
         elif older is not channel:
             _log.info("listener_replaced", org=org, handle=handle)
             older.close(CLOSE_REPLACED, REPLACED_REASON)
@@ -56,7 +57,7 @@ class Switchboard:
         if self._listeners.get(key) is not channel:
             return False
         del self._listeners[key]
-        _log.info("listener_offline", org=org, handle=handle)
+        _log.debug("listener_offline", org=org, handle=handle)
         return True
 
     def listener_for(self, org: str, handle: str) -> Channel | None:

@@ -16,7 +16,7 @@ from twisted.python import usage
 
 from agentcall import limits
 from agentcall.atomicfile import replace_file
-from agentcall.logevents import Logger
+from agentcall.logevents import Logger, configure_from_environ
 
 if TYPE_CHECKING:
     from agentcall.relay.composition import RelaySettings
@@ -34,7 +34,8 @@ class Options(usage.Options):
         "Run an AgentCall relay: enrolment by one-time invite, published keys, presence, and "
         "routing of end-to-end encrypted calls between identities of one organisation. The "
         "relay sees routing metadata only, never a prompt or a reply. Create the database and "
-        "the first admin invite with `agentcall relay bootstrap` first."
+        "the first admin invite with `agentcall relay bootstrap` first. Logs one info line per "
+        "call; AGENTCALL_LOG_LEVEL=debug (or warn, error) changes that."
     )
     optParameters = [
         [
@@ -100,6 +101,22 @@ class Options(usage.Options):
             str(limits.MAX_CONNECTIONS_IN_HEAD),
             "Connections that may be sending their first request head or WebSocket upgrade "
             "at once; at the cap a newcomer evicts the oldest of them (1-100000).",
+        ],
+        [
+            "handshake-grace",
+            None,
+            f"{limits.HEAD_EVICT_AFTER_S:g}",
+            "Seconds a connection may spend on its first head before a newcomer at the "
+            "--max-handshakes cap may evict it; until then the newcomer is closed at once "
+            "instead, so a reconnecting crowd is not evicted half way through TLS (0-60).",
+        ],
+        [
+            "max-upgrades",
+            None,
+            str(limits.MAX_UPGRADES_IN_FLIGHT),
+            "WebSocket upgrades whose credentials may be checked at once; more are answered 503 "
+            f"with a Retry-After of {limits.UPGRADE_RETRY_MIN_S}-{limits.UPGRADE_RETRY_MAX_S} s, "
+            "spread at random, before any lookup (1-100000).",
         ],
         [
             "max-connections",
@@ -198,6 +215,8 @@ def _door_config(options: usage.Options, open_file_limit: int) -> Any:
         per_source=_bounded(options["max-per-source"], "--max-per-source", 1, 100_000, int),
         total=total,
         handshakes=_bounded(options["max-handshakes"], "--max-handshakes", 1, 100_000, int),
+        upgrades=_bounded(options["max-upgrades"], "--max-upgrades", 1, 100_000, int),
+        head_grace_s=_bounded(options["handshake-grace"], "--handshake-grace", 0, 60, float),
         callers_per_identity=_bounded(
             options["max-callers-per-identity"], "--max-callers-per-identity", 1, 10_000, int
         ),
@@ -314,6 +333,10 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     from agentcall.relay.composition import compose
     from agentcall.relay.store import open_relay_store
 
+    try:
+        configure_from_environ()
+    except ValueError as exc:
+        raise SystemExit(f"agentcall-relay: {exc}") from None
     settings = settings_from(config)
     try:
         store = open_relay_store(config["database"])
@@ -323,6 +346,8 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     relay = compose(settings, store, reactor)
 
     top = service.MultiService()
+    # First in, so last to stop: it writes what the services stopped after it still recorded.
+    _AuditFlush(relay.audit).setServiceParent(top)
     ListeningService(
         reactor, config["listen"], relay.factory, config["ready-file"], relay.windows_restored
     ).setServiceParent(top)
@@ -337,6 +362,8 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_connections=caps.total,
         max_per_source=caps.per_source,
         max_handshakes=caps.handshakes,
+        max_upgrades=caps.upgrades,
+        handshake_grace_s=caps.head_grace_s,
         max_callers_per_identity=caps.callers_per_identity,
         mailbox_max_queued=settings.mailbox.max_queued_per_callee,
         mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,
@@ -355,6 +382,18 @@ class _DoorFlush(internet.TimerService):
     def stopService(self) -> Any:
         result = super().stopService()
         self._door.flush(final=True)
+        return result
+
+
+class _AuditFlush(service.Service):
+    """Writes the audit rows still waiting for their reactor turn when the relay stops."""
+
+    def __init__(self, sink: Any) -> None:
+        self._sink = sink
+
+    def stopService(self) -> Any:
+        result = super().stopService()
+        self._sink.flush()
         return result
 
 

@@ -323,6 +323,8 @@ class ApiWithSocket(resource.Resource):
                 return upgrade_required()
             try:
                 self._door.check_auth_allowed(source_of(request.getClientAddress()))
+                # Counted until ready; past the cap told to come back (503), unauthenticated.
+                self._door.begin_upgrade(request.channel.transport)
             except Throttled as exc:
                 return throttled_page(exc)
             return self._socket

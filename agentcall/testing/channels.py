@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import TypeVar
 
 from twisted.internet.defer import Deferred, succeed
@@ -75,6 +75,10 @@ class RecordingAudit:
 
     def record(self, entry: AuditEntry) -> Deferred[None]:
         self.rows.append(entry)
+        return succeed(None)
+
+    def record_many(self, entries: Sequence[AuditEntry]) -> Deferred[None]:
+        self.rows.extend(entries)
         return succeed(None)
 
     def events(self, call_id: str | None = None) -> list[str]:

@@ -23,6 +23,9 @@ from tests.e2e.processes import start_relay
 
 pytestmark = pytest.mark.e2e
 
+# The pipeline's steps (call_received with caller_keys_attached, call_rejected) are debug lines.
+DEBUG = {"AGENTCALL_LOG_LEVEL": "debug"}
+
 DAY = 86400
 
 
@@ -72,7 +75,7 @@ def test_calls_fetch_keys_only_when_they_must_across_a_real_rotation(world: Worl
     assert fetches(world, "ann", "ken") == 1
 
     # Ken's listener starts, rotates for real and publishes epoch 2; it keeps epoch 1.
-    listener = ken.start_listener()
+    listener = ken.start_listener(**DEBUG)
     listener.log.wait_for(r"key_published epoch=2")
     assert ken_epochs(ken) == [1, 2]
 
@@ -104,7 +107,7 @@ def test_a_callee_that_dropped_the_callers_epoch_is_called_again_with_fresh_keys
     keys_json.write_text(json.dumps(data, indent=2) + "\n")
     keys_json.chmod(0o600)
     assert ken_epochs(ken) == [2]
-    listener = ken.start_listener()
+    listener = ken.start_listener(**DEBUG)
     before = fetches(world, "ann", "ken")
     mark = listener.log.mark()
 
@@ -130,7 +133,7 @@ def test_a_mailbox_job_is_delivered_with_the_callers_records(world: World) -> No
     queued = world.ann.cli("call", "@acme/rita", "while you were out", "--json")
     assert queued.returncode == 0, queued.stderr
     job_id = json.loads(queued.stdout)["job_id"]
-    listener = rita.start_listener()
+    listener = rita.start_listener(**DEBUG)
     try:
         done = world.ann.cli("jobs", "get", "@acme/rita", job_id, "--wait", "120", "--json")
         assert done.returncode == 0, done.stderr

@@ -275,7 +275,7 @@ def test_an_answer_finished_while_the_relay_was_down_still_arrives(
         world.relay.process.wait(timeout=30)
         mark = listener.log.mark()
         assert gate.release()
-        listener.log.wait_for(r"agent_finished", since=mark)
+        listener.log.wait_for(r"call_ended", since=mark)
         world.relay.restart()
         got = world.ann.cli("jobs", "get", "@acme/zoe", job_id, "--wait", "180", "--json")
         assert got.returncode == 0, got.stdout + got.stderr

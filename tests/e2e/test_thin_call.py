@@ -9,6 +9,7 @@ Which path a call took is read from bob's listener log (``local_call_ended``), n
 from __future__ import annotations
 
 import json
+import re
 import signal
 import subprocess
 import sys
@@ -20,6 +21,10 @@ import pytest
 from tests.e2e.installs import AgentGate, Install, World, two_people
 
 pytestmark = pytest.mark.e2e
+
+# The relay's one line per call says which socket the caller's side rode.
+SHARED = r"call_ended .*caller='{caller}'.*caller_socket='shared'"
+OWN = r"call_ended .*caller='{caller}'.*caller_socket='own'"
 
 HEAVY = ("twisted", "autobahn", "nacl", "cryptography", "txaio", "OpenSSL")
 # Runs `agentcall ARGS…` and reports on stderr which heavy packages the process imported.
@@ -92,6 +97,7 @@ def test_a_call_goes_through_the_running_service(world: World, bob: Install) -> 
     and the CLI process imported no Twisted, autobahn or crypto."""
     assert bob.listener is not None
     mark = bob.listener.log.mark()
+    relay_mark = world.relay.log.mark()
     done = _probe(bob, "call", "ken", "why did CI fail on main?")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "FAKE-AGENT-ANSWER: why did CI fail on main?\n"
@@ -100,6 +106,8 @@ def test_a_call_goes_through_the_running_service(world: World, bob: Install) -> 
         assert state in progress
     bob.listener.log.wait_for(r"local_call_ended .*kind='answer'", since=mark)
     assert _imported(done) == set()
+    # The service placed it on its own relay socket, not a socket dialled for the call.
+    world.relay.log.wait_for(SHARED.format(caller="bob"), since=relay_mark)
 
 
 def test_json_through_the_service_is_the_same_object(world: World, bob: Install) -> None:
@@ -121,10 +129,12 @@ def test_without_a_service_the_cli_dials_the_relay_itself(world: World) -> None:
     """A caller-only installation has no socket: the call is placed from the CLI process."""
     ann = world.ann
     assert not (ann.state_dir / "service.sock").exists()
+    relay_mark = world.relay.log.mark()
     done = _probe(ann, "call", "ken", "direct?")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "FAKE-AGENT-ANSWER: direct?\n"
     assert {"twisted", "autobahn"} <= _imported(done)
+    world.relay.log.wait_for(OWN.format(caller="ann"), since=relay_mark)
 
 
 def test_two_concurrent_thin_calls_from_one_installation(
@@ -134,6 +144,7 @@ def test_two_concurrent_thin_calls_from_one_installation(
     agent) goes through the same service and comes back first."""
     assert bob.listener is not None
     mark = bob.listener.log.mark()
+    relay_mark = world.relay.log.mark()
     gate = _held(world.ken, tmp_path)
     first = bob.cli_async("call", "ken", "first question")
     try:
@@ -152,6 +163,15 @@ def test_two_concurrent_thin_calls_from_one_installation(
         line for line in bob.listener.log.lines[mark:] if "local_call_ended" in line
     ]  # both calls, whatever the order they were logged in
     assert len(ended) == 2
+    # Both rode bob's one relay socket.
+    since = relay_mark
+    for _ in range(2):
+        world.relay.log.wait_for(SHARED.format(caller="bob"), since=since)
+        since = 1 + next(
+            i
+            for i in range(since, len(world.relay.log.lines))
+            if re.search(SHARED.format(caller="bob"), world.relay.log.lines[i])
+        )
 
 
 def test_an_interrupted_thin_client_hangs_up(world: World, bob: Install, tmp_path: Path) -> None:

@@ -192,7 +192,7 @@ def place(caller: Install, callee: Install, target: str, *args: str) -> Answered
     body = json.loads(done.stdout)
     assert body.get("ok") is True, debug
     call_id = str(body["call_id"])
-    listener.log.wait_for(rf"call_answered call_id={re.escape(repr(call_id))}", ANSWER_WAIT_S)
+    listener.log.wait_for(rf"call_ended call_id={re.escape(repr(call_id))}", ANSWER_WAIT_S)
     return Answered(body, done)
 
 

@@ -6,8 +6,10 @@ ClientService's retries run on a Clock, so nothing here waits on real time.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import gc
+import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -33,6 +35,7 @@ from agentcall.listener.connection import (
     RelayLink,
     RelaySettings,
     listen_query,
+    parse_retry_after,
     reconnect_delay,
 )
 from agentcall.listener.outgoing import OutgoingCalls
@@ -65,26 +68,81 @@ ADDR = IPv4Address("TCP", "127.0.0.1", 4433)
 
 
 @pytest.mark.parametrize(
-    ("attempt", "jitter", "expected"),
+    ("attempt", "r", "expected"),
     [
-        (1, 0.0, 1.0),
-        (2, 0.0, 2.0),
-        (3, 0.0, 4.0),
-        (6, 0.0, 32.0),
-        (7, 0.0, 60.0),
-        (50, 0.0, 60.0),
-        (10_000, 0.0, 60.0),
-        (1, 1.0, 1.5),
-        (7, 1.0, 60.5),
-        (3, 0.5, 4.25),
+        (1, 0.0, 0.25),
+        (1, 0.5, 2.125),
+        (1, 1.0, 4.0),
+        (2, 1.0, 6.0),
+        (3, 1.0, 9.0),
+        (4, 1.0, 13.5),
+        (5, 1.0, 20.25),
+        (8, 1.0, 60.0),
+        (50, 1.0, 60.0),
+        (10_000, 1.0, 60.0),
+        (10_000, 0.0, 0.25),
+        (3, 0.5, 4.625),
     ],
 )
-def test_reconnect_delay_doubles_from_one_second_to_a_minute_plus_jitter(
-    attempt: int, jitter: float, expected: float
+def test_reconnect_delay_is_full_jitter_over_a_growing_window(
+    attempt: int, r: float, expected: float
 ) -> None:
-    """1 s, factor 2, at most 60 s, plus up to 0.5 s of jitter from the random source."""
-    assert reconnect_delay(attempt, lambda: jitter) == expected
-    assert limits.RECONNECT_JITTER_S == 0.5
+    """Uniform in [0.25 s, window) with a window of 4 s growing 1.5 times per attempt up to
+    60 s: the first attempt included, so a crowd spreads out at once and one listener is back
+    within 4 s."""
+    assert reconnect_delay(attempt, lambda: r) == expected
+
+
+def test_reconnect_delays_of_a_crowd_spread_over_the_first_window() -> None:
+    """10,000 listeners that lost the relay at once, each with its own random draw: the first
+    attempts land spread evenly over 4 s, at most about a quarter in any second."""
+    rng = random.Random(7)
+    delays = [reconnect_delay(1, rng.random) for _ in range(10_000)]
+    assert min(delays) >= 0.25 and max(delays) < 4.0
+    per_second = collections.Counter(int(d) for d in delays)
+    assert sorted(per_second) == [0, 1, 2, 3]
+    assert max(per_second.values()) < 2_800
+
+
+@pytest.mark.parametrize(
+    ("attempt", "r", "retry_after", "expected"),
+    [
+        (1, 0.0, 7.0, 7.0),  # the relay's number is a floor
+        (1, 0.5, 7.0, 7.25),  # plus up to half a second, spread
+        (8, 1.0, 7.0, 60.0),  # the own backoff is already longer
+        (1, 0.0, 86_400.0, 60.0),  # never more than the longest backoff (plus jitter)
+        (1, 0.0, -3.0, 0.25),
+    ],
+)
+def test_reconnect_delay_honours_a_retry_after(
+    attempt: int, r: float, retry_after: float, expected: float
+) -> None:
+    assert reconnect_delay(attempt, lambda: r, retry_after) == expected
+    assert (
+        reconnect_delay(attempt, lambda: r, retry_after)
+        <= limits.RECONNECT_MAX_S + limits.RECONNECT_JITTER_S
+    )
+
+
+@pytest.mark.parametrize(
+    ("header", "seconds"),
+    [
+        ("7", 7.0),
+        (" 12 ", 12.0),
+        ("0", 0.0),
+        (None, None),
+        ("", None),
+        ("soon", None),
+        ("Wed, 21 Oct 2026 07:28:00 GMT", None),
+        ("-1", None),
+        ("1.5", None),
+        ("9999999", None),
+    ],
+)
+def test_retry_after_is_read_in_whole_seconds_only(
+    header: str | None, seconds: float | None
+) -> None:
+    assert parse_retry_after(header) == seconds
 
 
 # --- an in-memory relay ------------------------------------------------------------------------
@@ -92,6 +150,15 @@ def test_reconnect_delay_doubles_from_one_second_to_a_minute_plus_jitter(
 
 class RelaySide(WebSocketServerProtocol):
     factory: FakeRelay
+
+    def processHandshake(self) -> None:
+        busy = self.factory.busy_retry_after
+        if busy is not None and b"\r\n\r\n" in self.data:
+            # What the relay answers an upgrade past its cap: 503 and when to come back.
+            self.sendHttpErrorResponse(503, "Service Unavailable", [("Retry-After", busy)])
+            self.dropConnection(abort=False)
+            return
+        super().processHandshake()
 
     def onConnect(self, request: ConnectionRequest) -> None:
         headers: dict[str, str] = request.headers
@@ -121,6 +188,7 @@ class FakeRelay(WebSocketServerFactory):
     def __init__(self, clock: Clock) -> None:
         super().__init__("ws://relay.acme.test/v1/ws", reactor=clock)
         self.ready_address: str | None = "@acme/ken"
+        self.busy_retry_after: str | None = None  # answer upgrades 503 with this Retry-After
         self.upgrades: list[dict[str, str]] = []
         self.queries: list[dict[str, list[str]]] = []
         self.sockets: list[RelaySide] = []
@@ -174,6 +242,7 @@ class Listener:
     frames: list[Frame] = attrs.field(factory=list)
     readies: int = 0
     replacements: int = 0
+    draw: float = 0.0  # what the reconnect jitter's random() returns
     link: RelayLink = attrs.field(factory=RelayLink)
     connection: RelayConnection = attrs.field(init=False)
 
@@ -187,7 +256,7 @@ class Listener:
             on_replaced=self.replaced,
             clock=self.clock,
             endpoint_for=self.relay.endpoint_for,
-            random=lambda: 0.0,
+            random=lambda: self.draw,
         )
 
     def load(self) -> RelaySettings:
@@ -273,7 +342,7 @@ def test_ready_for_another_identity_is_refused_and_redialled(listener: Listener)
     assert (listener.connection.connections, listener.readies) == (0, 0)
     assert listener.relay.closes == [4002]
     [failed] = events_named(events, "relay_connect_failed")
-    assert (failed["attempt"], failed["retry_in_s"]) == (1, 1.0)
+    assert (failed["attempt"], failed["retry_in_s"]) == (1, 0.25)
     listener.relay.ready_address = "@acme/ken"
     listener.clock.advance(1.0)
     listener.relay.flush()
@@ -316,7 +385,7 @@ def test_settings_are_read_again_for_every_attempt(listener: Listener) -> None:
         listener.relay.sockets[0].transport.abortConnection()  # type: ignore[union-attr]
         listener.relay.flush()
     [gone] = events_named(events, "relay_disconnected")
-    assert gone["retry_in_s"] == 1.0
+    assert gone["retry_in_s"] == 0.25
     assert not listener.link.connected
     listener.clock.advance(1.0)
     listener.relay.flush()
@@ -327,17 +396,45 @@ def test_settings_are_read_again_for_every_attempt(listener: Listener) -> None:
     assert (listener.connection.connections, listener.readies) == (2, 2)
 
 
+def test_a_relay_that_says_retry_after_is_not_dialled_again_sooner(listener: Listener) -> None:
+    """A 503 with Retry-After: 7 holds the next attempt back 7 s (plus the jitter's share)."""
+    listener.relay.busy_retry_after = "7"
+    with capturedLogs() as events:
+        listener.connection.startService()
+        listener.relay.flush()
+    [failed] = events_named(events, "relay_connect_failed")
+    assert (failed["retry_in_s"], failed["retry_after"]) == (7.0, 7.0)
+    assert len(listener.relay.dialled) == 1
+    listener.relay.busy_retry_after = None
+    listener.clock.advance(6.9)
+    assert len(listener.relay.dialled) == 1
+    listener.clock.advance(0.1)
+    listener.relay.flush()
+    assert len(listener.relay.dialled) == 2
+    assert listener.connection.connections == 1
+    # Used once: the next loss backs off on its own again.
+    with capturedLogs() as events:
+        listener.relay.sockets[0].transport.abortConnection()  # type: ignore[union-attr]
+        listener.relay.flush()
+    [gone] = events_named(events, "relay_disconnected")
+    assert gone["retry_in_s"] == 0.25
+
+
 def test_unusable_settings_are_retried_with_backoff(listener: Listener) -> None:
     """A config being edited does not stop the listener; the attempts back off."""
     listener.next_settings = ValueError("config.json: token: not a valid token")
+    listener.draw = 0.5
     with capturedLogs() as events:
         listener.connection.startService()
-        listener.clock.advance(1.0)
+        listener.clock.advance(2.125)
     delays = [event["retry_in_s"] for event in events_named(events, "relay_connect_failed")]
-    assert delays == [1.0, 2.0]
+    assert delays == [2.125, 3.125]
     assert "not a valid token" in events_named(events, "relay_connect_failed")[0]["reason"]
     listener.next_settings = settings()
-    listener.clock.advance(2.0)
+    listener.clock.advance(3.0)
+    listener.relay.flush()
+    assert listener.connection.connections == 0
+    listener.clock.advance(0.125)
     listener.relay.flush()
     assert listener.connection.connections == 1
 

@@ -14,7 +14,7 @@ import pytest
 from twisted.internet import defer
 from twisted.internet.task import Clock
 from twisted.internet.testing import MemoryReactorClock
-from twisted.logger import capturedLogs
+from twisted.logger import LogLevel, capturedLogs
 from zope.interface import implementer
 
 from agentcall import limits
@@ -529,6 +529,10 @@ def test_log_events_never_carry_the_message_or_the_reply() -> None:
     names = [e.get("event") for e in events]
     for name in ("call_received", "agent_started", "agent_finished", "call_answered"):
         assert name in names
+    # One info line per call, at its end; the steps are at debug.
+    assert [e["event"] for e in events if e.get("log_level") is LogLevel.info] == ["call_ended"]
+    (ended,) = [e for e in events if e.get("event") == "call_ended"]
+    assert (ended["call_id"], ended["caller"], ended["status"]) == (CALL_ID, "ann", "ok")
     flat = repr(events)
     assert MESSAGE not in flat and "SECRET-REPLY-TEXT" not in flat and TOKEN not in flat
 

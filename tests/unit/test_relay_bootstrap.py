@@ -163,3 +163,59 @@ def test_the_relay_service_stops_the_mailbox_timers_with_it(tmp_path: Path) -> N
     timers.startService()
     timers.stopService()
     assert stopped == [True]
+
+
+def test_the_relay_takes_a_cap_on_upgrades_in_flight() -> None:
+    from twisted.python import usage
+
+    from agentcall import limits
+    from agentcall.relay import tap
+
+    base = ["--database", "relay.db", "--url", "http://127.0.0.1:8765"]
+    options = tap.Options()
+    options.parseOptions(base)
+    assert options["door"].caps.upgrades == limits.MAX_UPGRADES_IN_FLIGHT
+    options = tap.Options()
+    options.parseOptions([*base, "--max-upgrades", "7"])
+    assert options["door"].caps.upgrades == 7
+    with pytest.raises(usage.UsageError, match="--max-upgrades must be between 1 and 100000"):
+        tap.Options().parseOptions([*base, "--max-upgrades", "0"])
+
+
+def test_the_relay_service_flushes_its_audit_rows_when_it_stops(tmp_path: Path) -> None:
+    from twisted.application.service import MultiService
+    from twisted.internet.testing import MemoryReactorClock
+
+    from agentcall.relay import tap
+
+    path = tmp_path / "relay.db"
+    bootstrap(path, "acme", URL, T0)
+    options = tap.Options()
+    options.parseOptions(["--database", str(path), "--url", "http://127.0.0.1:8765"])
+    top = tap.makeService(options, reactor=MemoryReactorClock())
+    assert isinstance(top, MultiService)
+    # Last to stop: every other service may still record rows while it stops.
+    first = next(iter(top))
+    assert isinstance(first, tap._AuditFlush)
+    flushed: list[bool] = []
+    first._sink = type("Sink", (), {"flush": lambda _self: flushed.append(True)})()
+    first.startService()
+    first.stopService()
+    assert flushed == [True]
+
+
+def test_the_relay_takes_a_head_grace() -> None:
+    from twisted.python import usage
+
+    from agentcall import limits
+    from agentcall.relay import tap
+
+    base = ["--database", "relay.db", "--url", "http://127.0.0.1:8765"]
+    options = tap.Options()
+    options.parseOptions(base)
+    assert options["door"].caps.head_grace_s == limits.HEAD_EVICT_AFTER_S == 2.0
+    options = tap.Options()
+    options.parseOptions([*base, "--handshake-grace", "0"])
+    assert options["door"].caps.head_grace_s == 0.0
+    with pytest.raises(usage.UsageError, match="--handshake-grace must be between 0 and 60"):
+        tap.Options().parseOptions([*base, "--handshake-grace", "61"])

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -749,3 +749,66 @@ def test_a_failed_audit_deferred_is_logged_not_unhandled() -> None:
     assert caller.closes == [(1000, "done")]
     # Both writes (call.submit, call.complete) failed, and each failure was logged.
     assert len([e for e in captured if "log_failure" in e]) == 2
+
+
+# --- log lines ---------------------------------------------------------------------------------
+
+
+def _at(events: Sequence[Any], level: Any) -> list[str]:
+    return [e["event"] for e in events if e.get("log_level") is level and "event" in e]
+
+
+def test_a_completed_call_logs_one_info_line_at_its_end(relay: Relay) -> None:
+    """Ringing and progress are debug; the end carries who, what, and how long."""
+    from twisted.logger import LogLevel
+
+    with capturedLogs() as events:
+        _caller, call_id = relay.ring()
+        relay.from_ken(CallAccepted(call_id=call_id))
+        relay.from_ken(CallStarted(call_id=call_id))
+        relay.clock.advance(2.5)
+        relay.from_ken(reply(call_id))
+    assert _at(events, LogLevel.info) == ["call_ended"]
+    assert {"call_ringing", "call_progress"} <= set(_at(events, LogLevel.debug))
+    (ended,) = [e for e in events if e.get("event") == "call_ended"]
+    assert {
+        k: ended[k] for k in ("call_id", "org", "caller", "target", "audit_event", "outcome")
+    } == {
+        "call_id": call_id,
+        "org": "acme",
+        "caller": "ana",
+        "target": "ken",
+        "audit_event": "call.complete",
+        "outcome": "completed",
+    }
+    assert ended["duration_ms"] == 2500.0
+    assert ended["caller_present"] is True
+    assert ended["caller_socket"] == "own"
+
+
+def test_a_timed_out_call_logs_one_info_line_too(relay: Relay) -> None:
+    from twisted.logger import LogLevel
+
+    with capturedLogs() as events:
+        caller, _call_id = relay.ring()
+        relay.book.caller_gone(caller)
+        relay.clock.advance(DEADLINE)
+    assert _at(events, LogLevel.info) == ["call_ended"]
+    (ended,) = [e for e in events if e.get("event") == "call_ended"]
+    assert (ended["audit_event"], ended["outcome"]) == ("call.timeout", "ringing")
+    assert ended["duration_ms"] == DEADLINE * 1000
+    assert ended["caller_present"] is False
+
+
+def test_with_debug_off_a_call_reaches_the_observers_once(relay: Relay) -> None:
+    """The level gate drops debug lines before any observer sees them."""
+    from twisted.logger import LogLevel
+
+    from agentcall import logevents
+
+    logevents.set_level(LogLevel.info)
+    with capturedLogs() as events:
+        _caller, call_id = relay.ring()
+        relay.from_ken(CallStarted(call_id=call_id))
+        relay.from_ken(reply(call_id))
+    assert [e.get("event") for e in events] == ["call_ended"]

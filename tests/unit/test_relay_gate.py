@@ -13,6 +13,7 @@ from agentcall.relay.gate import (
     Ticket,
     TurnedAway,
     TurnedAwayTally,
+    busy_retry_after_s,
     total_cap,
 )
 from agentcall.relay.throttle import (
@@ -150,7 +151,9 @@ def test_callers_per_identity() -> None:
     assert g.callers_of("@acme/ken") == 0
 
 
-@pytest.mark.parametrize("field", ["per_source", "total", "handshakes", "callers_per_identity"])
+@pytest.mark.parametrize(
+    "field", ["per_source", "total", "handshakes", "callers_per_identity", "upgrades"]
+)
 def test_caps_must_be_positive(field: str) -> None:
     values = {"per_source": 1, "total": 1, "handshakes": 1, "callers_per_identity": 1, field: 0}
     with pytest.raises(ValueError, match=field):
@@ -303,3 +306,95 @@ def test_a_full_table_shares_one_bucket_among_new_keys() -> None:
     # A known key is untouched by the overflow.
     assert buckets.take("known", 1.0) is None
     assert len(buckets) == 11
+
+
+# --- upgrades in flight -------------------------------------------------------------------------
+
+
+def test_upgrades_are_counted_up_to_their_cap() -> None:
+    g = ConnectionGate(GateLimits(10, 10, 10, 1, upgrades=2))
+    one, two, three = (let_in(g, "a") for _ in range(3))
+    assert g.begin_upgrade(one) and g.begin_upgrade(two)
+    assert g.begin_upgrade(one)  # the same upgrade again takes no second place
+    assert not g.begin_upgrade(three)
+    assert g.upgrades_in_flight == 2 and not three.upgrading
+    g.end_upgrade(one)
+    g.end_upgrade(one)
+    assert g.upgrades_in_flight == 1
+    assert g.begin_upgrade(three)
+
+
+def test_an_upgrade_ends_when_it_opens_or_its_connection_goes() -> None:
+    g = ConnectionGate(GateLimits(10, 10, 10, 1, upgrades=5))
+    opened, gone = let_in(g, "a"), let_in(g, "a")
+    g.begin_upgrade(opened)
+    g.begin_upgrade(gone)
+    g.upgraded(opened)
+    g.release(gone)
+    assert g.upgrades_in_flight == 0
+    assert not g.begin_upgrade(gone)  # a released connection upgrades nothing
+    assert g.upgrades_in_flight == 0
+
+
+@pytest.mark.parametrize(("r", "seconds"), [(0.0, 1), (0.09, 1), (0.1, 2), (0.55, 6), (0.999, 10)])
+def test_busy_retry_after_spreads_evenly_over_its_range(r: float, seconds: int) -> None:
+    assert busy_retry_after_s(lambda: r, 1, 10) == seconds
+
+
+def test_busy_retry_after_stays_in_range_even_for_a_random_of_one() -> None:
+    assert busy_retry_after_s(lambda: 1.0, 2, 4) == 4
+    with pytest.raises(ValueError):
+        busy_retry_after_s(lambda: 0.5, 0, 3)
+    with pytest.raises(ValueError):
+        busy_retry_after_s(lambda: 0.5, 5, 3)
+
+
+# --- the head grace (reconnect storms) -----------------------------------------------------------
+
+
+def graceful(handshakes: int = 2, total: int = 10, grace: float = 2.0) -> ConnectionGate:
+    return ConnectionGate(GateLimits(10, total, handshakes, 1, head_grace_s=grace))
+
+
+def test_at_the_head_cap_young_heads_are_kept_and_the_newcomer_is_closed() -> None:
+    g = graceful()
+    one, two = g.admit("a", 100.0), g.admit("b", 100.5)
+    assert isinstance(one, LetIn) and isinstance(two, LetIn)
+    assert g.admit("c", 101.9) is TurnedAway.HANDSHAKES_BUSY
+    assert not one.ticket.released and g.open_total == 2 and g.in_head == 2
+    # Once the oldest has been in head for the grace, it makes room as before.
+    decision = g.admit("c", 102.0)
+    assert isinstance(decision, LetIn)
+    assert decision.evicted == ((one.ticket, TurnedAway.EVICTED_IN_HEAD),)
+    assert decision.ticket.opened_at == 102.0
+
+
+def test_a_young_head_refusal_evicts_nothing_for_the_total_cap_either() -> None:
+    g = graceful(handshakes=1, total=2)
+    idle = g.admit("a", 100.0)
+    assert isinstance(idle, LetIn)
+    g.head_done(idle.ticket)
+    heading = g.admit("b", 101.0)
+    assert isinstance(heading, LetIn)
+    assert g.admit("c", 101.5) is TurnedAway.HANDSHAKES_BUSY
+    assert not idle.ticket.released and not heading.ticket.released
+    decision = g.admit("c", 103.0)
+    assert isinstance(decision, LetIn)
+    assert decision.evicted == (
+        (idle.ticket, TurnedAway.EVICTED_PLAIN_HTTP),
+        (heading.ticket, TurnedAway.EVICTED_IN_HEAD),
+    )
+
+
+def test_a_grace_of_zero_evicts_the_oldest_whatever_its_age() -> None:
+    g = graceful(grace=0.0)
+    first = g.admit("a", 100.0)
+    g.admit("b", 100.0)
+    decision = g.admit("c", 100.0)
+    assert isinstance(first, LetIn) and isinstance(decision, LetIn)
+    assert decision.evicted == ((first.ticket, TurnedAway.EVICTED_IN_HEAD),)
+
+
+def test_a_negative_grace_is_refused() -> None:
+    with pytest.raises(ValueError):
+        GateLimits(1, 1, 1, 1, head_grace_s=-1.0)

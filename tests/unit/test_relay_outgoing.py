@@ -13,6 +13,7 @@ from typing import Any
 
 import attrs
 from twisted.internet import defer
+from twisted.logger import capturedLogs
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode
@@ -253,3 +254,12 @@ def test_frames_of_a_per_call_socket_are_unchanged_by_the_new_fields() -> None:
     assert set(json.loads(codec.encode(plain))) == {"type", "envelope", "correlation_id", "queue"}
     tagged = attrs.evolve(status, correlation_id=CID_1)
     assert codec.decode_frame(codec.encode(tagged)) == tagged
+
+
+def test_the_relays_line_for_the_call_says_it_rode_a_shared_socket() -> None:
+    ana = Installation()
+    with capturedLogs() as events:
+        ana.calls.request(outgoing())
+        ana.relay.book.from_listener("acme", "ken", ana.relay.ken, reply(ana.ringing()))
+    [ended] = [e for e in events if e.get("event") == "call_ended"]
+    assert ended["caller_socket"] == "shared" and ended["caller"] == "ana"

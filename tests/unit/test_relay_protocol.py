@@ -189,6 +189,17 @@ def test_a_call_is_routed_from_caller_to_listener_and_back(switch: Switch) -> No
     assert ken.close_code is None  # the listener's session outlives its calls
     assert switch.relay.relay.calls.active_count() == 0
     assert switch.relay.relay.door.gate.callers_of("@acme/ann") == 0
+    # The call's audit rows wait for the end of the reactor turn, then go in one batch each.
+    store, sink = switch.relay.store, switch.relay.relay.audit
+    assert sink.pending > 0
+    switch.relay.reactor.advance(0)
+    assert sink.pending == 0
+    rows = [(r.event, r.call_id) for r in fired(store.audit_rows("acme"))]
+    assert [r for r in rows if r[1] == call_id] == [
+        (audit.CALL_SUBMIT, call_id),
+        (audit.CALL_ACCEPT, call_id),
+        (audit.CALL_COMPLETE, call_id),
+    ]
 
 
 def test_a_call_to_a_handle_that_is_not_listening_is_offline(switch: Switch) -> None:
@@ -248,6 +259,7 @@ def test_a_bad_token_is_closed_unauthorized_and_counted(switch: Switch) -> None:
     assert caller.close_code == CLOSE_UNAUTHORIZED
     switch.relay.reactor.advance(60.0)
     switch.relay.relay.door.flush()
+    switch.relay.reactor.advance(0)
     [row] = fired(switch.relay.store.audit_rows(audit.RELAY_WIDE))
     assert row.detail == "2 failed authentications in this minute"
 
@@ -406,3 +418,22 @@ def test_a_listener_socket_closing_mid_call_cancels_it_at_the_callee(switch: Swi
     ann.socket.sendClose(CLOSE_NORMAL)
     switch.flush()
     assert ken.frames[-1] == CancelCall(call_id=ringing.call_id)
+
+
+def test_a_listener_session_logs_one_info_line_each_way(switch: Switch) -> None:
+    """Attached and detached; the switchboard's and the call book's own lines are debug."""
+    from twisted.logger import LogLevel, capturedLogs
+
+    with capturedLogs() as events:
+        ken = switch.connect("role=listen", "ken")
+        assert ken.socket is not None
+        ken.socket.sendClose(CLOSE_NORMAL)
+        switch.flush()
+    ours = [e for e in events if str(e.get("log_namespace", "")).startswith("agentcall")]
+    assert [e["event"] for e in ours if e["log_level"] is LogLevel.info] == [
+        "listener_attached",
+        "listener_detached",
+    ]
+    assert {"listener_online", "listener_offline", "listener_gone"} <= {
+        e["event"] for e in ours if e["log_level"] is LogLevel.debug
+    }

@@ -6,7 +6,7 @@ import base64
 import json
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import Any, cast
 
 import attrs
 import pytest
@@ -22,7 +22,16 @@ from agentcall.relay import audit
 from agentcall.relay.door import Door, DoorConfig, source_of
 from agentcall.relay.gate import GateLimits
 from agentcall.relay.store import SqliteRelayStore
-from tests.unit.relay_helpers import ORIGIN, MemoryRelay, fired, memory_relay, parse_answer
+from agentcall.relay.store_interface import RelayStore
+from tests.unit.relay_helpers import (
+    ORIGIN,
+    HeldStore,
+    MemoryRelay,
+    fired,
+    holding,
+    memory_relay,
+    parse_answer,
+)
 
 
 @attrs.define
@@ -276,6 +285,7 @@ def test_failed_authentication_is_throttled_and_audited_per_minute(front: Front)
     assert front.door.turned_away.drain() == {"api_refused": 2, "auth_throttled": 2}
     front.reactor.advance(60.0)
     front.door.flush()
+    front.reactor.advance(0)  # the audit rows of a turn are written at the start of the next
     rows = fired(front.store.audit_rows(audit.RELAY_WIDE))
     assert [(r.event, r.target, r.detail) for r in rows] == [
         (audit.AUTH_FAILED, "10.0.0.1", "2 failed authentications in this minute")
@@ -290,6 +300,7 @@ def test_a_failed_socket_login_counts_as_a_failure(front: Front) -> None:
     status, _, _ = front.request(get("/v1/me", *auth(front)))
     assert status == 429
     front.door.flush(final=True)
+    front.reactor.advance(0)
     assert fired(front.store.audit_rows(audit.RELAY_WIDE))[0].detail.startswith("2 ")  # type: ignore[union-attr]
 
 
@@ -407,3 +418,109 @@ def test_caller_sockets_per_identity_are_capped(front: Front) -> None:
     assert json.loads(sent[0][1])["code"] == "rate_limited"
     assert sent[1][0] == 0x8 and int.from_bytes(sent[1][1][:2], "big") == 4029
     assert front.door.gate.callers_of("@acme/ann") == 1
+
+
+# --- upgrades in flight -------------------------------------------------------------------------
+
+
+def test_upgrades_past_the_cap_are_told_to_come_back_before_any_lookup(tmp_path: Path) -> None:
+    """Two upgrades whose credentials are still being checked fill a cap of two; the third is
+    answered 503 with a jittered Retry-After without a store lookup, and counted."""
+    caps = GateLimits(per_source=10, total=10, handshakes=10, callers_per_identity=1, upgrades=2)
+    stores: list[HeldStore] = []
+
+    def hold(store: SqliteRelayStore) -> RelayStore:
+        stores.append(HeldStore(store, "authenticate"))
+        return cast(RelayStore, stores[-1])
+
+    memory = memory_relay(tmp_path, now=1_000_000.0, door=config(caps=caps), wrap=hold)
+    token = memory.enrol("ann")
+    [held] = stores
+    memory.relay.door.random = lambda: 0.5
+    headers = (
+        f"Authorization: Bearer {token}",
+        "X-AgentCall-Org: acme",
+        "X-AgentCall-Handle: ann",
+    )
+    waiting = []
+    for _ in range(2):
+        protocol, transport = memory.connect()
+        protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+        waiting.append((protocol, transport))
+    assert len(held.pending) == 2 and memory.relay.door.gate.upgrades_in_flight == 2
+    protocol, transport = memory.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+    status, answer_headers, body = parse(transport.value())
+    assert status == 503 and answer_headers["retry-after"] == "6"
+    assert json.loads(body)["error"] == "rate_limited"
+    assert len(held.pending) == 2  # no lookup for the one turned away
+    assert memory.relay.door.turned_away.drain() == {"upgrades_busy": 1}
+    # Once the first two are answered (ready), the next upgrade is checked again.
+    held.release()
+    assert [parse(t.value())[0] for _p, t in waiting] == [101, 101]
+    assert memory.relay.door.gate.upgrades_in_flight == 0
+    protocol, transport = memory.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+    assert len(held.pending) == 1
+
+
+def test_an_upgrade_that_leaves_while_checked_frees_its_place(tmp_path: Path) -> None:
+    caps = GateLimits(per_source=10, total=10, handshakes=10, callers_per_identity=1, upgrades=1)
+    memory = memory_relay(
+        tmp_path, now=1_000_000.0, door=config(caps=caps), wrap=holding("authenticate")
+    )
+    token = memory.enrol("ann")
+    headers = (f"Authorization: Bearer {token}", "X-AgentCall-Org: acme", "X-AgentCall-Handle: ann")
+    protocol, _transport = memory.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *headers))
+    assert memory.relay.door.gate.upgrades_in_flight == 1
+    protocol.connectionLost(Failure(ConnectionDone()))
+    assert memory.relay.door.gate.upgrades_in_flight == 0
+
+
+def test_a_refused_upgrade_is_answered_and_frees_its_place(front: Front) -> None:
+    """Bad credentials: the socket opens only to be closed; it no longer counts as in flight."""
+    protocol, _transport = front.connect()
+    protocol.dataReceived(upgrade("/v1/ws?role=listen", *auth(front, "nope")))
+    assert front.door.gate.upgrades_in_flight == 0
+
+
+def test_the_connection_wrapper_claims_the_transport_s_interfaces_but_not_tls(
+    front: Front,
+) -> None:
+    """autobahn must not take the wrapper for the TLS layer; everything else is passed on."""
+    from twisted.internet.interfaces import IPushProducer, ISSLTransport, ITransport
+    from zope.interface import directlyProvides
+
+    class TlsTransport(StringTransport):
+        pass
+
+    for _ in range(2):  # the second one through the cached interfaces
+        transport = TlsTransport(peerAddress=IPv4Address("TCP", "10.0.0.1", 40000))
+        directlyProvides(transport, ISSLTransport)
+        protocol = front.memory.relay.factory.buildProtocol(transport.getPeer())
+        protocol.makeConnection(transport)
+        assert ITransport.providedBy(protocol) and IPushProducer.providedBy(protocol)
+        assert not ISSLTransport.providedBy(protocol)
+    plain, _ = front.connect()
+    assert ITransport.providedBy(plain) and not ISSLTransport.providedBy(plain)
+
+
+def test_a_newcomer_at_the_head_cap_is_closed_while_the_heads_are_young(tmp_path: Path) -> None:
+    """A reconnecting crowd: those half way through their handshake keep their place, the
+    newcomer is closed at once (before TLS would start), and the slow ones still lose theirs
+    once the grace has passed."""
+    caps = GateLimits(
+        per_source=10, total=10, handshakes=2, callers_per_identity=1, head_grace_s=2.0
+    )
+    front = make_front(tmp_path, config(caps=caps))
+    _, first = front.connect("10.0.0.2")
+    _, second = front.connect("10.0.0.3")
+    _, turned_away = front.connect("10.0.0.4")
+    assert turned_away.disconnected or turned_away.disconnecting
+    assert not first.disconnecting and not second.disconnecting
+    assert front.door.gate.open_total == 2
+    front.reactor.advance(2.0)
+    _, newcomer = front.connect("10.0.0.5")
+    assert first.disconnected and not newcomer.disconnecting
+    assert front.door.turned_away.drain() == {"evicted_in_head": 1, "handshakes_busy": 1}
