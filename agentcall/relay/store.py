@@ -18,6 +18,7 @@ audit rows of its own changes in the same transaction as the change.
 
 from __future__ import annotations
 
+import collections
 import os
 import sqlite3
 from collections.abc import Callable, Sequence
@@ -175,6 +176,10 @@ def _invite_info(row: Any, now: float) -> InviteInfo:
     )
 
 
+# Members whose published key records the registry keeps decoded (least recently read go first).
+KEYS_CACHED = 4096
+
+
 class SqliteRegistry:
     """The relay's registry, synchronously, on one connection from
     :func:`agentcall.db.open_database`: the methods of
@@ -190,6 +195,13 @@ class SqliteRegistry:
         # the WAL, whose old frames are overwritten as it is checkpointed and reused.
         conn.execute("PRAGMA secure_delete = ON")
         self._conn = conn
+        # Published key records, as fetch_keys last read them. Only this registry writes them
+        # (publish_identity, publish_encryption drop the entry), and the relay reads a caller's
+        # records on every call to attach them to incoming_call: decoding two signed records
+        # each time cost more than the rest of the call's store work together.
+        self._keys: collections.OrderedDict[tuple[str, str], KeysResponse | None] = (
+            collections.OrderedDict()
+        )
 
     def close(self) -> None:
         self._conn.close()
@@ -383,6 +395,7 @@ class SqliteRegistry:
     def publish_identity(
         self, org: str, handle: str, signed: SignedIdentityRecord, now: float
     ) -> None:
+        self._keys.pop((org, handle), None)
         with transaction(self._conn):
             if store_keys.insert_identity(self._conn, org, handle, signed, now):
                 self._audit(audit.KEYS_IDENTITY_PUBLISH, org, actor=handle, target=handle, at=now)
@@ -390,6 +403,7 @@ class SqliteRegistry:
     def publish_encryption(
         self, org: str, handle: str, signed: SignedEncryptionKeyRecord, now: float
     ) -> None:
+        self._keys.pop((org, handle), None)
         with transaction(self._conn):
             store_keys.insert_encryption(self._conn, org, handle, signed, now)
             self._audit(
@@ -402,10 +416,18 @@ class SqliteRegistry:
             )
 
     def fetch_keys(self, org: str, handle: str) -> KeysResponse | None:
+        key = (org, handle)
+        if key in self._keys:
+            self._keys.move_to_end(key)
+            return self._keys[key]
         try:
-            return store_keys.fetch_keys(self._conn, org, handle)
+            found = store_keys.fetch_keys(self._conn, org, handle)
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc
+        self._keys[key] = found
+        if len(self._keys) > KEYS_CACHED:
+            self._keys.popitem(last=False)
+        return found
 
     # --- audit --------------------------------------------------------------------------
 

@@ -561,3 +561,38 @@ def test_submissions_since_lists_the_calls_that_rang_in_every_org(store: Fired) 
         Submission("beta", "bo", "al", T0 + 5),
     ]
     assert store.submissions_since(T0 + 6) == []
+
+
+def test_key_records_are_read_from_the_file_once_until_they_change(db_path: Path) -> None:
+    """The relay reads a caller's records on every call; the registry keeps them decoded and
+    drops them when a new record is published, so a read never serves an older epoch."""
+    raw = open_relay_store(db_path)
+    store = Fired(raw)
+    store.ensure_org("acme", T0)
+    enrol(store, "ken")
+    statements: list[str] = []
+    raw.registry._conn.set_trace_callback(statements.append)
+
+    def key_reads() -> int:
+        # fetch_keys' own query (publishing reads the table too, to check the chain).
+        return sum("SELECT record_json FROM identity_keys" in sql for sql in statements)
+
+    assert store.fetch_keys("acme", "ken") is None
+    assert store.fetch_keys("acme", "ken") is None
+    assert key_reads() == 1
+    store.publish_identity("acme", "ken", identity("ken"), T0)
+    store.publish_encryption("acme", "ken", encryption("ken", 1), T0)
+    before = key_reads()
+    first = store.fetch_keys("acme", "ken")
+    assert first is not None and first.encryption == encryption("ken", 1)
+    assert key_reads() == before + 1  # the publish dropped what was kept
+    assert store.fetch_keys("acme", "ken") == first
+    assert key_reads() == before + 1
+    store.publish_encryption("acme", "ken", encryption("ken", 2), T0)
+    newer = store.fetch_keys("acme", "ken")
+    assert newer is not None and newer.encryption == encryption("ken", 2)
+    # A refused publish changes nothing, and what was kept is still served.
+    with pytest.raises(ApiError):
+        store.publish_encryption("acme", "ken", encryption("ken", 1), T0)
+    assert store.fetch_keys("acme", "ken") == newer
+    store.close()
