@@ -91,7 +91,7 @@ class Logger(_TwistedLogger):
                     *(
                         f"{k}={v!r}"
                         for k, v in kwargs.items()
-                        if k != "event" and k != "failure" and not k.startswith("log_")
+                        if k not in {"event", "failure"} and not k.startswith("log_")
                     ),
                 ]
             )

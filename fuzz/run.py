@@ -25,7 +25,7 @@ from pathlib import Path
 import attrs
 
 ROOT = Path(__file__).resolve().parent.parent
-TARGET_NAMES = ("frames", "http", "payloads", "skill", "policy", "ceiling")
+TARGET_NAMES = ("frames", "local", "http", "payloads", "skill", "policy", "ceiling")
 ATHERIS_MISSING = (
     "atheris is not installed in this environment. It is in the `test` extra for Linux x86_64 "
     "(the platform it publishes wheels for): run scripts/venv, or `.venv/bin/pip install atheris`."

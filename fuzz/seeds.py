@@ -10,7 +10,7 @@ import json
 from typing import Any, Final
 
 from agentcall.errors import ApiErrorCode, CallErrorCode
-from agentcall.wire import codec, frames, http, payloads
+from agentcall.wire import codec, frames, http, local, payloads
 
 ORIGIN: Final = "relay.example.com:8443"
 ANN: Final = "@acme/ann"
@@ -332,6 +332,27 @@ def ceiling_documents() -> list[Any]:
             "assertions": [{"caller": "mallory", "deny": ["*"]}],
         },
         {"version": 1, "allowed_tasks": [], "max_tools": []},
+    ]
+
+
+def local_lines() -> list[Any]:
+    """Every line of the local socket (a thin CLI and its service), each kind of ending."""
+    return [
+        local.LocalCall(target="ken", message="why did CI fail?"),
+        local.LocalCall(
+            target=KEN, message="and then?", task="ci-triage", continue_=True, queue=False
+        ),
+        local.LocalCall(target="ken", message="m", context_id="ctx_" + "A" * 22, timeout_ms=5000),
+        local.LocalStatus(state="ringing", call_id=CALL_ID),
+        local.LocalNote(text="could not publish your new encryption key"),
+        local.LocalEnded(
+            local.EndKind.ANSWER, KEN, CALL_ID, text="it timed out", context_id="ctx_" + "B" * 22
+        ),
+        local.LocalEnded(local.EndKind.QUEUED, KEN, job_id=CALL_ID, expires_at=NOW),
+        local.LocalEnded(
+            local.EndKind.FAILED, KEN, CALL_ID, code="task_unknown", detail="no", offered=("ask",)
+        ),
+        local.LocalEnded.refused("identity_changed", "the key changed", KEN),
     ]
 
 

@@ -25,7 +25,7 @@ from agentcall import limits
 from agentcall.errors import MalformedFrame
 from agentcall.listener import ceiling, policy, tasks
 from agentcall.listener.policyfile import SchemaProblem, decode_json
-from agentcall.wire import codec, frames
+from agentcall.wire import codec, frames, local
 from fuzz import seeds
 
 # What each receiver accepts, with the size limit it passes (see relay/protocol.py,
@@ -36,6 +36,11 @@ FRAME_RECEIVERS: Final[tuple[tuple[Collection[type[frames.Frame]] | None, int], 
     (frames.TO_LISTENER, limits.MAX_TO_LISTENER_FRAME_BYTES),
     (frames.TO_CALLER, limits.MAX_FRAME_BYTES),
     (None, limits.MAX_FRAME_BYTES),
+)
+# The local socket's two ends (listener/localsocket.py, cli/viaservice.py).
+LOCAL_RECEIVERS: Final[tuple[tuple[Collection[type[Any]], int], ...]] = (
+    ((local.LocalCall,), limits.MAX_LOCAL_REQUEST_BYTES),
+    ((local.LocalStatus, local.LocalNote, local.LocalEnded), limits.MAX_LOCAL_EVENT_BYTES),
 )
 HTTP_BODIES: Final[tuple[type[Any], ...]] = tuple(seeds.http_bodies())
 SEALED_PAYLOADS: Final[tuple[type[Any], ...]] = tuple(seeds.sealed_payloads())
@@ -75,6 +80,25 @@ def _frame_seeds() -> list[bytes]:
             if accept is None or type(frame) in accept:
                 found.append(bytes([index]) + seeds.wire_bytes(frame))
     return found
+
+
+def _check_local(data: bytes) -> None:
+    if not data:
+        return
+    accept, max_bytes = LOCAL_RECEIVERS[data[0] % len(LOCAL_RECEIVERS)]
+    line = codec.decode_local(data[1:], accept, max_bytes=max_bytes)
+    encoded = codec.encode(line)
+    if codec.decode_local(encoded, accept, max_bytes=len(encoded)) != line:
+        raise RoundTripMismatch(f"{type(line).__name__} changed in a round trip")
+
+
+def _local_seeds() -> list[bytes]:
+    return [
+        bytes([index]) + seeds.wire_bytes(line)
+        for line in seeds.local_lines()
+        for index, (accept, _limit) in enumerate(LOCAL_RECEIVERS)
+        if type(line) in accept
+    ]
 
 
 def _body_checker(classes: Sequence[type[Any]], max_bytes: int) -> Callable[[bytes], None]:
@@ -183,6 +207,13 @@ def build_targets(workspace: Path) -> dict[str, Target]:
             _frame_seeds,
         ),
         Target(
+            "local",
+            "codec.decode_local, as the service and the thin CLI each read the local socket",
+            _check_local,
+            (MalformedFrame,),
+            _local_seeds,
+        ),
+        Target(
             "http",
             "codec.decode of every relay HTTP request and response body",
             _body_checker(HTTP_BODIES, limits.MAX_HTTP_BODY_BYTES),
@@ -221,7 +252,7 @@ def build_targets(workspace: Path) -> dict[str, Target]:
     return {target.name: target for target in found}
 
 
-TARGET_NAMES: Final = ("frames", "http", "payloads", "skill", "policy", "ceiling")
+TARGET_NAMES: Final = ("frames", "local", "http", "payloads", "skill", "policy", "ceiling")
 
 
 def run_one(target: Target, data: bytes) -> None:

@@ -13,7 +13,7 @@ import attrs
 import pytest
 
 from agentcall.errors import MalformedFrame
-from agentcall.wire import codec, frames, http, keyrecords, payloads
+from agentcall.wire import codec, frames, http, keyrecords, local, payloads
 from fuzz import run, seeds, targets
 
 
@@ -46,6 +46,7 @@ def test_every_wire_shape_is_fuzzed() -> None:
     assert set(targets.HTTP_BODIES) == bodies
     assert {type(frame) for frame in seeds.all_frames()} == set(frames.FRAME_TYPES.values())
     assert {payloads.SignedRequest, payloads.SignedResponse} <= set(targets.SEALED_PAYLOADS)
+    assert {type(line) for line in seeds.local_lines()} == set(local.LOCAL_TYPES.values())
 
 
 def test_the_selector_byte_reaches_every_receiver_and_body(
@@ -54,6 +55,8 @@ def test_the_selector_byte_reaches_every_receiver_and_body(
     frame_selectors = {data[0] for data in built["frames"].seeds()}
     assert frame_selectors == set(range(len(targets.FRAME_RECEIVERS)))
     assert {data[0] for data in built["http"].seeds()} == set(range(len(targets.HTTP_BODIES)))
+    local_selectors = {data[0] for data in built["local"].seeds()}
+    assert local_selectors == set(range(len(targets.LOCAL_RECEIVERS)))
 
 
 def test_an_allowed_error_is_not_a_finding(built: dict[str, targets.Target]) -> None:
