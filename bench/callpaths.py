@@ -27,7 +27,7 @@ from typing import Any
 
 import txaio
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from loadgen import CALL_TIMEOUT_S, Env, Probe, Target, now
+from loadgen import CALL_TIMEOUT_S, Env, Probe, Target, now, seal_to
 from seeding import Identity
 from twisted.internet import defer
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -121,20 +121,7 @@ class PersistentCaller:
         if socket is None or not socket.is_open:
             raise RuntimeError("the persistent socket is not open")
         probe = Probe(start=now())
-        keys = target.keys
-        assert keys.encryption is not None
-        sealed, request = envelope.seal_request(
-            sender=caller.identity,
-            sender_address=caller.address,
-            recipient_identity=keys.identity.record,
-            recipient_encryption=keys.encryption.record,
-            relay_origin=env.origin,
-            message=message,
-            task=None,
-            context_id=None,
-            now=time.time(),
-        )
-        correlation = ids.mint_correlation_id()
+        sealed, request, correlation = seal_to(env, caller, target, message)
         terminal: defer.Deferred[frames.Frame] = defer.Deferred()
         self._pending[correlation] = (probe, terminal)
         env.probes[correlation] = probe
@@ -168,7 +155,7 @@ class PersistentCaller:
             my_key=caller.encryption,
             my_record=caller.encryption_record.record,
             request=request,
-            responder_identity_pub=keys.identity.record.identity_pub,
+            responder_identity_pub=target.keys.identity.record.identity_pub,
             now=time.time(),
         )
         outcome = response.outcome

@@ -159,9 +159,10 @@ def _encoded(frame: frames.Frame) -> bytes:
     return codec.encode(frame)
 
 
-async def one_call(env: Env, caller: Identity, target: Target, message: str) -> Probe:
-    """Seal, dial, send, wait for the outcome, open and check it; the probe of the call."""
-    probe = Probe(start=now())
+def seal_to(
+    env: Env, caller: Identity, target: Target, message: str
+) -> tuple[frames.SealedEnvelope, payloads.RequestPayload, str]:
+    """``message`` sealed from ``caller`` to ``target``, its plaintext, a fresh correlation id."""
     keys = target.keys
     assert keys.encryption is not None
     sealed, request = envelope.seal_request(
@@ -175,7 +176,13 @@ async def one_call(env: Env, caller: Identity, target: Target, message: str) -> 
         context_id=None,
         now=time.time(),
     )
-    correlation = ids.mint_correlation_id()
+    return sealed, request, ids.mint_correlation_id()
+
+
+async def one_call(env: Env, caller: Identity, target: Target, message: str) -> Probe:
+    """Seal, dial, send, wait for the outcome, open and check it; the probe of the call."""
+    probe = Probe(start=now())
+    sealed, request, correlation = seal_to(env, caller, target, message)
     terminal: defer.Deferred[frames.Frame] = defer.Deferred()
 
     def on_frame(frame: frames.Frame) -> None:
@@ -221,7 +228,7 @@ async def one_call(env: Env, caller: Identity, target: Target, message: str) -> 
         my_key=caller.encryption,
         my_record=caller.encryption_record.record,
         request=request,
-        responder_identity_pub=keys.identity.record.identity_pub,
+        responder_identity_pub=target.keys.identity.record.identity_pub,
         now=time.time(),
     )
     outcome = response.outcome

@@ -62,15 +62,23 @@ class Target:
 # --- wire ------------------------------------------------------------------------------------
 
 
-def _check_frame(data: bytes) -> None:
-    if not data:
-        return
-    accept, max_bytes = FRAME_RECEIVERS[data[0] % len(FRAME_RECEIVERS)]
-    frame = codec.decode_frame(data[1:], accept, max_bytes=max_bytes)
-    encoded = codec.encode(frame)
-    # The size limit is the receiver's business; the round trip is about the value.
-    if codec.decode_frame(encoded, accept, max_bytes=len(encoded)) != frame:
-        raise RoundTripMismatch(f"{type(frame).__name__} changed in a round trip")
+def _tagged_checker(
+    receivers: Sequence[tuple[Collection[type[Any]] | None, int]],
+    decode: Callable[..., Any],
+) -> Callable[[bytes], None]:
+    """Feed one receiver (chosen by the first byte) and round-trip what it decoded."""
+
+    def check(data: bytes) -> None:
+        if not data:
+            return
+        accept, max_bytes = receivers[data[0] % len(receivers)]
+        value = decode(data[1:], accept, max_bytes=max_bytes)
+        encoded = codec.encode(value)
+        # The size limit is the receiver's business; the round trip is about the value.
+        if decode(encoded, accept, max_bytes=len(encoded)) != value:
+            raise RoundTripMismatch(f"{type(value).__name__} changed in a round trip")
+
+    return check
 
 
 def _frame_seeds() -> list[bytes]:
@@ -80,16 +88,6 @@ def _frame_seeds() -> list[bytes]:
             if accept is None or type(frame) in accept:
                 found.append(bytes([index]) + seeds.wire_bytes(frame))
     return found
-
-
-def _check_local(data: bytes) -> None:
-    if not data:
-        return
-    accept, max_bytes = LOCAL_RECEIVERS[data[0] % len(LOCAL_RECEIVERS)]
-    line = codec.decode_local(data[1:], accept, max_bytes=max_bytes)
-    encoded = codec.encode(line)
-    if codec.decode_local(encoded, accept, max_bytes=len(encoded)) != line:
-        raise RoundTripMismatch(f"{type(line).__name__} changed in a round trip")
 
 
 def _local_seeds() -> list[bytes]:
@@ -202,14 +200,14 @@ def build_targets(workspace: Path) -> dict[str, Target]:
         Target(
             "frames",
             "codec.decode_frame, as the relay, listener and caller each call it",
-            _check_frame,
+            _tagged_checker(FRAME_RECEIVERS, codec.decode_frame),
             (MalformedFrame,),
             _frame_seeds,
         ),
         Target(
             "local",
             "codec.decode_local, as the service and the thin CLI each read the local socket",
-            _check_local,
+            _tagged_checker(LOCAL_RECEIVERS, codec.decode_local),
             (MalformedFrame,),
             _local_seeds,
         ),
