@@ -653,6 +653,6 @@ class CallBook:
         written = defer.maybeDeferred(self._audit_sink.record, entry)
         written.addErrback(
             lambda failure: _log.failure(
-                "audit_failed", failure=failure, event=event, call_id=call.call_id
+                "audit_failed", failure=failure, audit_event=event, call_id=call.call_id
             )
         )

@@ -747,8 +747,13 @@ def test_a_failed_audit_deferred_is_logged_not_unhandled() -> None:
         caller, call_id = relay.ring()
         relay.from_ken(reply(call_id))
     assert caller.closes == [(1000, "done")]
-    # Both writes (call.submit, call.complete) failed, and each failure was logged.
-    assert len([e for e in captured if "log_failure" in e]) == 2
+    # Both writes (call.submit, call.complete) failed, and each failure was logged under its
+    # own event name, with the audit event it was writing beside it.
+    logged = [e for e in captured if "log_failure" in e]
+    assert [(e["event"], e["audit_event"]) for e in logged] == [
+        ("audit_failed", "call.submit"),
+        ("audit_failed", "call.complete"),
+    ]
 
 
 # --- log lines ---------------------------------------------------------------------------------
