@@ -60,7 +60,9 @@ class SealedEnvelope:
     key_id: str = attrs.field(validator=f.hex32)  # the recipient's encryption key id
     epoch: int = attrs.field(validator=f.epoch_number)  # the recipient's key epoch
     ct: str = attrs.field(  # base64url of HPKE enc || ciphertext
-        validator=f.b64url((limits.MAX_RESPONSE_CIPHERTEXT_BYTES * 4 + 2) // 3 + 64, min_chars=44)
+        validator=f.b64url((limits.MAX_RESPONSE_CIPHERTEXT_BYTES * 4 + 2) // 3 + 64, min_chars=44),
+        # base64url only: JSON never escapes it, so the encoder copies it (codec.UNESCAPED).
+        metadata={"agentcall.unescaped": True},
     )
 
 

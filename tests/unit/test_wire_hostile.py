@@ -631,3 +631,47 @@ def test_deep_nesting_is_malformed_not_recursion_error(text: str) -> None:
         codec.decode_frame(text)
     with pytest.raises(MalformedFrame):
         codec.decode(text, payloads.SignedRequest, max_bytes=BIG)
+
+
+def test_a_ciphertext_is_copied_into_the_text_exactly_as_json_would_write_it() -> None:
+    """The encoder splices base64url ciphertexts in rather than scanning them: the bytes must
+    be exactly what json.dumps gives, one envelope or several, and a text field that happens to
+    look like the stand-in is written as itself."""
+    import json as _json
+
+    from agentcall.wire import codec as _codec
+    from agentcall.wire import frames as _fr
+
+    def envelope(ct: str) -> _fr.SealedEnvelope:
+        return _fr.SealedEnvelope(
+            v=1,
+            direction=_fr.Direction.REQUEST,
+            relay_origin="relay.example:8443",
+            from_="@acme/ann",
+            to="@acme/ken",
+            key_id="a" * 32,
+            epoch=1,
+            ct=ct,
+        )
+
+    def plain(value: object) -> bytes:
+        raw = _codec.converter.unstructure(value)
+        return _json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode()
+
+    ct = "Zm9vYmFy-_" * 5000
+    incoming = _fr.IncomingCall(
+        call_id="7d1b0d2e-5bd1-4b8a-9a43-3f8d2c3e0a11",
+        from_="ann",
+        envelope=envelope(ct),
+        correlation_id="b" * 32,
+    )
+    lookalike = _fr.CallError(
+        code=CallErrorCode.PROTOCOL_ERROR, detail=_codec._MARKER[1:] + ' "}{\\u0000'
+    )
+    for value in (incoming, lookalike, _fr.CallStatus(call_id=incoming.call_id, state="ringing")):
+        assert _codec.encode(value) == plain(value)
+        assert _codec.decode_frame(_codec.encode(value)) == value
+    # Several ciphertexts in one document keep their places.
+    other = attrs.evolve(incoming, envelope=envelope("QUJD" * 20))
+    both = [incoming, other, incoming]
+    assert _codec.to_json(both) == plain(both)
