@@ -68,10 +68,10 @@ def reconnect_delay(
 ) -> float:
     """Seconds before retry number ``attempt`` (1, 2, …) of a connection to the relay.
 
-    Full jitter: uniform between 0.25 s and a window of 4 s that grows 1.5 times with each
-    attempt (6, 9, 13.5, … at most 60 s), so a crowd
+    Full jitter: uniform between 0.25 s and a window of 10 s that grows 1.5 times with each
+    attempt (15, 22.5, 33.75, … at most 60 s), so a crowd
     of listeners that lost the relay at the same instant comes back spread over seconds, not
-    in one burst, and a single listener after a blip is back within 4 s. ``retry_after`` (the
+    in one burst, and a single listener after a blip is back within 10 s. ``retry_after`` (the
     relay's ``Retry-After``, capped at 60 s) is a floor, plus up to 0.5 s so that those told
     the same number do not come back on the same tick. ``random()`` is in [0, 1).
     """

@@ -71,37 +71,38 @@ ADDR = IPv4Address("TCP", "127.0.0.1", 4433)
     ("attempt", "r", "expected"),
     [
         (1, 0.0, 0.25),
-        (1, 0.5, 2.125),
-        (1, 1.0, 4.0),
-        (2, 1.0, 6.0),
-        (3, 1.0, 9.0),
-        (4, 1.0, 13.5),
-        (5, 1.0, 20.25),
+        (1, 0.5, 5.125),
+        (1, 1.0, 10.0),
+        (2, 1.0, 15.0),
+        (3, 1.0, 22.5),
+        (4, 1.0, 33.75),
+        (5, 1.0, 50.625),
         (8, 1.0, 60.0),
         (50, 1.0, 60.0),
         (10_000, 1.0, 60.0),
         (10_000, 0.0, 0.25),
-        (3, 0.5, 4.625),
+        (3, 0.5, 11.375),
     ],
 )
 def test_reconnect_delay_is_full_jitter_over_a_growing_window(
     attempt: int, r: float, expected: float
 ) -> None:
-    """Uniform in [0.25 s, window) with a window of 4 s growing 1.5 times per attempt up to
+    """Uniform in [0.25 s, window) with a window of 10 s growing 1.5 times per attempt up to
     60 s: the first attempt included, so a crowd spreads out at once and one listener is back
-    within 4 s."""
+    within 10 s."""
     assert reconnect_delay(attempt, lambda: r) == expected
 
 
 def test_reconnect_delays_of_a_crowd_spread_over_the_first_window() -> None:
     """10,000 listeners that lost the relay at once, each with its own random draw: the first
-    attempts land spread evenly over 4 s, at most about a quarter in any second."""
+    attempts land spread evenly over 10 s, about a thousand in any second (what one relay
+    process can take on a 2-core machine; bench/storm_bench.py)."""
     rng = random.Random(7)
     delays = [reconnect_delay(1, rng.random) for _ in range(10_000)]
-    assert min(delays) >= 0.25 and max(delays) < 4.0
+    assert min(delays) >= 0.25 and max(delays) < 10.0
     per_second = collections.Counter(int(d) for d in delays)
-    assert sorted(per_second) == [0, 1, 2, 3]
-    assert max(per_second.values()) < 2_800
+    assert sorted(per_second) == list(range(10))
+    assert max(per_second.values()) < 1_200
 
 
 @pytest.mark.parametrize(
@@ -426,12 +427,12 @@ def test_unusable_settings_are_retried_with_backoff(listener: Listener) -> None:
     listener.draw = 0.5
     with capturedLogs() as events:
         listener.connection.startService()
-        listener.clock.advance(2.125)
+        listener.clock.advance(5.125)
     delays = [event["retry_in_s"] for event in events_named(events, "relay_connect_failed")]
-    assert delays == [2.125, 3.125]
+    assert delays == [5.125, 7.625]
     assert "not a valid token" in events_named(events, "relay_connect_failed")[0]["reason"]
     listener.next_settings = settings()
-    listener.clock.advance(3.0)
+    listener.clock.advance(7.5)
     listener.relay.flush()
     assert listener.connection.connections == 0
     listener.clock.advance(0.125)
