@@ -2,7 +2,10 @@
 
 ``get`` prints an answered job's answer exactly as ``agentcall call`` prints a reply (the same
 :class:`~agentcall.cli.call.Reporter`: stdout, terminal-safe, the same ``--json`` object plus
-``job_id`` and ``state``); the work is :mod:`agentcall.caller.jobs`. Exit statuses: 0 answered
+``job_id`` and ``state``); the work is :mod:`agentcall.caller.jobsflow` over
+:mod:`agentcall.caller.jobs`, run by the listener service when one is there to hand the
+command to (:mod:`agentcall.cli.viaservice`), else in this process. Both paths end in one
+:class:`~agentcall.wire.local.LocalJobsEnded`, rendered here. Exit statuses: 0 answered
 (for ``list``, done; for ``cancel``, the job has ended, cancelled or answered first),
 :data:`EXIT_PENDING` when the job has not ended yet, 1 for a job that ended without an answer
 (``get``) or any other failure, with one line on stderr.
@@ -41,8 +44,10 @@ you fetch it. A job and its answer are kept at most {limits.MAILBOX_TTL_S / 3600
   get     one job's state; once answered, its answer exactly as `agentcall call` prints it
   cancel  cancel a job you sent (a running one is stopped like a live call; waits until it has)
 
-Unlike `agentcall call`, these always talk to the relay from this process, whether or not
-the listener service runs.
+Like `agentcall call`, these go through the listener service when it runs on this machine
+(it holds the keys and the relay connection; --wait is its long poll, and Ctrl-C stops it),
+and talk to the relay from this process when it does not, or when AGENTCALL_RELAY is set. The
+output and exit statuses are the same either way.
 
 States: queued, delivered, running (pending); answered, failed (with a reason:
 delivery_failed, indeterminate_execution, revoked, rejected), cancelled, expired.

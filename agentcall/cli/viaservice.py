@@ -1,4 +1,5 @@
-"""The thin path of ``agentcall call``: hand the call to the running listener service.
+"""The thin path of ``agentcall call`` and ``agentcall jobs``: hand them to the running
+listener service.
 
 The service listens on a private UNIX socket in the state directory
 (:attr:`agentcall.local.home.Home.service_socket_path`, served by
@@ -6,10 +7,10 @@ The service listens on a private UNIX socket in the state directory
 Nothing here imports Twisted, autobahn or any crypto: the service holds the keys, the relay
 connection and the conversations, and this process only renders what comes back.
 
-:func:`call` returns None when no service is there to take the call (no socket file, a stale
-one left by a killed service, a socket that refuses, one owned by another user), and when
-``AGENTCALL_RELAY`` names a relay for this run: the CLI then dials the relay itself. Once the
-request is handed over, the service owns the call: if it stops before saying how the call
+:func:`call` (and :func:`jobs`) return None when no service is there to take the call (no
+socket file, a stale one left by a killed service, a socket that refuses, one owned by another
+user), and when ``AGENTCALL_RELAY`` names a relay for this run: the CLI then dials the relay
+itself. Once the request is handed over, the service owns it: if it stops before saying how it
 ended, :class:`ServiceTrouble` says so in one line (the call is not placed a second time).
 Ctrl-C or SIGTERM here closes the connection, which hangs up: the service cancels the call.
 """

@@ -1,4 +1,5 @@
-"""The service's private local socket: thin ``agentcall call`` processes hand their calls here.
+"""The service's private local socket: thin ``agentcall call`` processes hand their calls here,
+and thin ``agentcall jobs`` processes their jobs commands.
 
 A UNIX socket in the 0700 state directory, mode 0600
 (:attr:`~agentcall.local.home.Home.service_socket_path`), bound when the service starts and
@@ -6,7 +7,8 @@ removed when it stops; a stale file left by a killed service is replaced at the 
 (:func:`agentcall.local.unixsocket.bind_listening`). Every connection's peer must be this user
 (``SO_PEERCRED``): anyone else is dropped before a byte is read.
 
-One connection carries one call (:mod:`agentcall.wire.local`): a request line within
+One connection carries one request (:mod:`agentcall.wire.local`), dispatched by its type to
+the call handler or the jobs handler (:class:`Handlers`). For a call: a request line within
 :data:`~agentcall.limits.LOCAL_REQUEST_TIMEOUT_S` and
 :data:`~agentcall.limits.MAX_LOCAL_REQUEST_BYTES`, strictly decoded; then status and note
 lines as the call goes on and one ``ended`` line, and the service closes. A malformed request
@@ -14,8 +16,12 @@ gets an ``ended`` refusal (``bad_request``). The client closing early cancels th
 call's Deferred is cancelled, which hangs up at the relay). Stopping the service closes every
 connection, so a waiting client learns it at once.
 
-What placing a call means is passed in (:data:`CallHandler`), so this module knows nothing of
-the caller's side; :mod:`agentcall.compose.listen` supplies it.
+A jobs request goes the same way: progress lines, one ``jobs_ended`` line; the client closing
+early cancels the work (a long poll at the relay is abandoned).
+
+What placing a call and running a jobs command mean is passed in (:data:`CallHandler`,
+:data:`JobsHandler`), so this module knows nothing of the caller's side;
+:mod:`agentcall.compose.listen` supplies them.
 """
 
 from __future__ import annotations

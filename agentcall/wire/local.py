@@ -1,18 +1,22 @@
 """The local protocol between a thin ``agentcall call`` and the running listener service.
 
 The service listens on a private UNIX socket in the state directory
-(:mod:`agentcall.listener.localsocket`). A connection carries exactly one call: the CLI writes
-one :class:`LocalCall` line, then the service writes :class:`LocalStatus` and
-:class:`LocalNote` lines as the call goes on and one :class:`LocalEnded` line, and closes.
+(:mod:`agentcall.listener.localsocket`). A connection carries exactly one request. A call: the
+CLI writes one :class:`LocalCall` line, then the service writes :class:`LocalStatus` and
+:class:`LocalNote` lines as the call goes on and one :class:`LocalEnded` line, and closes. An
+``agentcall jobs`` command: one :class:`LocalJobs` line, then :class:`LocalProgress` lines and
+one :class:`LocalJobsEnded` line.
 Each line is one compact JSON object tagged with ``type``, decoded strictly through
 :func:`agentcall.wire.codec.decode_local` (unknown keys, wrong types, oversize lines: all
 :class:`~agentcall.errors.MalformedFrame`). The CLI closing the connection early hangs up: the
 service cancels the call.
 
-:class:`LocalEnded` carries everything ``agentcall call`` prints, so both paths (through the
-service, or dialling the relay directly) render from the same value. Rendering stays in the CLI.
+:class:`LocalEnded` carries everything ``agentcall call`` prints (and :class:`LocalJobsEnded`
+everything ``agentcall jobs`` prints), so both paths (through the service, or dialling the
+relay directly) render from the same value. Rendering stays in the CLI.
 
-This module imports neither Twisted nor any crypto: the thin CLI imports it.
+This module imports neither Twisted nor any crypto: the thin CLI imports it (and
+:mod:`agentcall.wire.http`, for the job objects).
 """
 
 from __future__ import annotations
