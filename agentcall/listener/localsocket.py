@@ -101,6 +101,7 @@ class LocalSession(protocol.Protocol):
         self._request_seen = False
         self._call: defer.Deferred[Any] | None = None
         self._jobs = False  # the request is a jobs command, not a call
+        self._command: str | None = None  # that command: list, get or cancel
         self._timer: Any = None
         self._open = False
 
@@ -166,7 +167,7 @@ class LocalSession(protocol.Protocol):
         handlers = self._server.handlers
         try:
             if isinstance(request, LocalJobs):
-                self._jobs = True
+                self._jobs, self._command = True, request.command
                 if handlers.jobs is None:
                     self._refuse("this service does not run jobs commands")
                     return
@@ -181,14 +182,21 @@ class LocalSession(protocol.Protocol):
         work.addCallbacks(self._ended, self._broke)
 
     def _what(self, outcome: str) -> str:
-        return f"local_{'jobs' if self._jobs else 'call'}_{outcome}"
+        """The log event for ``outcome`` of this session's request (one name per kind)."""
+        names = {
+            "failed": ("local_call_failed", "local_jobs_failed"),
+            "hung_up": ("local_call_hung_up", "local_jobs_hung_up"),
+        }
+        return names[outcome][self._jobs]
 
     def _ended(self, ended: LocalEnded | LocalJobsEnded) -> None:
         self._call = None
         if not self._open:
             return  # hung up: logged as local_call_hung_up (or local_jobs_hung_up)
         if isinstance(ended, LocalJobsEnded):
-            _log.info("local_jobs_ended", code=ended.code, address=ended.address)
+            _log.info(
+                "local_jobs_ended", command=self._command, code=ended.code, address=ended.address
+            )
         else:
             _log.info(
                 "local_call_ended",

@@ -251,7 +251,7 @@ def test_a_queued_jobs_answer_is_fetched_through_the_service(world: World, bob: 
     [mine] = json.loads(listed.stdout)
     assert (mine["job_id"], mine["state"], mine["address"]) == (job_id, "queued", "@acme/uma")
     assert _imported(listed) == set()
-    bob.listener.log.wait_for(r"local_jobs_ended .*address='@acme/uma'", since=mark)
+    bob.listener.log.wait_for(r"local_jobs_ended .*command='list'.*address='@acme/uma'", since=mark)
 
     pending = bob.cli("jobs", "get", "uma", job_id)
     assert pending.returncode == 75, pending.stderr
@@ -264,7 +264,7 @@ def test_a_queued_jobs_answer_is_fetched_through_the_service(world: World, bob: 
         assert done.stdout == "FAKE-AGENT-ANSWER: what broke?\n"
         assert f"waiting up to 120 s for job {job_id}…" in done.stderr
         assert _imported(done) == set()
-        bob.listener.log.wait_for(r"local_jobs_ended", since=mark)
+        bob.listener.log.wait_for(r"local_jobs_ended .*command='get'", since=mark)
         # The same command from bob's own process (no service for this run) prints the same.
         direct = bob.cli("jobs", "get", "uma", job_id, AGENTCALL_RELAY=str(world.relay.url))
         assert (direct.returncode, direct.stdout) == (0, done.stdout)
