@@ -292,3 +292,32 @@ def test_the_thin_path_imports_no_twisted_autobahn_or_crypto(stub: JobsStub, wor
     assert done.stdout == "fine\n"
     assert stub.requests, "the command did not go through the stub service"
     assert done.stderr.splitlines()[-1] == "IMPORTED="
+
+
+def test_cancelling_the_services_work_abandons_the_long_poll(world: World) -> None:
+    """What the service does when its client hangs up: the jobs Deferred is cancelled, and the
+    long poll at the relay with it (nothing is left waiting on the clock)."""
+    from twisted.internet import defer
+    from twisted.internet.task import Clock
+
+    home, config = call_cli.load_installation()
+    clock = Clock()
+    world.relay.clock = clock
+    said: list[str] = []
+    work = defer.Deferred.fromCoroutine(
+        jobsflow.run_request(
+            clock,
+            home,
+            config,
+            LocalJobs("get", KEN, JOB_ID, wait_s=120),
+            said.append,
+            api=world.relay,
+        )
+    )
+    clock.advance(5)
+    assert not work.called and clock.getDelayedCalls(), "the long poll is not waiting"
+    assert said == [f"waiting up to 120 s for job {JOB_ID}…"]
+    work.cancel()
+    failures: list[object] = []
+    work.addErrback(failures.append)
+    assert failures and clock.getDelayedCalls() == []
