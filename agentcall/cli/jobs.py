@@ -278,13 +278,16 @@ def run(args: argparse.Namespace) -> int:
         ended = None if request is None else viaservice.jobs(request, _progress)
     except viaservice.ServiceTrouble as exc:
         report.fail(exc.code, str(exc))
-    if ended is None:
-        ended = _directly(args, report)
     if isinstance(ended, LocalEnded):
-        # The service refused the request itself (a different version, say).
         if ended.kind is not EndKind.REFUSED:
             report.fail("service_error", "the local AgentCall service answered with a call")
-        report.fail(str(ended.code), str(ended.message))
+        if ended.code != "bad_request":
+            report.fail(str(ended.code), str(ended.message))
+        # The service did not take the request (an older one knows only calls): nothing was
+        # done there, so this process does it.
+        ended = None
+    if ended is None:
+        ended = _directly(args, report)
     return _show(args, report, ended)
 
 

@@ -30,7 +30,7 @@ from agentcall.local import unixsocket
 from agentcall.local.home import Home
 from agentcall.wire import codec
 from agentcall.wire.http import JobFailureReason, JobInfo, JobState
-from agentcall.wire.local import TO_SERVICE, LocalJobs, LocalProgress
+from agentcall.wire.local import TO_SERVICE, LocalEnded, LocalJobs, LocalProgress
 from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.cli_helpers import run_with_clock
 from tests.unit.mailbox_helpers import JOB_ID, KEN, OTHER_JOB, FakeJobRelay, job
@@ -49,6 +49,7 @@ class JobsStub:
     world: World
     requests: list[dict[str, object]] = attrs.field(factory=list)
     hang_up: bool = False  # close after reading the request, saying nothing
+    refuse: bool = False  # answer as a service that knows only calls does
 
     def serve(self) -> None:
         while True:
@@ -66,6 +67,10 @@ class JobsStub:
                 line = data.split(b"\n", 1)[0]
                 self.requests.append(json.loads(line))
                 if self.hang_up:
+                    continue
+                if self.refuse:
+                    refusal = LocalEnded.refused("bad_request", "jobs is not expected here")
+                    conn.sendall(codec.encode(refusal) + b"\n")
                     continue
                 for out in self._answer(line):
                     conn.sendall(codec.encode(out) + b"\n")
@@ -321,3 +326,14 @@ def test_cancelling_the_services_work_abandons_the_long_poll(world: World) -> No
     failures: list[object] = []
     work.addErrback(failures.append)
     assert failures and clock.getDelayedCalls() == []
+
+
+def test_a_service_that_knows_only_calls_is_passed_over(
+    stub: JobsStub, world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """An older service refuses a jobs line as malformed, having done nothing: the command
+    then runs from this process, as if there were no service."""
+    stub.refuse = True
+    code, out, _err = run(capsys, "jobs", "cancel", KEN, JOB_ID)
+    assert (code, out) == (0, f"job {JOB_ID} to {KEN}: cancelled\n")
+    assert len(stub.requests) == 1 and ("cancel", JOB_ID) in world.relay.asked
