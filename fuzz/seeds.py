@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 from typing import Any, Final
 
+import attrs
+
 from agentcall.errors import ApiErrorCode, CallErrorCode
 from agentcall.wire import codec, frames, http, local, payloads
 
@@ -353,6 +355,20 @@ def local_lines() -> list[Any]:
             local.EndKind.FAILED, KEN, CALL_ID, code="task_unknown", detail="no", offered=("ask",)
         ),
         local.LocalEnded.refused("identity_changed", "the key changed", KEN),
+        local.LocalJobs("list"),
+        local.LocalJobs("list", "ken"),
+        local.LocalJobs("get", "ken", CALL_ID, wait_s=120),
+        local.LocalJobs("cancel", KEN, CALL_ID, wait_s=60),
+        local.LocalProgress(f"waiting up to 120 s for job {CALL_ID}…"),
+        local.LocalJobsEnded(NOW, jobs=(_job_info(False), _job_info(False))),
+        local.LocalJobsEnded(
+            NOW,
+            KEN,
+            info=attrs.evolve(_job_info(True), answer=None, terminal=None),
+            result=local.LocalEnded(local.EndKind.ANSWER, KEN, CALL_ID, text="it timed out"),
+        ),
+        local.LocalJobsEnded(NOW, KEN, info=_job_info(False)),
+        local.LocalJobsEnded.trouble(NOW, "not_found", "the relay knows no job 1 of yours", KEN),
     ]
 
 

@@ -39,8 +39,9 @@ FRAME_RECEIVERS: Final[tuple[tuple[Collection[type[frames.Frame]] | None, int], 
 )
 # The local socket's two ends (listener/localsocket.py, cli/viaservice.py).
 LOCAL_RECEIVERS: Final[tuple[tuple[Collection[type[Any]], int], ...]] = (
-    ((local.LocalCall,), limits.MAX_LOCAL_REQUEST_BYTES),
-    ((local.LocalStatus, local.LocalNote, local.LocalEnded), limits.MAX_LOCAL_EVENT_BYTES),
+    (local.TO_SERVICE, limits.MAX_LOCAL_REQUEST_BYTES),
+    (local.FROM_SERVICE, limits.MAX_LOCAL_EVENT_BYTES),  # a thin `agentcall call`
+    (local.FROM_SERVICE_JOBS, limits.MAX_LOCAL_EVENT_BYTES),  # a thin `agentcall jobs`
 )
 HTTP_BODIES: Final[tuple[type[Any], ...]] = tuple(seeds.http_bodies())
 SEALED_PAYLOADS: Final[tuple[type[Any], ...]] = tuple(seeds.sealed_payloads())

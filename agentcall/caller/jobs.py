@@ -29,9 +29,16 @@ from agentcall.errors import AgentCallError, ApiError, ApiErrorCode, CallErrorCo
 from agentcall.local.home import Home
 from agentcall.local.keystore import LocalKeys
 from agentcall.local.statedb import StateDb
-from agentcall.wire.http import JobFailureReason, JobInfo, JobList, JobSide, JobState
+from agentcall.wire.http import (
+    PENDING_JOB_STATES,
+    JobFailureReason,
+    JobInfo,
+    JobList,
+    JobSide,
+    JobState,
+)
 
-PENDING_STATES = frozenset({JobState.QUEUED, JobState.DELIVERED, JobState.RUNNING})
+PENDING_STATES = PENDING_JOB_STATES
 # A relay that answers a long poll early without news is asked again only after this pause.
 MIN_POLL_INTERVAL_S = 1.0
 
@@ -85,7 +92,7 @@ class JobStatus:
 
 def peer_of(info: JobInfo) -> str:
     """The other party of a job, from the asker's side."""
-    return info.callee if info.side is JobSide.SENT else info.caller
+    return info.peer
 
 
 def ended_without_answer(info: JobInfo) -> tuple[CallErrorCode, str] | None:

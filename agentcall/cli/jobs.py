@@ -2,7 +2,10 @@
 
 ``get`` prints an answered job's answer exactly as ``agentcall call`` prints a reply (the same
 :class:`~agentcall.cli.call.Reporter`: stdout, terminal-safe, the same ``--json`` object plus
-``job_id`` and ``state``); the work is :mod:`agentcall.caller.jobs`. Exit statuses: 0 answered
+``job_id`` and ``state``); the work is :mod:`agentcall.caller.jobsflow` over
+:mod:`agentcall.caller.jobs`, run by the listener service when one is there to hand the
+command to (:mod:`agentcall.cli.viaservice`), else in this process. Both paths end in one
+:class:`~agentcall.wire.local.LocalJobsEnded`, rendered here. Exit statuses: 0 answered
 (for ``list``, done; for ``cancel``, the job has ended, cancelled or answered first),
 :data:`EXIT_PENDING` when the job has not ended yet, 1 for a job that ended without an answer
 (``get``) or any other failure, with one line on stderr.
@@ -18,11 +21,9 @@ from agentcall import limits
 from agentcall.cli.call import SUGGESTED_WAIT_S
 
 if TYPE_CHECKING:
-    from agentcall.caller.jobs import JobStatus
     from agentcall.cli.call import Reporter
-    from agentcall.local.config import Config
-    from agentcall.local.home import Home
     from agentcall.wire.http import JobInfo
+    from agentcall.wire.local import LocalJobsEnded
 
 # EX_TEMPFAIL of sysexits.h: "try again later". `call` uses 0, 1 and 2 (usage) only.
 EXIT_PENDING: Final = 75
@@ -43,8 +44,10 @@ you fetch it. A job and its answer are kept at most {limits.MAILBOX_TTL_S / 3600
   get     one job's state; once answered, its answer exactly as `agentcall call` prints it
   cancel  cancel a job you sent (a running one is stopped like a live call; waits until it has)
 
-Unlike `agentcall call`, these always talk to the relay from this process, whether or not
-the listener service runs.
+Like `agentcall call`, these go through the listener service when it runs on this machine
+(it holds the keys and the relay connection; --wait is its long poll, and Ctrl-C stops it),
+and talk to the relay from this process when it does not, or when AGENTCALL_RELAY is set. The
+output and exit statuses are the same either way.
 
 States: queued, delivered, running (pending); answered, failed (with a reason:
 delivery_failed, indeterminate_execution, revoked, rejected), cancelled, expired.
@@ -180,12 +183,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def job_json(info: JobInfo) -> dict[str, object]:
     """One job as ``--json`` shows it (never an answer: lists carry none)."""
-    from agentcall.caller.jobs import peer_of
-
     return {
         "job_id": info.job_id,
         "side": str(info.side),
-        "address": peer_of(info),
+        "address": info.peer,
         "caller": info.caller,
         "callee": info.callee,
         "state": str(info.state),
@@ -216,7 +217,6 @@ def _state(info: JobInfo) -> str:
 
 
 def render_list(jobs: list[JobInfo], now: float) -> str:
-    from agentcall.caller.jobs import peer_of
     from agentcall.cli.call import when
 
     if not jobs:
@@ -227,7 +227,7 @@ def render_list(jobs: list[JobInfo], now: float) -> str:
             [
                 info.job_id,
                 str(info.side),
-                peer_of(info),
+                info.peer,
                 _state(info),
                 age(now - info.created_at),
                 when(info.expires_at),
@@ -241,12 +241,11 @@ def render_list(jobs: list[JobInfo], now: float) -> str:
     )
 
 
-def _status_line(status: JobStatus, now: float) -> str:
-    info = status.info
+def _status_line(info: JobInfo, address: str, pending: bool, now: float) -> str:
     way = "to" if str(info.side) == "sent" else "from"
-    tries = f", attempt {info.attempts}" if info.attempts and status.pending else ""
+    tries = f", attempt {info.attempts}" if info.attempts and pending else ""
     return (
-        f"job {info.job_id} {way} {status.address}: {_state(info)}{tries}, "
+        f"job {info.job_id} {way} {address}: {_state(info)}{tries}, "
         f"{age(now - info.created_at)} old"
     )
 
@@ -254,148 +253,128 @@ def _status_line(status: JobStatus, now: float) -> str:
 # --- running -------------------------------------------------------------------------------------
 
 
-def _setup(report: Reporter) -> tuple[Home, Config]:
-    from agentcall.cli.call import load_installation, refuse_nested
+def run(args: argparse.Namespace) -> int:
+    from agentcall.cli import call as call_cli
+    from agentcall.cli import viaservice
+    from agentcall.wire.local import EndKind, LocalEnded, LocalJobs
+
+    extra = None if args.jobs_command == "list" else {"job_id": args.job_id}
+    report = call_cli.Reporter(args.json, extra)
+    call_cli.refuse_nested(report)
+    try:
+        request = LocalJobs(
+            args.jobs_command,
+            args.address,
+            getattr(args, "job_id", None),
+            getattr(args, "wait", 0),
+        )
+    except ValueError:
+        # Nothing the service could take (an ADDRESS longer than any name): the direct path
+        # words the refusal as it always has.
+        request = None
+    # Through the running service when there is one (no Twisted, no crypto in this process),
+    # else talking to the relay from here.
+    try:
+        ended = None if request is None else viaservice.jobs(request, _progress)
+    except viaservice.ServiceTrouble as exc:
+        report.fail(exc.code, str(exc))
+    if isinstance(ended, LocalEnded):
+        if ended.kind is not EndKind.REFUSED:
+            report.fail("service_error", "the local AgentCall service answered with a call")
+        if ended.code != "bad_request":
+            report.fail(str(ended.code), str(ended.message))
+        # The service did not take the request (an older one knows only calls): nothing was
+        # done there, so this process does it.
+        ended = None
+    if ended is None:
+        ended = _directly(args, report)
+    return _show(args, report, ended)
+
+
+def _progress(text: str) -> None:
+    print(text, file=sys.stderr, flush=True)
+
+
+def _directly(args: argparse.Namespace, report: Reporter) -> LocalJobsEnded:
+    """The command run from this process, with the relay's API of its own."""
+    from agentcall.caller.jobsflow import run_jobs
+    from agentcall.cli import call as call_cli
     from agentcall.cli.main import CommandError
 
-    refuse_nested(report)
     try:
-        return load_installation()
+        home, config = call_cli.load_installation()
     except CommandError as exc:
         report.fail("not_set_up", str(exc))
 
-
-def _resolve(report: Reporter, home: Home, config: Config, target: str) -> str:
-    from agentcall.local.contacts import ContactBook
-    from agentcall.local.home import LocalStateError
-
-    try:
-        address = ContactBook(home).resolve(target, config.org)
-    except LocalStateError as exc:
-        report.fail("bad_target", str(exc))
-    report.address = address
-    return address
-
-
-def run(args: argparse.Namespace) -> int:
-    if args.jobs_command == "list":
-        return _run_list(args)
-    if args.jobs_command == "get":
-        return _run_get(args)
-    return _run_cancel(args)
-
-
-def _run_list(args: argparse.Namespace) -> int:
-    from agentcall.caller import jobs
-    from agentcall.cli import call as call_cli
-    from agentcall.cli.render import safe_json
-
-    report = call_cli.Reporter(args.json)
-    home, config = _setup(report)
-    address = None if args.address is None else _resolve(report, home, config, args.address)
-
-    async def work(reactor: Any) -> tuple[list[JobInfo], float]:
+    async def work(reactor: Any) -> LocalJobsEnded:
         api = call_cli.relay_api(reactor, config)
-        return await jobs.list_jobs(api, address), reactor.seconds()
-
-    try:
-        listed, now = call_cli.run_on_reactor(work)
-    except jobs.JobUnavailable as exc:
-        report.fail(exc.code, str(exc))
-    if args.json:
-        print(safe_json([job_json(info) for info in listed]))
-    else:
-        print(render_list(listed, now))
-    return 0
-
-
-def _run_get(args: argparse.Namespace) -> int:
-    from agentcall.caller import jobs
-    from agentcall.cli import call as call_cli
-    from agentcall.cli.render import safe_json
-    from agentcall.local.home import LocalStateError
-    from agentcall.local.keystore import load_keys
-
-    report = call_cli.Reporter(args.json, {"job_id": args.job_id})
-    home, config = _setup(report)
-    address = _resolve(report, home, config, args.address)
-    try:
-        keys = load_keys(home)
-    except LocalStateError as exc:
-        report.fail("local_error", str(exc))
-    if args.wait:
-        print(f"waiting up to {args.wait} s for job {args.job_id}…", file=sys.stderr, flush=True)
-
-    async def work(reactor: Any) -> tuple[JobStatus, float]:
-        api = call_cli.relay_api(reactor, config)
-        status = await jobs.fetch(
-            reactor, home, keys, config.relay_origin, api, address, args.job_id, wait_s=args.wait
+        return await run_jobs(
+            reactor,
+            home,
+            config,
+            _progress,
+            api=api,
+            command=args.jobs_command,
+            target=args.address,
+            job_id=getattr(args, "job_id", None),
+            wait_s=getattr(args, "wait", 0),
         )
-        return status, reactor.seconds()
 
-    try:
-        status, now = call_cli.run_on_reactor(work)
-    except jobs.JobUnavailable as exc:
-        report.fail(exc.code, str(exc))
-    info = status.info
-    print(_status_line(status, now), file=sys.stderr, flush=True)
+    return call_cli.run_on_reactor(work)
+
+
+def _show(args: argparse.Namespace, report: Reporter, ended: LocalJobsEnded) -> int:
+    """Print how the command ended: the same on either path."""
+    from agentcall.cli.render import safe_json
+
+    report.address = ended.address
+    if ended.code is not None:
+        report.fail(ended.code, str(ended.message))
+    if args.jobs_command == "list":
+        if args.json:
+            print(safe_json([job_json(info) for info in ended.jobs]))
+        else:
+            print(render_list(list(ended.jobs), ended.now))
+        return 0
+    if ended.info is None or ended.address is None:
+        raise ValueError("a get or cancel ends with its job")
+    if args.jobs_command == "get":
+        return _show_get(args, report, ended, ended.info, ended.address)
+    return _show_cancel(args, report, ended.info, ended.address)
+
+
+def _show_get(
+    args: argparse.Namespace, report: Reporter, ended: LocalJobsEnded, info: JobInfo, address: str
+) -> int:
+    from agentcall.cli.render import safe_json
+
+    pending = info.pending
+    print(_status_line(info, address, pending, ended.now), file=sys.stderr, flush=True)
     report.extra["state"] = str(info.state)
     if info.reason is not None:
         report.extra["reason"] = str(info.reason)
-    if status.pending:
+    if pending:
         report.extra.update({"pending": True, "expires_at": info.expires_at})
         report.fail(
             "pending",
             f"job {info.job_id} has not ended yet ({info.state}); ask again with `agentcall "
-            f"jobs get {status.address} {info.job_id} --wait {SUGGESTED_WAIT_S}`",
+            f"jobs get {address} {info.job_id} --wait {SUGGESTED_WAIT_S}`",
             exit_code=EXIT_PENDING,
         )
-    if status.result is not None:
-        return report.result(status.result, None)
+    if ended.result is not None:
+        return report.ended(ended.result)
     # Answered, but sent to us: the answer is the caller's; the state is all there is.
     if args.json:
         print(safe_json({"ok": True, **job_json(info)}))
     return 0
 
 
-def _run_cancel(args: argparse.Namespace) -> int:
-    from agentcall.caller import jobs
-    from agentcall.cli import call as call_cli
+def _show_cancel(args: argparse.Namespace, report: Reporter, info: JobInfo, address: str) -> int:
     from agentcall.cli.render import safe_json
     from agentcall.wire.http import JobState
 
-    report = call_cli.Reporter(args.json, {"job_id": args.job_id})
-    home, config = _setup(report)
-    address = _resolve(report, home, config, args.address)
-
-    def waiting(info: JobInfo) -> None:
-        # Only said when it waits: a queued job is cancelled without delay.
-        print(
-            f"cancelling job {info.job_id} to {address}: it is {info.state}; waiting up to "
-            f"{args.wait} s for its listener to stop it…",
-            file=sys.stderr,
-            flush=True,
-        )
-
-    async def work(reactor: Any) -> JobInfo:
-        api = call_cli.relay_api(reactor, config)
-        return await jobs.cancel(
-            reactor,
-            home,
-            config.relay_origin,
-            api,
-            address,
-            args.job_id,
-            wait_s=args.wait,
-            on_wait=waiting,
-        )
-
-    try:
-        info = call_cli.run_on_reactor(work)
-    except jobs.JobUnavailable as exc:
-        report.fail(exc.code, str(exc))
     get = f"agentcall jobs get {address} {info.job_id}"
-    if info.state in jobs.PENDING_STATES:
+    if info.pending:
         # Like a pending `jobs get`: not ended yet, ask again later; the cancel itself stands.
         report.extra.update({**job_json(info), "pending": True})
         waited = f" after {args.wait} s" if args.wait else ""

@@ -1,4 +1,5 @@
-"""The thin path of ``agentcall call``: hand the call to the running listener service.
+"""The thin path of ``agentcall call`` and ``agentcall jobs``: hand them to the running
+listener service.
 
 The service listens on a private UNIX socket in the state directory
 (:attr:`agentcall.local.home.Home.service_socket_path`, served by
@@ -6,10 +7,10 @@ The service listens on a private UNIX socket in the state directory
 Nothing here imports Twisted, autobahn or any crypto: the service holds the keys, the relay
 connection and the conversations, and this process only renders what comes back.
 
-:func:`call` returns None when no service is there to take the call (no socket file, a stale
-one left by a killed service, a socket that refuses, one owned by another user), and when
-``AGENTCALL_RELAY`` names a relay for this run: the CLI then dials the relay itself. Once the
-request is handed over, the service owns the call: if it stops before saying how the call
+:func:`call` (and :func:`jobs`) return None when no service is there to take the call (no
+socket file, a stale one left by a killed service, a socket that refuses, one owned by another
+user), and when ``AGENTCALL_RELAY`` names a relay for this run: the CLI then dials the relay
+itself. Once the request is handed over, the service owns it: if it stops before saying how it
 ended, :class:`ServiceTrouble` says so in one line (the call is not placed a second time).
 Ctrl-C or SIGTERM here closes the connection, which hangs up: the service cancels the call.
 """
@@ -23,13 +24,25 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
+from typing import Any
 
 from agentcall import limits
 from agentcall.errors import MalformedFrame
 from agentcall.local import unixsocket
 from agentcall.local.home import Home, LocalStateError
 from agentcall.wire import codec
-from agentcall.wire.local import FROM_SERVICE, LocalCall, LocalEnded, LocalNote, LocalStatus
+from agentcall.wire.local import (
+    FROM_SERVICE,
+    FROM_SERVICE_JOBS,
+    LocalCall,
+    LocalEnded,
+    LocalJobs,
+    LocalJobsEnded,
+    LocalNote,
+    LocalProgress,
+    LocalStatus,
+    ToService,
+)
 
 StateSink = Callable[[str, float], None]
 NoteSink = Callable[[str], None]
@@ -37,6 +50,10 @@ NoteSink = Callable[[str], None]
 STOPPED_MESSAGE = (
     "the local AgentCall service stopped during the call (it may have reached the agent); "
     "check `agentcall doctor`, then call again"
+)
+JOBS_STOPPED_MESSAGE = (
+    "the local AgentCall service stopped before it said how the request ended; "
+    "check `agentcall doctor`, then try again"
 )
 
 
@@ -87,6 +104,52 @@ def _sigterm_interrupts() -> Iterator[None]:
 
 def call(request: LocalCall, on_state: StateSink, on_note: NoteSink) -> LocalEnded | None:
     """Place ``request`` through the running service; None when there is no service to use."""
+    start = time.monotonic()
+
+    def on_event(event: object) -> None:
+        if isinstance(event, LocalStatus):
+            on_state(str(event.state), time.monotonic() - start)
+        elif isinstance(event, LocalNote):
+            on_note(event.text)
+
+    ended = _exchange(
+        request, request.timeout_s + limits.LOCAL_RESULT_MARGIN_S, FROM_SERVICE, on_event, "call"
+    )
+    if ended is not None and not isinstance(ended, LocalEnded):
+        raise ServiceTrouble("service_error", "the local AgentCall service answered out of turn")
+    return ended
+
+
+def jobs(request: LocalJobs, on_progress: NoteSink) -> LocalJobsEnded | LocalEnded | None:
+    """Run ``agentcall jobs`` through the running service; None when there is none to use.
+
+    The patience covers the job's own wait (``get --wait``, ``cancel --wait``) and the margin a
+    call gets. A :class:`LocalEnded` back is the service refusing the request.
+    """
+
+    def on_event(event: object) -> None:
+        if isinstance(event, LocalProgress):
+            on_progress(event.text)
+
+    ended: LocalJobsEnded | LocalEnded | None = _exchange(
+        request,
+        request.wait_s + limits.LOCAL_RESULT_MARGIN_S,
+        FROM_SERVICE_JOBS,
+        on_event,
+        "request",
+    )
+    return ended
+
+
+def _exchange(
+    request: ToService,
+    patience_s: float,
+    accept: tuple[type[Any], ...],
+    on_event: Callable[[object], None],
+    what: str,
+) -> Any:
+    """Send ``request``, pass the lines that follow to ``on_event``, return the ending line
+    (:class:`LocalEnded` or :class:`LocalJobsEnded`); None when there is no service to use."""
     try:
         home = Home.from_environ()
     except LocalStateError:
@@ -102,26 +165,25 @@ def call(request: LocalCall, on_state: StateSink, on_note: NoteSink) -> LocalEnd
         try:
             sock.sendall(codec.encode(request) + b"\n")
         except OSError:
-            # It accepted and went away before reading: it never saw the call.
+            # It accepted and went away before reading: it never saw the request.
             return None
-        deadline = start + request.timeout_s + limits.LOCAL_RESULT_MARGIN_S
-        return _follow(sock, deadline, start, on_state, on_note)
+        return _follow(sock, start + patience_s, accept, on_event, what)
 
 
 def _follow(
     sock: socket.socket,
     deadline: float,
-    start: float,
-    on_state: StateSink,
-    on_note: NoteSink,
-) -> LocalEnded:
+    accept: tuple[type[Any], ...],
+    on_event: Callable[[object], None],
+    what: str,
+) -> LocalEnded | LocalJobsEnded:
     buffer = b""
     while True:
         remaining = deadline - time.monotonic()
         if remaining <= 0:
             raise ServiceTrouble(
                 "service_timeout",
-                "the local AgentCall service did not say how the call ended in time",
+                f"the local AgentCall service did not say how the {what} ended in time",
             )
         sock.settimeout(remaining)
         try:
@@ -131,32 +193,28 @@ def _follow(
         except OSError:
             chunk = b""
         if not chunk:
-            raise ServiceTrouble("service_stopped", STOPPED_MESSAGE)
+            stopped = STOPPED_MESSAGE if what == "call" else JOBS_STOPPED_MESSAGE
+            raise ServiceTrouble("service_stopped", stopped)
         buffer += chunk
         while b"\n" in buffer:
             line, buffer = buffer.split(b"\n", 1)
-            event = _decode(line)
-            if isinstance(event, LocalEnded):
+            event = _decode(line, accept)
+            if isinstance(event, LocalEnded | LocalJobsEnded):
                 return event
-            if isinstance(event, LocalStatus):
-                on_state(str(event.state), time.monotonic() - start)
-            elif isinstance(event, LocalNote):
-                on_note(event.text)
+            on_event(event)
         if len(buffer) > limits.MAX_LOCAL_EVENT_BYTES:
             raise ServiceTrouble(
-                "service_error", "the local AgentCall service sent more than a call can hold"
+                "service_error", f"the local AgentCall service sent more than a {what} can hold"
             )
 
 
-def _decode(line: bytes) -> LocalStatus | LocalNote | LocalEnded:
+def _decode(line: bytes, accept: tuple[type[Any], ...]) -> Any:
     try:
-        event = codec.decode_local(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+        event = codec.decode_local(line, accept, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
     except MalformedFrame:
         raise ServiceTrouble(
             "service_error",
             "the local AgentCall service sent something this agentcall cannot read "
             "(a different version?); restart it",
         ) from None
-    if not isinstance(event, LocalStatus | LocalNote | LocalEnded):
-        raise ServiceTrouble("service_error", "the local AgentCall service sent a request")
     return event

@@ -3,7 +3,9 @@
 The service is :class:`agentcall.listener.service.ListenerService`; this module adds its
 caller's side: a call a thin ``agentcall call`` hands over the local socket is placed by
 :func:`agentcall.caller.callflow.run_request`, exactly as the CLI would place it itself, with
-the service's own relay API and its :attr:`~agentcall.listener.service.ListenerService.call_dial`.
+the service's own relay API and its :attr:`~agentcall.listener.service.ListenerService.call_dial`;
+a thin ``agentcall jobs`` is run by :func:`agentcall.caller.jobsflow.run_request`, as the CLI
+would run it, with that relay API.
 """
 
 from __future__ import annotations
@@ -14,9 +16,9 @@ from twisted.application.service import IService
 from twisted.python import usage
 
 if TYPE_CHECKING:
-    from agentcall.listener.localsocket import CallHandler, EventSink
+    from agentcall.listener.localsocket import CallHandler, EventSink, Handlers, JobsHandler
     from agentcall.listener.service import ListenerService
-    from agentcall.wire.local import LocalCall, LocalEnded
+    from agentcall.wire.local import LocalCall, LocalEnded, LocalJobs, LocalJobsEnded
 
 
 class Options(usage.Options):
@@ -25,8 +27,9 @@ class Options(usage.Options):
         "Answer AgentCall calls on this machine: hold one connection to the relay and, for "
         "each call the owner's policy admits, run a fresh one-shot agent (claude -p, codex "
         "exec or the configured command) and send back its sealed, signed answer. It also "
-        "places this user's own calls for `agentcall call`, which hands them over a private "
-        "socket in the state directory. The installation is found through AGENTCALL_HOME "
+        "places this user's own calls for `agentcall call` (and runs `agentcall jobs`), which "
+        "hands them over a private socket in the state directory. The installation is "
+        "found through AGENTCALL_HOME "
         "(default $HOME/.agentcall); set it up with `agentcall setup` first. AGENTCALL_RELAY "
         "overrides the relay URL for this run; AGENTCALL_LOG_LEVEL=debug also writes the "
         "per-call detail (default info)."
@@ -72,6 +75,34 @@ def local_calls(svc: ListenerService) -> CallHandler:
     return handle
 
 
+def local_jobs(svc: ListenerService) -> JobsHandler:
+    """What running a thin client's ``agentcall jobs`` means for ``svc``: the same
+    :func:`agentcall.caller.jobsflow.run_jobs` the CLI runs, with the service's relay API."""
+    from twisted.internet import defer
+
+    from agentcall.caller import jobsflow
+    from agentcall.wire.local import LocalProgress
+
+    def handle(request: LocalJobs, send: EventSink) -> defer.Deferred[LocalJobsEnded]:
+        def on_progress(text: str) -> None:
+            send(LocalProgress(text))
+
+        return defer.Deferred.fromCoroutine(
+            jobsflow.run_request(
+                svc.reactor, svc.home, svc.config, request, on_progress, api=svc.api
+            )
+        )
+
+    return handle
+
+
+def local_service(svc: ListenerService) -> Handlers:
+    """Everything the service does for thin clients on its local socket."""
+    from agentcall.listener.localsocket import Handlers
+
+    return Handlers(call=local_calls(svc), jobs=local_jobs(svc))
+
+
 def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
@@ -91,7 +122,7 @@ def makeService(config: Options) -> IService:
             reactor,
             listener_environ(),
             test_ceiling=bool(config["test-ceiling-override"]),
-            local_calls=local_calls,
+            local_calls=local_service,
         )
     except ListenerStartError as exc:
         # twistd prints this and exits non-zero before anything is started.

@@ -1,4 +1,5 @@
-"""The service's private local socket: thin ``agentcall call`` processes hand their calls here.
+"""The service's private local socket: thin ``agentcall call`` processes hand their calls here,
+and thin ``agentcall jobs`` processes their jobs commands.
 
 A UNIX socket in the 0700 state directory, mode 0600
 (:attr:`~agentcall.local.home.Home.service_socket_path`), bound when the service starts and
@@ -6,7 +7,8 @@ removed when it stops; a stale file left by a killed service is replaced at the 
 (:func:`agentcall.local.unixsocket.bind_listening`). Every connection's peer must be this user
 (``SO_PEERCRED``): anyone else is dropped before a byte is read.
 
-One connection carries one call (:mod:`agentcall.wire.local`): a request line within
+One connection carries one request (:mod:`agentcall.wire.local`), dispatched by its type to
+the call handler or the jobs handler (:class:`Handlers`). For a call: a request line within
 :data:`~agentcall.limits.LOCAL_REQUEST_TIMEOUT_S` and
 :data:`~agentcall.limits.MAX_LOCAL_REQUEST_BYTES`, strictly decoded; then status and note
 lines as the call goes on and one ``ended`` line, and the service closes. A malformed request
@@ -14,8 +16,12 @@ gets an ``ended`` refusal (``bad_request``). The client closing early cancels th
 call's Deferred is cancelled, which hangs up at the relay). Stopping the service closes every
 connection, so a waiting client learns it at once.
 
-What placing a call means is passed in (:data:`CallHandler`), so this module knows nothing of
-the caller's side; :mod:`agentcall.compose.listen` supplies it.
+A jobs request goes the same way: progress lines, one ``jobs_ended`` line; the client closing
+early cancels the work (a long poll at the relay is abandoned).
+
+What placing a call and running a jobs command mean is passed in (:data:`CallHandler`,
+:data:`JobsHandler`), so this module knows nothing of the caller's side;
+:mod:`agentcall.compose.listen` supplies them.
 """
 
 from __future__ import annotations
@@ -26,6 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+import attrs
 from twisted.application import service
 from twisted.internet import defer, protocol, tcp, unix
 from twisted.python.failure import Failure
@@ -42,6 +49,8 @@ from agentcall.wire.local import (
     FromService,
     LocalCall,
     LocalEnded,
+    LocalJobs,
+    LocalJobsEnded,
 )
 
 _log = Logger(namespace="agentcall.listener.local")
@@ -50,7 +59,18 @@ EventSink = Callable[[FromService], None]
 # Place one call for a thin client: events go to the sink as they happen; the Deferred fires
 # with how the call ended. Cancelling it hangs the call up.
 CallHandler = Callable[[LocalCall, EventSink], "defer.Deferred[LocalEnded]"]
+# Run one ``agentcall jobs`` command: progress lines to the sink; the Deferred fires with what
+# it prints. Cancelling it stops the work (a long poll at the relay is abandoned).
+JobsHandler = Callable[[LocalJobs, EventSink], "defer.Deferred[LocalJobsEnded]"]
 PeerReader = Callable[[socket.socket], PeerCredentials]
+
+
+@attrs.frozen
+class Handlers:
+    """What the service does for each kind of request: a call, and (if given) a jobs command."""
+
+    call: CallHandler
+    jobs: JobsHandler | None = None
 
 
 class _Port(unix.Port):
@@ -79,7 +99,9 @@ class LocalSession(protocol.Protocol):
         self._server = server
         self._buffer = b""
         self._request_seen = False
-        self._call: defer.Deferred[LocalEnded] | None = None
+        self._call: defer.Deferred[Any] | None = None
+        self._jobs = False  # the request is a jobs command, not a call
+        self._command: str | None = None  # that command: list, get or cancel
         self._timer: Any = None
         self._open = False
 
@@ -128,8 +150,8 @@ class LocalSession(protocol.Protocol):
         except MalformedFrame as exc:
             self._refuse(f"the request is malformed: {exc}")
             return
-        if not isinstance(request, LocalCall):
-            self._refuse("the request is not a call")
+        if not isinstance(request, LocalCall | LocalJobs):
+            self._refuse("the request is not a call or a jobs command")
             return
         self._start(request)
 
@@ -141,41 +163,61 @@ class LocalSession(protocol.Protocol):
         self._send(LocalEnded.refused("bad_request", why))
         self._transport.loseConnection()
 
-    def _start(self, request: LocalCall) -> None:
+    def _start(self, request: LocalCall | LocalJobs) -> None:
+        handlers = self._server.handlers
         try:
-            call = self._server.handler(request, self._send)
+            if isinstance(request, LocalJobs):
+                self._jobs, self._command = True, request.command
+                if handlers.jobs is None:
+                    self._refuse("this service does not run jobs commands")
+                    return
+                work: defer.Deferred[Any] = handlers.jobs(request, self._send)
+            else:
+                work = handlers.call(request, self._send)
         except Exception:
-            _log.failure("local_call_failed")
+            _log.failure(self._what("failed"))
             self._failed_locally()
             return
-        self._call = call
-        call.addCallbacks(self._ended, self._broke)
+        self._call = work
+        work.addCallbacks(self._ended, self._broke)
 
-    def _ended(self, ended: LocalEnded) -> None:
+    def _what(self, outcome: str) -> str:
+        """The log event for ``outcome`` of this session's request (one name per kind)."""
+        names = {
+            "failed": ("local_call_failed", "local_jobs_failed"),
+            "hung_up": ("local_call_hung_up", "local_jobs_hung_up"),
+        }
+        return names[outcome][self._jobs]
+
+    def _ended(self, ended: LocalEnded | LocalJobsEnded) -> None:
         self._call = None
         if not self._open:
-            return  # hung up: logged as local_call_hung_up
-        _log.info(
-            "local_call_ended",
-            kind=str(ended.kind),
-            call_id=ended.call_id,
-            code=ended.code if ended.kind is not EndKind.ANSWER else None,
-        )
+            return  # hung up: logged as local_call_hung_up (or local_jobs_hung_up)
+        if isinstance(ended, LocalJobsEnded):
+            _log.info(
+                "local_jobs_ended", command=self._command, code=ended.code, address=ended.address
+            )
+        else:
+            _log.info(
+                "local_call_ended",
+                kind=str(ended.kind),
+                call_id=ended.call_id,
+                code=ended.code if ended.kind is not EndKind.ANSWER else None,
+            )
         self._send(ended)
         self._transport.loseConnection()
 
     def _broke(self, failure: Failure) -> None:
         self._call = None
         if not self._open and failure.check(defer.CancelledError):
-            return  # hung up: logged as local_call_hung_up
-        _log.failure("local_call_failed", failure)
+            return  # hung up: logged as local_call_hung_up (or local_jobs_hung_up)
+        _log.failure(self._what("failed"), failure)
         self._failed_locally()
 
     def _failed_locally(self) -> None:
+        doing = "running the jobs command" if self._jobs else "placing the call"
         self._send(
-            LocalEnded.refused(
-                "local_error", "the local AgentCall service failed while placing the call"
-            )
+            LocalEnded.refused("local_error", f"the local AgentCall service failed while {doing}")
         )
         self._transport.loseConnection()
 
@@ -196,7 +238,7 @@ class LocalSession(protocol.Protocol):
         if was_open and call is not None:
             # The client hung up (Ctrl-C, SIGTERM, or it died), or the service is stopping:
             # the call hangs up too.
-            _log.info("local_call_hung_up")
+            _log.info(self._what("hung_up"))
             call.cancel()
 
     def close(self) -> None:
@@ -223,7 +265,7 @@ class LocalSocketService(service.Service):
         self,
         reactor: Any,
         path: Path,
-        handler: CallHandler,
+        handler: CallHandler | Handlers,
         *,
         read_peer: PeerReader = unixsocket.peer_credentials,
         uid: int | None = None,
@@ -232,7 +274,7 @@ class LocalSocketService(service.Service):
         self.clock = reactor if clock is None else clock
         self._reactor = reactor
         self.path = path
-        self.handler = handler
+        self.handlers = handler if isinstance(handler, Handlers) else Handlers(handler)
         self.read_peer = read_peer
         self.uid = os.getuid() if uid is None else uid
         self.sessions: set[LocalSession] = set()

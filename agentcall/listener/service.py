@@ -44,7 +44,7 @@ from agentcall.listener.connection import RelayConnection, RelayLink, RelaySetti
 from agentcall.listener.contexts import Conversations
 from agentcall.listener.core import CallPipeline
 from agentcall.listener.effects import Effects
-from agentcall.listener.localsocket import CallHandler, LocalSocketService
+from agentcall.listener.localsocket import CallHandler, Handlers, LocalSocketService
 from agentcall.listener.mailboxdesk import MailboxDesk
 from agentcall.listener.outgoing import OutgoingCalls
 from agentcall.listener.planning import GuardSetup
@@ -129,8 +129,9 @@ def _check_admission(load: Callable[[], AdmissionInputs]) -> None:
         )
 
 
-# Given the service, what placing a thin client's call means (agentcall.compose.listen).
-LocalCallsFactory = Callable[["ListenerService"], CallHandler]
+# Given the service, what placing a thin client's call (and running its `agentcall jobs`)
+# means (agentcall.compose.listen).
+LocalCallsFactory = Callable[["ListenerService"], CallHandler | Handlers]
 
 
 def make_listener_service(

@@ -119,9 +119,17 @@ def _structure_hook(cls: type[Any]) -> Any:
         cls, converter, _cattrs_forbid_extra_keys=True, **_overrides(cls)
     )
 
+    tag = _tag(cls, "type")
+
     def _structure(value: Any, _type: Any) -> Any:
         if type(value) is not dict:
             raise TypeError(f"expected an object for {cls.__name__}")
+        if tag is not None and "type" in value:
+            # A tagged shape inside another (a local jobs ending's call result) is encoded
+            # with its tag; only its own tag is accepted there.
+            if value["type"] != tag:
+                raise ValueError(f"expected a {tag}")
+            value = {k: v for k, v in value.items() if k != "type"}
         return structure(value, cls)
 
     return _structure

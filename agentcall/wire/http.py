@@ -172,6 +172,10 @@ class JobSide(enum.StrEnum):
     RECEIVED = "received"  # the asker is the job's callee
 
 
+# The states of a job that has not ended.
+PENDING_JOB_STATES = frozenset({JobState.QUEUED, JobState.DELIVERED, JobState.RUNNING})
+
+
 @attrs.frozen
 class JobInfo:
     """A job as its caller or callee sees it: metadata, and the sealed answer for the caller.
@@ -196,6 +200,16 @@ class JobInfo:
         default=None, converter=attrs.converters.optional(Terminal)
     )
     answer: SealedEnvelope | None = None
+
+    @property
+    def peer(self) -> str:
+        """The other party, from the asker's side."""
+        return self.callee if self.side is JobSide.SENT else self.caller
+
+    @property
+    def pending(self) -> bool:
+        """Not ended yet: queued, delivered or running."""
+        return self.state in PENDING_JOB_STATES
 
     def __attrs_post_init__(self) -> None:
         if (self.reason is not None) != (self.state is JobState.FAILED):

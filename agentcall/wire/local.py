@@ -1,18 +1,22 @@
 """The local protocol between a thin ``agentcall call`` and the running listener service.
 
 The service listens on a private UNIX socket in the state directory
-(:mod:`agentcall.listener.localsocket`). A connection carries exactly one call: the CLI writes
-one :class:`LocalCall` line, then the service writes :class:`LocalStatus` and
-:class:`LocalNote` lines as the call goes on and one :class:`LocalEnded` line, and closes.
+(:mod:`agentcall.listener.localsocket`). A connection carries exactly one request. A call: the
+CLI writes one :class:`LocalCall` line, then the service writes :class:`LocalStatus` and
+:class:`LocalNote` lines as the call goes on and one :class:`LocalEnded` line, and closes. An
+``agentcall jobs`` command: one :class:`LocalJobs` line, then :class:`LocalProgress` lines and
+one :class:`LocalJobsEnded` line.
 Each line is one compact JSON object tagged with ``type``, decoded strictly through
 :func:`agentcall.wire.codec.decode_local` (unknown keys, wrong types, oversize lines: all
 :class:`~agentcall.errors.MalformedFrame`). The CLI closing the connection early hangs up: the
 service cancels the call.
 
-:class:`LocalEnded` carries everything ``agentcall call`` prints, so both paths (through the
-service, or dialling the relay directly) render from the same value. Rendering stays in the CLI.
+:class:`LocalEnded` carries everything ``agentcall call`` prints (and :class:`LocalJobsEnded`
+everything ``agentcall jobs`` prints), so both paths (through the service, or dialling the
+relay directly) render from the same value. Rendering stays in the CLI.
 
-This module imports neither Twisted nor any crypto: the thin CLI imports it.
+This module imports neither Twisted nor any crypto: the thin CLI imports it (and
+:mod:`agentcall.wire.http`, for the job objects).
 """
 
 from __future__ import annotations
@@ -26,6 +30,7 @@ import attrs
 from agentcall import limits
 from agentcall.errors import CallErrorCode
 from agentcall.wire import fields as f
+from agentcall.wire.http import JobInfo
 
 # What a person may type as TARGET (a contact name, a handle, an address); resolved by the
 # service exactly as the CLI resolves it.
@@ -174,12 +179,125 @@ class LocalEnded:
         return cls(EndKind.REFUSED, address, code=code, message=clip(message))
 
 
-ToService = LocalCall
-FromService = LocalStatus | LocalNote | LocalEnded
+# --- jobs: `agentcall jobs list|get|cancel` ----------------------------------------------------
+
+JOBS_COMMANDS: Final = ("list", "get", "cancel")
+MAX_JOBS_WAIT_S: Final = int(limits.MAILBOX_TTL_S)
+
+
+def _jobs_command(_instance: object, _attribute: Any, value: str) -> None:
+    if type(value) is not str or value not in JOBS_COMMANDS:
+        raise ValueError("command: list, get or cancel")
+
+
+def _jobs_request_shape(instance: LocalJobs, _attribute: Any, _value: object) -> None:
+    if instance.command == "list":
+        if instance.job_id is not None or instance.wait_s:
+            raise ValueError("a list names no job and does not wait")
+    elif instance.target is None or instance.job_id is None:
+        raise ValueError("get and cancel name the other party and the job")
+
+
+@attrs.frozen
+class LocalJobs:
+    """The CLI's ``agentcall jobs`` request: the subcommand and its arguments as typed
+    (TARGET resolved by the service; the job id already checked and lowercased)."""
+
+    type: ClassVar[str] = "jobs"
+    command: str = attrs.field(validator=_jobs_command)
+    target: str | None = attrs.field(
+        default=None, validator=f.optional(f.text(MAX_TARGET_CHARS, min_chars=1))
+    )
+    job_id: str | None = attrs.field(default=None, validator=f.optional(f.job_id))
+    wait_s: int = attrs.field(
+        default=0, validator=[f.integer(0, MAX_JOBS_WAIT_S), _jobs_request_shape]
+    )
+
+
+@attrs.frozen
+class LocalProgress:
+    """A line for stderr while a job is followed (``waiting up to 60 s for job …``)."""
+
+    type: ClassVar[str] = "progress"
+    text: str = attrs.field(validator=f.text(MAX_NOTE_CHARS, min_chars=1))
+
+
+def _job_infos(_instance: object, attribute: Any, value: object) -> None:
+    if not isinstance(value, tuple) or len(value) > limits.MAX_JOBS_LISTED:
+        raise ValueError(f"{attribute.name}: at most {limits.MAX_JOBS_LISTED} jobs")
+    for item in value:
+        _no_answer(_instance, attribute, item)
+
+
+def _no_answer(_instance: object, attribute: Any, value: object) -> None:
+    # The sealed answer stays in the service: what the CLI prints of it is ``result``.
+    if not isinstance(value, JobInfo) or value.answer is not None:
+        raise ValueError(f"{attribute.name}: a job, without its sealed answer")
+
+
+def _jobs_end_shape(instance: LocalJobsEnded, _attribute: Any, _value: object) -> None:
+    if (instance.code is None) != (instance.message is None):
+        raise ValueError("a code comes with its message")
+    if instance.code is not None and (
+        instance.jobs or instance.info is not None or instance.result is not None
+    ):
+        raise ValueError("trouble carries no job")
+    if instance.result is not None and instance.info is None:
+        raise ValueError("a result comes with its job")
+    if instance.jobs and instance.info is not None:
+        raise ValueError("a list or one job, not both")
+
+
+@attrs.frozen
+class LocalJobsEnded:
+    """Everything ``agentcall jobs`` prints, from either path (the service, or the relay dialled
+    directly): the jobs listed, or the one job (with ``result``: how a ``get`` ended for the
+    caller), or trouble (``code``, ``message``: a JobUnavailable or a refusal such as
+    bad_target). ``now`` is when it was looked at, for ages."""
+
+    type: ClassVar[str] = "jobs_ended"
+    now: int = attrs.field(validator=f.timestamp)
+    address: str | None = attrs.field(default=None, validator=f.optional(f.address))
+    jobs: tuple[JobInfo, ...] = attrs.field(default=(), validator=_job_infos)
+    info: JobInfo | None = attrs.field(default=None, validator=f.optional(_no_answer))
+    result: LocalEnded | None = attrs.field(default=None)
+    code: str | None = attrs.field(default=None, validator=f.optional(f.matches(REFUSAL_CODE_RE)))
+    message: str | None = attrs.field(
+        default=None,
+        validator=[f.optional(f.text(MAX_LOCAL_TEXT_CHARS, min_chars=1)), _jobs_end_shape],
+    )
+
+    @result.validator
+    def _answer_or_failure(self, _attribute: Any, value: LocalEnded | None) -> None:
+        if value is not None and (
+            not isinstance(value, LocalEnded) or value.kind not in (EndKind.ANSWER, EndKind.FAILED)
+        ):
+            raise ValueError("result: an answer or a failure")
+
+    @classmethod
+    def trouble(
+        cls, now: float, code: str, message: str, address: str | None = None
+    ) -> LocalJobsEnded:
+        return cls(int(now), address, code=code, message=clip(message))
+
+
+ToService = LocalCall | LocalJobs
+FromService = LocalStatus | LocalNote | LocalEnded | LocalProgress | LocalJobsEnded
 
 # type tag -> class, for the one decoder (agentcall.wire.codec.decode_local).
 LOCAL_TYPES: Final[dict[str, type[Any]]] = {
-    cls.type: cls for cls in (LocalCall, LocalStatus, LocalNote, LocalEnded)
+    cls.type: cls
+    for cls in (
+        LocalCall,
+        LocalStatus,
+        LocalNote,
+        LocalEnded,
+        LocalJobs,
+        LocalProgress,
+        LocalJobsEnded,
+    )
 }
 FROM_SERVICE: Final = (LocalStatus, LocalNote, LocalEnded)
-TO_SERVICE: Final = (LocalCall,)
+TO_SERVICE: Final = (LocalCall, LocalJobs)
+# What the service answers a jobs request with (a malformed one gets an ``ended`` refusal).
+FROM_SERVICE_JOBS: Final = (LocalProgress, LocalJobsEnded, LocalEnded)

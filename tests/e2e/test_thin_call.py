@@ -229,3 +229,44 @@ def test_the_service_stopping_mid_call_is_a_clear_error(
     again = bob.cli("call", "ken", "back?")
     assert again.returncode == 0, again.stderr
     bob.listener.log.wait_for(r"local_call_ended", since=mark)
+
+
+def test_a_queued_jobs_answer_is_fetched_through_the_service(world: World, bob: Install) -> None:
+    """bob's call to an offline callee is kept as a job; once she is back, `jobs list` and
+    `jobs get --wait` go through bob's service (its log says so), print what the direct path
+    prints, and the CLI process imports no Twisted, autobahn or crypto."""
+    uma = Install("uma", world.root / "uma", world.relay.ca_file)
+    uma.setup(world.invite(), "uma", "--agent", "claude")
+    uma.set_scenario("happy")
+    enabled = uma.cli("access", "--offline", "enabled")
+    assert enabled.returncode == 0, enabled.stderr
+    assert bob.listener is not None
+    queued = bob.cli("call", "@acme/uma", "what broke?", "--json")
+    assert queued.returncode == 0, queued.stderr
+    job_id = json.loads(queued.stdout)["job_id"]
+
+    mark = bob.listener.log.mark()
+    listed = _probe(bob, "jobs", "list", "uma", "--json")
+    assert listed.returncode == 0, listed.stderr
+    [mine] = json.loads(listed.stdout)
+    assert (mine["job_id"], mine["state"], mine["address"]) == (job_id, "queued", "@acme/uma")
+    assert _imported(listed) == set()
+    bob.listener.log.wait_for(r"local_jobs_ended .*command='list'.*address='@acme/uma'", since=mark)
+
+    pending = bob.cli("jobs", "get", "uma", job_id)
+    assert pending.returncode == 75, pending.stderr
+
+    uma.start_listener()
+    try:
+        mark = bob.listener.log.mark()
+        done = _probe(bob, "jobs", "get", "uma", job_id, "--wait", "120")
+        assert done.returncode == 0, done.stderr
+        assert done.stdout == "FAKE-AGENT-ANSWER: what broke?\n"
+        assert f"waiting up to 120 s for job {job_id}…" in done.stderr
+        assert _imported(done) == set()
+        bob.listener.log.wait_for(r"local_jobs_ended .*command='get'", since=mark)
+        # The same command from bob's own process (no service for this run) prints the same.
+        direct = bob.cli("jobs", "get", "uma", job_id, AGENTCALL_RELAY=str(world.relay.url))
+        assert (direct.returncode, direct.stdout) == (0, done.stdout)
+    finally:
+        uma.stop()
