@@ -124,6 +124,12 @@ class RelayLink:
     def connected(self) -> bool:
         return self._protocol is not None and self._protocol.usable
 
+    @property
+    def carries_calls(self) -> bool:
+        """The current socket is usable and its relay said it takes our own outgoing calls."""
+        protocol = self._protocol
+        return protocol is not None and protocol.usable and protocol.relay_takes_calls
+
     def send(self, frame: Frame) -> bool:
         """Send one frame now; False (nothing sent) when no usable socket exists."""
         protocol = self._protocol
@@ -206,6 +212,11 @@ class _ListenerProtocol(WebSocketClientProtocol):
 
     def mark_counted(self) -> None:
         self.counted = True
+
+    @property
+    def relay_takes_calls(self) -> bool:
+        """The relay's ready frame said this socket carries our own outgoing calls too."""
+        return isinstance(self._ready, Ready) and self._ready.calls
 
     @property
     def replaced(self) -> bool:

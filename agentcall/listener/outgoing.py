@@ -9,9 +9,11 @@ trips). :meth:`OutgoingCalls.dial` has the shape of :func:`agentcall.client.ws.p
 ``call_queued``. Several calls are in flight at once, told apart by the request's
 ``correlation_id`` until the relay's ringing names the call id.
 
-When the socket is not up (the relay is restarting, the listener is reconnecting), a call falls
-back to its own per-call socket, exactly as an installation without a service places it. A
-socket lost mid-call ends every call on it with :class:`~agentcall.client.ws.CallAborted`:
+When the socket is not up (the relay is restarting, the listener is reconnecting), or its relay
+did not say in its ``ready`` that it takes calls there (a relay older than the persistent
+socket), a call falls back to its own per-call socket, exactly as an installation without a
+service places it. A socket lost mid-call ends every call on it with
+:class:`~agentcall.client.ws.CallAborted`:
 the relay hangs up on the callee's side as it would for a caller that went away.
 
 Nothing here opens or seals anything: trust stays with ``place()``, which opens the answer and
@@ -40,7 +42,7 @@ class Link(Protocol):
     """What the calls need of :class:`~agentcall.listener.connection.RelayLink`."""
 
     @property
-    def connected(self) -> bool: ...
+    def carries_calls(self) -> bool: ...
 
     def send(self, frame: fr.Frame) -> bool: ...
 
@@ -100,7 +102,7 @@ class OutgoingCalls:
         pending = _Pending(cid, defer.Deferred(self._cancelled), on_status)
         # A correlation id already in flight would be refused by the relay; place() mints a
         # fresh one per call, so that only happens to a caller that reuses its request.
-        sent = cid not in self._by_correlation and self._link.connected
+        sent = cid not in self._by_correlation and self._link.carries_calls
         if sent:
             self._by_correlation[cid] = pending
             sent = self._link.send(attrs.evolve(request, to=handle))

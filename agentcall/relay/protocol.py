@@ -194,7 +194,10 @@ class RelayWebSocket(WebSocketServerProtocol):
         self.factory.door.websocket_opened(self.transport)
         address = f"@{member.org}/{member.handle}"
         ready = frames.Ready(
-            role=self.role, address=address, relay_origin=self.factory.relay_origin
+            role=self.role,
+            address=address,
+            relay_origin=self.factory.relay_origin,
+            calls=self.role is frames.Role.LISTEN,
         )
         self.channel.send(ready)
         if self.role is frames.Role.CALL:

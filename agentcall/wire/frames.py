@@ -129,6 +129,10 @@ class Ready:
     role: Role = attrs.field(converter=Role)
     address: str = attrs.field(validator=f.address)
     relay_origin: str = attrs.field(validator=f.relay_origin)
+    # On a listener socket: the relay takes this installation's own outgoing calls on it. A
+    # relay from before the persistent socket does not say so, and its listeners' calls then
+    # take a socket of their own instead of waiting for answers that would never come.
+    calls: bool = attrs.field(default=False, validator=f.boolean, metadata=_LATER)
 
 
 @attrs.frozen

@@ -170,7 +170,12 @@ class RelaySide(WebSocketServerProtocol):
         self.factory.sockets.append(self)
         if self.factory.ready_address is not None:
             self.send(
-                Ready(role=Role.LISTEN, address=self.factory.ready_address, relay_origin=ORIGIN)
+                Ready(
+                    role=Role.LISTEN,
+                    address=self.factory.ready_address,
+                    relay_origin=ORIGIN,
+                    calls=self.factory.ready_calls,
+                )
             )
 
     def send(self, frame: Frame) -> None:
@@ -189,6 +194,8 @@ class FakeRelay(WebSocketServerFactory):
     def __init__(self, clock: Clock) -> None:
         super().__init__("ws://relay.acme.test/v1/ws", reactor=clock)
         self.ready_address: str | None = "@acme/ken"
+        # Whether ready says the socket takes the installation's own calls (a current relay).
+        self.ready_calls = True
         self.busy_retry_after: str | None = None  # answer upgrades 503 with this Retry-After
         self.upgrades: list[dict[str, str]] = []
         self.queries: list[dict[str, list[str]]] = []
@@ -325,7 +332,7 @@ def test_a_connection_counts_only_once_ready_arrives(listener: Listener) -> None
     connected = listener.connection.client.whenConnected()
     assert not connected.called
     listener.relay.sockets[0].send(
-        Ready(role=Role.LISTEN, address="@acme/ken", relay_origin=ORIGIN)
+        Ready(role=Role.LISTEN, address="@acme/ken", relay_origin=ORIGIN, calls=True)
     )
     listener.relay.flush()
     assert (listener.connection.connections, listener.readies) == (1, 1)
@@ -687,3 +694,15 @@ def test_an_outgoing_call_rides_the_socket_and_a_large_answer_reaches_it(clock: 
     assert isinstance(failure, Failure) and failure.check(CallAborted)
     connection.stopService()
     relay.flush()
+
+
+def test_a_relay_that_does_not_offer_to_take_calls_gets_none(listener: Listener) -> None:
+    """A relay from before the persistent socket says nothing about calls in its ready: the
+    socket serves the listener, and the owner's calls take sockets of their own."""
+    listener.relay.ready_calls = False
+    listener.connection.startService()
+    listener.relay.flush()
+    assert listener.link.connected and not listener.link.carries_calls
+    listener.relay.sockets[0].sendClose(1000)
+    listener.relay.flush()
+    assert not listener.link.carries_calls

@@ -36,12 +36,12 @@ CALL_2 = "00000000-0000-4000-8000-000000000002"
 
 class Link:
     def __init__(self) -> None:
-        self.connected = True
+        self.carries_calls = True
         self.sent: list[Frame] = []
         self.refuse_sends = False
 
     def send(self, frame: Frame) -> bool:
-        if self.refuse_sends or not self.connected:
+        if self.refuse_sends or not self.carries_calls:
             return False
         self.sent.append(frame)
         return True
@@ -147,9 +147,9 @@ def test_a_refusal_and_a_queued_call_are_matched_by_correlation_id() -> None:
 
 def test_without_a_usable_socket_a_call_takes_its_own() -> None:
     world = World()
-    world.link.connected = False
+    world.link.carries_calls = False  # down, or a relay that did not offer to take calls
     assert world.dial() is world.fallback.result
-    world.link.connected = True
+    world.link.carries_calls = True
     world.link.refuse_sends = True  # gone between the check and the send
     assert world.dial(CID_2) is world.fallback.result
     assert [handle for handle, _ in world.fallback.calls] == ["ken", "ken"]

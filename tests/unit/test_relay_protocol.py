@@ -151,15 +151,18 @@ def switch(tmp_path: Path) -> Iterator[Switch]:
 
 
 def ready(role: Role, address: str) -> Ready:
-    return Ready(role=role, address=address, relay_origin=ORIGIN)
+    # A listener socket is told it may carry the installation's own calls; a caller's is not.
+    return Ready(role=role, address=address, relay_origin=ORIGIN, calls=role is Role.LISTEN)
 
 
 def test_a_call_is_routed_from_caller_to_listener_and_back(switch: Switch) -> None:
     ken = switch.connect("role=listen", "ken")
     assert ken.frames == [ready(Role.LISTEN, "@acme/ken")]
+    assert b'"calls":true' in ken.raw[0]
     assert switch.relay.relay.switchboard.is_online("acme", "ken")
     ann = switch.connect("role=call&to=ken", "ann")
     assert ann.frames == [ready(Role.CALL, "@acme/ann")]
+    assert b"calls" not in ann.raw[0]
 
     ann.send(REQUEST)
     switch.flush()
