@@ -59,7 +59,7 @@ def local_calls(svc: ListenerService) -> CallHandler:
         def on_note(text: str) -> None:
             send(LocalNote(text))
 
-        return defer.Deferred.fromCoroutine(
+        placed = defer.Deferred.fromCoroutine(
             callflow.run_request(
                 svc.reactor,
                 svc.home,
@@ -71,6 +71,13 @@ def local_calls(svc: ListenerService) -> CallHandler:
                 dial=svc.call_dial,
             )
         )
+
+        def placed_then(result: object) -> object:
+            # Placing the call may have minted (and published) the next encryption epoch.
+            svc.keys_may_have_changed()
+            return result
+
+        return placed.addBoth(placed_then)
 
     return handle
 

@@ -231,6 +231,9 @@ class CallPipeline:
             )
         except stages.EnvelopeRejected as exc:
             _log.debug("call_rejected", call_id=call.call_id, reason=exc.reason)
+            if exc.reason == "unknown_recipient_key":
+                # The caller resends once with fresh records; let it find the epoch loaded.
+                fx.keys_stale()
             self._terminal(call, CallRejected(call_id=call.call_id))
             self._record(call, CallStatus.PROTOCOL_ERROR, error=exc.reason)
             return

@@ -78,3 +78,6 @@ class Effects:
     which: planning.Which = which_on_path
     is_dir: Callable[[str], bool] = os.path.isdir
     build_prompt: planning.PromptBuilder = prompt_module.build_prompt
+    # A request was sealed to an epoch this listener does not hold in memory: keys.json may
+    # have a newer one (minted by a call this installation placed, or another process).
+    keys_stale: Callable[[], None] = lambda: None

@@ -235,6 +235,7 @@ class ListenerService(service.MultiService):
                 spawn=self._spawn,
                 call_log=CallLog(home.calls_log_path, secrets=[config.token]),
                 environ=dict(environ),
+                keys_stale=self.keys_may_have_changed,
             ),
         )
         self.desk = MailboxDesk(self.core, db.journal, send=self.link.send, clock=reactor)
@@ -337,6 +338,15 @@ class ListenerService(service.MultiService):
         defer.Deferred.fromCoroutine(self._publish_if_behind())
 
     # --- keys -------------------------------------------------------------------------------
+
+    def keys_may_have_changed(self) -> None:
+        """Read keys.json again on the next turn: another writer may have minted an epoch.
+
+        The calls this service places for thin clients rotate keys.json when it is due
+        (``caller.call.place``), and so may an ``agentcall call`` that dials by itself; until
+        the listener loads the new epoch it cannot open requests sealed to it.
+        """
+        self._reactor.callLater(0, self._check_keys)
 
     def _check_keys(self) -> None:
         # A periodic job never raises: TimerService would stop calling it.

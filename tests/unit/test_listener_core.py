@@ -6,6 +6,7 @@ caller actually gets.
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -34,7 +35,7 @@ from agentcall.listener.service import ListenerStartError, make_listener_service
 from agentcall.listener.tasks import TaskSet
 from agentcall.local.config import Config, save_config
 from agentcall.local.home import Home
-from agentcall.local.keystore import create_keys
+from agentcall.local.keystore import create_keys, rotate_if_needed
 from agentcall.wire.frames import (
     CallAccepted,
     CallCancelled,
@@ -52,7 +53,7 @@ from agentcall.wire.frames import (
     Terminal,
 )
 from agentcall.wire.payloads import CallFailure, Reply
-from tests.unit.crypto_helpers import NOW, ORIGIN
+from tests.unit.crypto_helpers import NOW, ORIGIN, rotate
 from tests.unit.test_listener_stages import (
     ANN,
     CALL_ID,
@@ -142,6 +143,7 @@ class Harness:
     records: list[CallRecord] = attrs.field(factory=list)
     placed: dict[str, IncomingCall] = attrs.field(factory=dict)
     admissions: int = 0
+    keys_stale: int = 0  # times the pipeline asked for keys.json to be read again
     pipeline: core.CallPipeline = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -165,8 +167,12 @@ class Harness:
             which=self.which,
             is_dir=lambda path: path in self.existing,
             build_prompt=self.build_prompt,
+            keys_stale=self.note_keys_stale,
         )
         self.pipeline = core.CallPipeline(self.config, keys_of(KEN), fx)
+
+    def note_keys_stale(self) -> None:
+        self.keys_stale += 1
 
     # effects
 
@@ -322,6 +328,18 @@ def test_a_request_that_does_not_open_is_rejected_and_spawns_nothing(case: str) 
     assert h.sent == [CallRejected(call_id=CALL_ID)]
     assert (h.prompts, h.runs) == ([], [])
     assert [r.status for r in h.records] == [CallStatus.PROTOCOL_ERROR]
+    assert h.keys_stale == 0  # none of these is about our own keys
+
+
+def test_a_request_sealed_to_an_epoch_not_loaded_asks_for_the_keys_to_be_read_again() -> None:
+    """Another writer (a call this installation placed) may have minted the epoch the caller
+    sealed to: the call is rejected, and the listener is told to read keys.json again."""
+    h = Harness()
+    sealed, _ = seal_from(ANN, to=rotate(KEN))
+    h.pipeline.handle_incoming(incoming(sealed))
+    assert h.sent == [CallRejected(call_id=CALL_ID)]
+    assert (h.prompts, h.runs) == ([], [])
+    assert h.keys_stale == 1
 
 
 @pytest.mark.parametrize(
@@ -615,6 +633,28 @@ def test_the_service_refuses_a_policy_it_cannot_read(tmp_path: Path) -> None:
 def test_the_service_refuses_keys_of_another_identity(tmp_path: Path) -> None:
     environ = install(tmp_path, handle="kim")
     assert "keys.json belongs to @acme/ken" in start_error(environ)
+
+
+def test_the_service_reads_its_keys_again_when_told_they_may_have_changed(
+    tmp_path: Path,
+) -> None:
+    """A call the service places for a thin client may mint the next epoch in keys.json; the
+    pipeline must then hold it too, or it cannot open requests sealed to it."""
+    environ = install(tmp_path)
+    reactor = MemoryReactorClock()
+    reactor.advance(time.time())
+    built = make_listener_service(reactor, environ)
+    loaded = [entry.epoch for entry in built.core.keys.epochs]
+    # Another writer rotates on disk (as place() does when an epoch is near its end).
+    on_disk = rotate_if_needed(
+        Home.from_environ(environ), built.core.keys, reactor.seconds() + 25 * 86_400
+    )
+    assert on_disk is not None and len(on_disk.epochs) == len(loaded) + 1
+    assert [entry.epoch for entry in built.core.keys.epochs] == loaded
+    built.keys_may_have_changed()
+    reactor.advance(0)
+    assert [entry.epoch for entry in built.core.keys.epochs] == [e.epoch for e in on_disk.epochs]
+    assert fired(built.stopService())
 
 
 def test_a_good_installation_builds_the_service(tmp_path: Path) -> None:
