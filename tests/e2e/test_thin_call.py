@@ -12,30 +12,19 @@ import json
 import re
 import signal
 import subprocess
-import sys
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.installs import AgentGate, Install, World, two_people
+from tests.unit.localstub import imported, run_probed
 
 pytestmark = pytest.mark.e2e
 
 # The relay's one line per call says which socket the caller's side rode.
 SHARED = r"call_ended .*caller='{caller}'.*caller_socket='shared'"
 OWN = r"call_ended .*caller='{caller}'.*caller_socket='own'"
-
-HEAVY = ("twisted", "autobahn", "nacl", "cryptography", "txaio", "OpenSSL")
-# Runs `agentcall ARGS…` and reports on stderr which heavy packages the process imported.
-PROBE = (
-    "import atexit, sys\n"
-    f"heavy = {HEAVY!r}\n"
-    "atexit.register(lambda: print('IMPORTED=' + ','.join(sorted({m.split('.')[0] for m in "
-    "sys.modules if m.split('.')[0] in heavy})), file=sys.stderr))\n"
-    "from agentcall.cli.main import main\n"
-    "sys.exit(main(sys.argv[1:]))\n"
-)
 
 
 @pytest.fixture(scope="module")
@@ -65,20 +54,7 @@ def _log(person: Install) -> object:
 
 
 def _probe(person: Install, *args: str) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-c", PROBE, *args],
-        env=person.env(),
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=False,
-        cwd=person.root,
-    )
-
-
-def _imported(done: subprocess.CompletedProcess[str]) -> set[str]:
-    line = [ln for ln in done.stderr.splitlines() if ln.startswith("IMPORTED=")][-1]
-    return {name for name in line.removeprefix("IMPORTED=").split(",") if name}
+    return run_probed(args, person.env(), person.root)
 
 
 def _held(person: Install, tmp_path: Path) -> AgentGate:
@@ -105,7 +81,7 @@ def test_a_call_goes_through_the_running_service(world: World, bob: Install) -> 
     for state in ("ringing…", "answered", "working"):
         assert state in progress
     bob.listener.log.wait_for(r"local_call_ended .*kind='answer'", since=mark)
-    assert _imported(done) == set()
+    assert imported(done) == set()
     # The service placed it on its own relay socket, not a socket dialled for the call.
     world.relay.log.wait_for(SHARED.format(caller="bob"), since=relay_mark)
 
@@ -133,7 +109,7 @@ def test_without_a_service_the_cli_dials_the_relay_itself(world: World) -> None:
     done = _probe(ann, "call", "ken", "direct?")
     assert done.returncode == 0, done.stderr
     assert done.stdout == "FAKE-AGENT-ANSWER: direct?\n"
-    assert {"twisted", "autobahn"} <= _imported(done)
+    assert {"twisted", "autobahn"} <= imported(done)
     world.relay.log.wait_for(OWN.format(caller="ann"), since=relay_mark)
 
 
@@ -220,7 +196,7 @@ def test_the_service_stopping_mid_call_is_a_clear_error(
     direct = _probe(bob, "call", "ken", "anyone?")
     assert direct.returncode == 0, direct.stderr
     assert direct.stdout == "FAKE-AGENT-ANSWER: anyone?\n"
-    assert "twisted" in _imported(direct)
+    assert "twisted" in imported(direct)
 
     bob.start_listener()
     assert bob.listener is not None
@@ -250,7 +226,7 @@ def test_a_queued_jobs_answer_is_fetched_through_the_service(world: World, bob: 
     assert listed.returncode == 0, listed.stderr
     [mine] = json.loads(listed.stdout)
     assert (mine["job_id"], mine["state"], mine["address"]) == (job_id, "queued", "@acme/uma")
-    assert _imported(listed) == set()
+    assert imported(listed) == set()
     bob.listener.log.wait_for(r"local_jobs_ended .*command='list'.*address='@acme/uma'", since=mark)
 
     pending = bob.cli("jobs", "get", "uma", job_id)
@@ -263,7 +239,7 @@ def test_a_queued_jobs_answer_is_fetched_through_the_service(world: World, bob: 
         assert done.returncode == 0, done.stderr
         assert done.stdout == "FAKE-AGENT-ANSWER: what broke?\n"
         assert f"waiting up to 120 s for job {job_id}…" in done.stderr
-        assert _imported(done) == set()
+        assert imported(done) == set()
         bob.listener.log.wait_for(r"local_jobs_ended .*command='get'", since=mark)
         # The same command from bob's own process (no service for this run) prints the same.
         direct = bob.cli("jobs", "get", "uma", job_id, AGENTCALL_RELAY=str(world.relay.url))

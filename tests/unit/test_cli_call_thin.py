@@ -7,9 +7,6 @@ from __future__ import annotations
 import json
 import re
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -24,10 +21,10 @@ from agentcall.local.home import Home
 from agentcall.wire import codec
 from agentcall.wire.local import LocalStatus
 from tests.unit.cli_helpers import install, isolate, run_with_clock
+from tests.unit.localstub import imported, run_probed, serve_lines, serving
 from tests.unit.test_cli_call import CALL_ID, FakeFlow, failed, reply, run
 
 REPO = Path(__file__).resolve().parents[2]
-HEAVY = ("twisted", "autobahn", "nacl", "cryptography", "txaio", "OpenSSL", "pyhpke")
 
 
 @attrs.define
@@ -41,24 +38,11 @@ class StubService:
     hang_up_after: int | None = None  # close after this many lines, without an ended one
 
     def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listening.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                self.requests.append(json.loads(data.split(b"\n", 1)[0]))
-                lines = (
-                    self.lines if self.hang_up_after is None else self.lines[: self.hang_up_after]
-                )
-                for line in lines:
-                    conn.sendall(line + b"\n")
+        serve_lines(self.listening, self._answer)
+
+    def _answer(self, request: bytes) -> list[bytes]:
+        self.requests.append(json.loads(request))
+        return self.lines if self.hang_up_after is None else self.lines[: self.hang_up_after]
 
 
 @pytest.fixture
@@ -68,12 +52,8 @@ def stub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[StubServic
     path = Home.from_environ({"HOME": str(home_dir)}).service_socket_path
     sock, _identity = unixsocket.bind_listening(path)
     service = StubService(sock, path)
-    thread = threading.Thread(target=service.serve, daemon=True)
-    thread.start()
-    yield service
-    sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
-    thread.join(timeout=10)
+    with serving(sock, service.serve):
+        yield service
 
 
 def _statuses() -> list[bytes]:
@@ -209,31 +189,15 @@ def test_the_thin_path_imports_no_twisted_autobahn_or_crypto(
         *_statuses(),
         codec.encode(ended_from_result(attrs.evolve(reply("fine"), address="@acme/bob"), None)),
     ]
-    probe = (
-        "import atexit, sys\n"
-        f"heavy = {HEAVY!r}\n"
-        "atexit.register(lambda: print('IMPORTED=' + ','.join(sorted({m.split('.')[0] for m "
-        "in sys.modules if m.split('.')[0] in heavy})), file=sys.stderr))\n"
-        "from agentcall.cli.main import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
     import os
 
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTCALL_")}
     env["HOME"] = str(tmp_path / "home")
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "call", "bob", "hello"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
+    done = run_probed(["call", "bob", "hello"], env, REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "fine\n"
     assert stub.requests, "the call did not go through the stub service"
-    assert done.stderr.splitlines()[-1] == "IMPORTED="
+    assert imported(done) == set()
 
 
 def test_a_relay_named_for_this_run_bypasses_the_service(

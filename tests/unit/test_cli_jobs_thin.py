@@ -11,9 +11,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import subprocess
-import sys
-import threading
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -33,8 +30,9 @@ from agentcall.wire.http import JobFailureReason, JobInfo, JobState
 from agentcall.wire.local import TO_SERVICE, LocalEnded, LocalJobs, LocalProgress
 from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.cli_helpers import run_with_clock
+from tests.unit.localstub import imported, run_probed, serve_lines, serving
 from tests.unit.mailbox_helpers import JOB_ID, KEN, OTHER_JOB, FakeJobRelay, job
-from tests.unit.test_cli_call_thin import HEAVY, REPO
+from tests.unit.test_cli_call_thin import REPO
 from tests.unit.test_cli_jobs import RUNNING, STOPPING, World, listed, run, world
 
 __all__ = ["world"]  # the fixture, used by name
@@ -52,28 +50,15 @@ class JobsStub:
     refuse: bool = False  # answer as a service that knows only calls does
 
     def serve(self) -> None:
-        while True:
-            try:
-                conn, _ = self.listening.accept()
-            except OSError:
-                return
-            with conn:
-                data = b""
-                while b"\n" not in data:
-                    chunk = conn.recv(65536)
-                    if not chunk:
-                        break
-                    data += chunk
-                line = data.split(b"\n", 1)[0]
-                self.requests.append(json.loads(line))
-                if self.hang_up:
-                    continue
-                if self.refuse:
-                    refusal = LocalEnded.refused("bad_request", "jobs is not expected here")
-                    conn.sendall(codec.encode(refusal) + b"\n")
-                    continue
-                for out in self._answer(line):
-                    conn.sendall(codec.encode(out) + b"\n")
+        serve_lines(self.listening, self._reply)
+
+    def _reply(self, line: bytes) -> list[bytes]:
+        self.requests.append(json.loads(line))
+        if self.hang_up:
+            return []
+        if self.refuse:
+            return [codec.encode(LocalEnded.refused("bad_request", "jobs is not expected here"))]
+        return [codec.encode(out) for out in self._answer(line)]
 
     def _answer(self, line: bytes) -> list[object]:
         request = codec.decode_local(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
@@ -102,12 +87,8 @@ def stub(world: World) -> Iterator[JobsStub]:
     path = Home.from_environ().service_socket_path
     sock, _identity = unixsocket.bind_listening(path)
     service = JobsStub(sock, path, world)
-    thread = threading.Thread(target=service.serve, daemon=True)
-    thread.start()
-    yield service
-    sock.shutdown(socket.SHUT_RDWR)
-    sock.close()
-    thread.join(timeout=10)
+    with serving(sock, service.serve):
+        yield service
 
 
 def _answer(text: str) -> Callable[[World], None]:
@@ -274,29 +255,13 @@ def test_the_thin_path_imports_no_twisted_autobahn_or_crypto(stub: JobsStub, wor
     """`jobs get` as its own process against the stub: the answer printed, and at exit none of
     them is in sys.modules."""
     world.answer(Reply(text="fine"))
-    probe = (
-        "import atexit, sys\n"
-        f"heavy = {HEAVY!r}\n"
-        "atexit.register(lambda: print('IMPORTED=' + ','.join(sorted({m.split('.')[0] for m "
-        "in sys.modules if m.split('.')[0] in heavy})), file=sys.stderr))\n"
-        "from agentcall.cli.main import main\n"
-        "sys.exit(main(sys.argv[1:]))\n"
-    )
     env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTCALL_")}
     env["HOME"] = os.environ["HOME"]
-    done = subprocess.run(
-        [sys.executable, "-c", probe, "jobs", "get", KEN, JOB_ID],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=60,
-        check=False,
-        cwd=REPO,
-    )
+    done = run_probed(["jobs", "get", KEN, JOB_ID], env, REPO)
     assert done.returncode == 0, done.stderr
     assert done.stdout == "fine\n"
     assert stub.requests, "the command did not go through the stub service"
-    assert done.stderr.splitlines()[-1] == "IMPORTED="
+    assert imported(done) == set()
 
 
 def test_cancelling_the_services_work_abandons_the_long_poll(world: World) -> None:
