@@ -48,6 +48,8 @@ RELAY_CALL_ERRORS = frozenset(
         CallErrorCode.MESSAGE_TOO_LARGE,
         CallErrorCode.PROTOCOL_ERROR,
         CallErrorCode.BUSY,
+        # A live call whose caller or callee an admin removed from the organisation.
+        CallErrorCode.REVOKED,
     }
 )
 
@@ -88,6 +90,8 @@ class ApiErrorCode(enum.StrEnum):
     RECORD_INVALID = "record_invalid"
     RATE_LIMITED = "rate_limited"
     UPGRADE_REQUIRED = "upgrade_required"
+    LAST_ADMIN = "last_admin"  # the change would leave the organisation without an admin
+    HANDLE_BUSY = "handle_busy"  # a release while the relay still keeps jobs of the handle
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
     INTERNAL = "internal"
 

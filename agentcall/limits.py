@@ -71,6 +71,12 @@ MAX_ACTIVE_INVITES_PER_ORG = 100
 MAX_INVITE_DESCRIPTION_CHARS = 100
 MAX_INVITES_LISTED = 200
 
+# Members: `GET /v1/members` answers a page at a time (sorted by handle).
+MAX_MEMBERS_LISTED = 500
+# Last-seen times wait in memory and are written in batches: this often, or at this many.
+LAST_SEEN_FLUSH_S = 60.0
+LAST_SEEN_MAX_PENDING = 1000
+
 # Listener.
 MAX_RUNNING_CALLS = 1
 MAX_WAITING_CALLS = 0

@@ -160,6 +160,22 @@ def _encryption(address: str = KEN) -> http.SignedEncryptionKeyRecord:
 def http_bodies() -> dict[type[Any], list[Any]]:
     """Every request and response body of the relay's HTTP API, by class."""
     info = _invite_info()
+    member = http.MemberInfo(
+        handle="ann",
+        role=http.MemberRole.ADMIN,
+        status=http.MemberStatus.ACTIVE,
+        enrolled_at=1_750_000_000,
+        last_seen=1_750_086_400,
+        agent_kind=http.AgentKind.CLAUDE,
+    )
+    removed = http.MemberInfo(
+        handle="ken",
+        role=http.MemberRole.MEMBER,
+        status=http.MemberStatus.REMOVED,
+        enrolled_at=1_750_000_000,
+        removed_at=1_750_090_000,
+        removed_by="ann",
+    )
     return {
         http.ApiErrorBody: [http.ApiErrorBody(ApiErrorCode.BAD_REQUEST, "malformed body")],
         http.StatusResponse: [http.StatusResponse(ok=True, version="1", relay_origin=ORIGIN)],
@@ -201,6 +217,13 @@ def http_bodies() -> dict[type[Any], list[Any]]:
             http.InviteCreated(invite=f"https://{ORIGIN}/join/acme#{TOKEN}", info=info)
         ],
         http.InviteList: [http.InviteList(invites=(info, info))],
+        http.MemberInfo: [member],
+        http.MemberList: [
+            http.MemberList(members=(member, removed), next_after="ken"),
+            http.MemberList(members=()),
+        ],
+        http.MemberRemoveRequest: [http.MemberRemoveRequest(), http.MemberRemoveRequest(True)],
+        http.MemberRoleRequest: [http.MemberRoleRequest(http.MemberRole.ADMIN)],
         http.IdentityRecord: [_identity().record],
         http.SignedIdentityRecord: [_identity()],
         http.EncryptionKeyRecord: [_encryption().record],

@@ -38,6 +38,15 @@ SUBPROCESS_TIMEOUT_S: Final = 10.0
 SYSTEMCTL_TIMEOUT_S: Final = 5.0
 MAX_SHOWN: Final = 200
 RESUME_HINT: Final = "run `agentcall setup --resume` (it publishes missing key records)"
+# The relay does not say why a token fails (a guess must learn nothing), so both reasons.
+CREDENTIALS_REFUSED: Final = (
+    "the relay does not accept this installation's token: it was rotated on another copy of "
+    "this installation, or an organisation admin removed you"
+)
+CREDENTIALS_HINT: Final = (
+    "ask an organisation admin (`agentcall members list` shows whether you were removed); "
+    "if you were, they can invite you again"
+)
 
 
 @attrs.frozen
@@ -179,6 +188,8 @@ class RelayFacts:
     version: str | None = None
     keys: KeysResponse | None = None
     keys_error: str | None = None
+    # The keys fetch was refused 401: nothing authenticated will work.
+    token_refused: bool = False
     online: bool | None = None
     presence_error: str | None = None
     offline_delivery: bool | None = None
@@ -195,10 +206,14 @@ async def ask_relay(reactor: Any, deps: DoctorDeps, config: Config, presence: bo
     keys_error = presence_error = offline_error = None
     online: bool | None = None
     offline: bool | None = None
+    token_refused = False
     try:
         keys = await api.get_keys(config.handle)
     except Exception as exc:
         keys_error = _problem(exc)
+        from agentcall.errors import ApiError, ApiErrorCode
+
+        token_refused = isinstance(exc, ApiError) and exc.code is ApiErrorCode.UNAUTHORIZED
     if presence:
         try:
             online = (await api.presence()).online
@@ -214,6 +229,7 @@ async def ask_relay(reactor: Any, deps: DoctorDeps, config: Config, presence: bo
         status.version,
         keys,
         keys_error,
+        token_refused,
         online,
         presence_error,
         offline,
@@ -234,6 +250,8 @@ def relay(facts: RelayFacts, config: Config, keys: LocalKeys | None) -> list[Che
     checks = [Check("relay", OK, f"{where} answers{version}")]
     if keys is None:
         checks.append(Check("published keys", WARN, "unproven: the local keys did not load"))
+    elif facts.token_refused:
+        checks.append(Check("credentials", FAIL, CREDENTIALS_REFUSED, CREDENTIALS_HINT))
     elif facts.keys is None:
         checks.append(Check("published keys", FAIL, str(facts.keys_error), RESUME_HINT))
     else:

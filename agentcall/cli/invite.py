@@ -61,19 +61,11 @@ def _invite_id(text: str) -> str:
     return text
 
 
-def _sub(sub: Any, name: str, summary: str, description: str, example: str) -> Any:
-    return sub.add_parser(
-        name,
-        help=summary,
-        description=description,
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentcall.cli.main import add_subcommand
+
     sub = parser.add_subparsers(dest="invite_command", metavar="SUBCOMMAND", required=True)
-    create = _sub(
+    create = add_subcommand(
         sub,
         "create",
         "Mint a one-time invite link.",
@@ -95,7 +87,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     create.add_argument(
         "--description", type=_description, metavar="TEXT", help="who it is for (shown in list)"
     )
-    listing = _sub(
+    listing = add_subcommand(
         sub,
         "list",
         "List the organisation's invites.",
@@ -103,7 +95,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "agentcall invite list --json",
     )
     listing.add_argument("--json", action="store_true", help="print one JSON object")
-    revoke = _sub(
+    revoke = add_subcommand(
         sub,
         "revoke",
         "Revoke an unused invite.",

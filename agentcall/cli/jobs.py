@@ -93,22 +93,11 @@ def _wait(text: str) -> int:
     return value
 
 
-def _sub(sub: Any, name: str, summary: str, description: str, example: str) -> Any:
-    import textwrap
-
-    return sub.add_parser(
-        name,
-        help=summary,
-        # The formatter prints descriptions as written, so they are wrapped here.
-        description=textwrap.fill(description, width=92),
-        epilog=f"example:\n  {example}",
-        formatter_class=argparse.RawDescriptionHelpFormatter,
-    )
-
-
 def add_arguments(parser: argparse.ArgumentParser) -> None:
+    from agentcall.cli.main import add_subcommand
+
     sub = parser.add_subparsers(dest="jobs_command", metavar="SUBCOMMAND", required=True)
-    listing = _sub(
+    listing = add_subcommand(
         sub,
         "list",
         "Your jobs, sent and received, newest first.",
@@ -124,7 +113,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "address", metavar="ADDRESS", nargs="?", help="only jobs with this contact or address"
     )
     listing.add_argument("--json", action="store_true", help="print one JSON array")
-    get = _sub(
+    get = add_subcommand(
         sub,
         "get",
         "One job's state, and its answer once answered.",
@@ -147,7 +136,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         help=f"wait up to this long for the job to end (0..{MAX_WAIT_S}; default 0: just look)",
     )
     get.add_argument("--json", action="store_true", help="print one JSON object")
-    cancel = _sub(
+    cancel = add_subcommand(
         sub,
         "cancel",
         "Cancel a job you sent.",

@@ -30,6 +30,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "jobs": ("agentcall.cli.jobs", "List, fetch or cancel calls the relay kept as jobs."),
     "listen": ("agentcall.cli.listen", "Answer calls here (the listener, in the foreground)."),
     "invite": ("agentcall.cli.invite", "Create, list or revoke invites (organisation admins)."),
+    "members": (
+        "agentcall.cli.members",
+        "List, remove or change the role of members (organisation admins).",
+    ),
     "block": ("agentcall.cli.access", "Refuse calls from one person."),
     "unblock": ("agentcall.cli.access", "Take back a block."),
     "access": ("agentcall.cli.access", "Show or change who may call you by default."),
@@ -63,6 +67,28 @@ class CommandError(Exception):
     def __init__(self, message: str, exit_code: int = 1) -> None:
         super().__init__(message)
         self.exit_code = exit_code
+
+
+def add_subcommand(
+    sub: argparse._SubParsersAction[argparse.ArgumentParser],
+    name: str,
+    summary: str,
+    description: str,
+    example: str,
+) -> argparse.ArgumentParser:
+    """One subcommand of a nested command (``invite create``, ``members remove``): its summary
+    in the parent's list, its description wrapped once here (the formatter prints descriptions
+    as written, so an example keeps its own lines), and one example."""
+    import argparse
+    import textwrap
+
+    return sub.add_parser(
+        name,
+        help=summary,
+        description=textwrap.fill(description, width=92),
+        epilog=f"example:\n  {example}",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:

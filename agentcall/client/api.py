@@ -45,6 +45,11 @@ from agentcall.wire.http import (
     JobInfo,
     JobList,
     KeysResponse,
+    MemberInfo,
+    MemberList,
+    MemberRemoveRequest,
+    MemberRole,
+    MemberRoleRequest,
     OfflineDelivery,
     PresenceResponse,
     RegisterRequest,
@@ -292,6 +297,26 @@ class RelayApi:
         if ids.HEX64_RE.match(invite_id) is None:
             return defer.fail(ValueError("an invite id is 64 lowercase hex characters"))
         return self._call(b"POST", f"/v1/invites/{invite_id}/revoke", None, InviteInfo)
+
+    def list_members(self, after: str = "") -> defer.Deferred[MemberList]:
+        """One page of the organisation's members (admins only), from the handle after
+        ``after``; the page's ``next_after`` says where the next one starts."""
+        if after and not ids.is_handle(after):
+            return defer.fail(ValueError(f"not a valid handle: {after!r}"))
+        path = "/v1/members" + (f"?after={after}" if after else "")
+        return self._call(b"GET", path, None, MemberList)
+
+    def remove_member(self, handle: str, *, release: bool = False) -> defer.Deferred[MemberInfo]:
+        if not ids.is_handle(handle):
+            return defer.fail(ValueError(f"not a valid handle: {handle!r}"))
+        body = MemberRemoveRequest(release=release)
+        return self._call(b"POST", f"/v1/members/{handle}/remove", body, MemberInfo)
+
+    def set_member_role(self, handle: str, role: MemberRole) -> defer.Deferred[MemberInfo]:
+        if not ids.is_handle(handle):
+            return defer.fail(ValueError(f"not a valid handle: {handle!r}"))
+        body = MemberRoleRequest(role=role)
+        return self._call(b"PUT", f"/v1/members/{handle}/role", body, MemberInfo)
 
     def put_identity_key(self, record: SignedIdentityRecord) -> defer.Deferred[KeysResponse]:
         return self._call(b"PUT", "/v1/keys/identity", record, KeysResponse)

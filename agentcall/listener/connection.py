@@ -12,7 +12,8 @@
 - Dials with ``mailbox=1`` in the query: this listener takes offline-mailbox jobs
   (``job_delivery``), so the relay may hand it the owner's queued calls.
 - Stops for good when the relay closes its current socket with :data:`CLOSE_REPLACED`: another
-  listener for the same identity connected, and redialling would only replace it in turn.
+  listener for the same identity connected, and redialling would only replace it in turn; and
+  with :data:`CLOSE_REMOVED`: an admin removed the member, so its token will never work again.
 
 :class:`RelayLink` is what the pipeline sends through: a frame goes to the current usable
 socket, or :meth:`RelayLink.send` returns False and the pipeline keeps what matters.
@@ -41,7 +42,12 @@ from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger, without_option_dump
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
-from agentcall.wire.closecodes import CLOSE_NORMAL, CLOSE_PROTOCOL_ERROR, CLOSE_REPLACED
+from agentcall.wire.closecodes import (
+    CLOSE_NORMAL,
+    CLOSE_PROTOCOL_ERROR,
+    CLOSE_REMOVED,
+    CLOSE_REPLACED,
+)
 from agentcall.wire.frames import TO_LISTENER, Frame, Ready, Role
 
 txaio.use_twisted()
@@ -52,6 +58,10 @@ RECONNECT_FACTOR = 1.5
 REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
     "and does not reconnect (restart it to answer calls here again)"
+)
+REMOVED_DETAIL = (
+    "an organisation admin removed this member; its token no longer works, so this listener "
+    "stops and does not reconnect (an admin can invite you again)"
 )
 
 
@@ -224,6 +234,11 @@ class _ListenerProtocol(WebSocketClientProtocol):
         # remoteCloseCode, not onClose's code: an unclean ending reports 1006 even after the
         # relay's close frame arrived.
         return bool(self.remoteCloseCode == CLOSE_REPLACED)
+
+    @property
+    def removed(self) -> bool:
+        """The relay's own close frame said an admin removed this member."""
+        return bool(self.remoteCloseCode == CLOSE_REMOVED)
 
     # --- frames in ------------------------------------------------------------------------
 
@@ -512,29 +527,32 @@ class RelayConnection(service.MultiService):
                 self._on_lost()
             except Exception:
                 _log.failure("relay_lost_handler_failed")
-        if protocol.replaced and protocol is self._factory.latest and self.running:
-            self._replaced_elsewhere()
+        stopped_by_relay = protocol.replaced or protocol.removed
+        if stopped_by_relay and protocol is self._factory.latest and self.running:
+            self._replaced_elsewhere(removed=protocol.removed)
             return
         if protocol.counted:
             self._lost = (code, reason)
             if not self.running:
                 _log.info("relay_disconnected", code=code, reason=reason, retry_in_s=None)
 
-    def _replaced_elsewhere(self) -> None:
-        """Another listener for this identity holds the relay session now: stop redialling.
+    def _replaced_elsewhere(self, *, removed: bool = False) -> None:
+        """Another listener for this identity holds the relay session now (or the member was
+        removed): stop redialling.
 
         Redialling would replace that listener, which would redial and replace this one, every
-        few seconds for as long as both run. Only the socket the newest attempt opened counts,
-        so a leftover socket of this very listener (a network blip) cannot stop it.
+        few seconds for as long as both run; a removed member's token never works again. Only
+        the socket the newest attempt opened counts, so a leftover socket of this very listener
+        (a network blip) cannot stop it.
         """
         if self.replaced:
             return
         self.replaced = True
         _log.error(
-            "listener_replaced",
+            "listener_removed" if removed else "listener_replaced",
             address=self._factory.expected_address,
             relay=self.netloc,
-            detail=REPLACED_DETAIL,
+            detail=REMOVED_DETAIL if removed else REPLACED_DETAIL,
         )
         self.client.stopService()
         try:

@@ -41,6 +41,9 @@ class Route(enum.Enum):
     LIST_JOBS = "list_jobs"
     GET_JOB = "get_job"
     CANCEL_JOB = "cancel_job"
+    LIST_MEMBERS = "list_members"
+    REMOVE_MEMBER = "remove_member"
+    SET_MEMBER_ROLE = "set_member_role"
 
 
 class Access(enum.Enum):
@@ -68,6 +71,9 @@ ACCESS: Mapping[Route, Access] = {
     Route.LIST_JOBS: Access.MEMBER,
     Route.GET_JOB: Access.MEMBER,
     Route.CANCEL_JOB: Access.MEMBER,
+    Route.LIST_MEMBERS: Access.ADMIN,
+    Route.REMOVE_MEMBER: Access.ADMIN,
+    Route.SET_MEMBER_ROLE: Access.ADMIN,
 }
 
 _FIXED: Mapping[tuple[str, str], Route] = {
@@ -81,10 +87,14 @@ _FIXED: Mapping[tuple[str, str], Route] = {
     ("GET", "/v1/presence"): Route.PRESENCE,
     ("PUT", "/v1/me/offline-delivery"): Route.SET_OFFLINE_DELIVERY,
     ("GET", "/v1/jobs"): Route.LIST_JOBS,
+    ("GET", "/v1/members"): Route.LIST_MEMBERS,
 }
 _FIXED_PATHS = frozenset(path for (_method, path) in _FIXED)
 _INVITE_REVOKE = re.compile(r"^/v1/invites/([0-9a-f]{64})/revoke$")
 _KEYS_OF = re.compile(r"^/v1/keys/([a-z0-9][a-z0-9-]{1,30})$")
+# The handle's own grammar (ids.is_handle) is checked once the path matched.
+_MEMBER_REMOVE = re.compile(r"^/v1/members/([a-z0-9-]{2,31})/remove\Z")
+_MEMBER_ROLE = re.compile(r"^/v1/members/([a-z0-9-]{2,31})/role\Z")
 _JOB_ID = ids.JOB_ID_RE.pattern.removeprefix("^").removesuffix(r"\Z")
 _JOB = re.compile(rf"^/v1/jobs/({_JOB_ID})\Z")
 _JOB_CANCEL = re.compile(rf"^/v1/jobs/({_JOB_ID})/cancel\Z")
@@ -94,8 +104,8 @@ _WAIT = re.compile(r"^[0-9]{1,3}\Z")
 @attrs.frozen
 class RouteMatch:
     route: Route
-    # The invite id (REVOKE_INVITE), handle (FETCH_KEYS) or job id (GET_JOB, CANCEL_JOB) the
-    # path names; None for the rest.
+    # The invite id (REVOKE_INVITE), handle (FETCH_KEYS, REMOVE_MEMBER, SET_MEMBER_ROLE) or job
+    # id (GET_JOB, CANCEL_JOB) the path names; None for the rest.
     argument: str | None = None
 
     @property
@@ -120,6 +130,10 @@ def match(method: str, path: str) -> RouteMatch:
         return RouteMatch(Route.GET_JOB, found.group(1))
     if method == "POST" and (found := _JOB_CANCEL.match(path)):
         return RouteMatch(Route.CANCEL_JOB, found.group(1))
+    if method == "POST" and (found := _MEMBER_REMOVE.match(path)) and ids.is_handle(found[1]):
+        return RouteMatch(Route.REMOVE_MEMBER, found.group(1))
+    if method == "PUT" and (found := _MEMBER_ROLE.match(path)) and ids.is_handle(found[1]):
+        return RouteMatch(Route.SET_MEMBER_ROLE, found.group(1))
     if path in _FIXED_PATHS:
         raise ApiError(405, ApiErrorCode.METHOD_NOT_ALLOWED, f"{method} not allowed here")
     raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such route")
@@ -177,6 +191,28 @@ def published(keys: http.KeysResponse | None) -> http.KeysResponse:
     if keys is None:
         raise ApiError(404, ApiErrorCode.NOT_FOUND, "no published keys for that handle")
     return keys
+
+
+# --- members ------------------------------------------------------------------------------------
+
+
+def members_after(values: list[bytes] | None) -> str:
+    """The ``after`` query parameter of ``GET /v1/members``: absent is the first page; otherwise
+    exactly one handle (400 for anything else)."""
+    if not values:
+        return ""
+    text = values[0].decode("ascii", "replace") if len(values) == 1 else ""
+    if not ids.is_handle(text):
+        raise ApiError(400, ApiErrorCode.BAD_REQUEST, "after must be one handle")
+    return text
+
+
+def member_page(found: list[http.MemberInfo], limit: int) -> http.MemberList:
+    """A page of members as the store found them, asking for at most ``limit``: a full page
+    names its last handle as where the next one starts (which may then be empty)."""
+    page = tuple(found)
+    full = len(page) >= limit and bool(page)
+    return http.MemberList(members=page, next_after=page[-1].handle if full else None)
 
 
 # --- the offline mailbox ----------------------------------------------------------------------

@@ -25,6 +25,12 @@ INVITE_ISSUE = "invite.issue"
 INVITE_REDEEM = "invite.redeem"
 INVITE_REVOKE = "invite.revoke"
 MEMBER_REGISTER = "member.register"
+# An admin (actor) removed a member (target): token dead, keys withdrawn, handle reserved.
+MEMBER_REMOVE = "member.remove"
+# An admin freed a removed member's handle; a later owner has new keys.
+MEMBER_RELEASE = "member.release"
+# An admin changed a member's role; detail "member->admin" or "admin->member".
+MEMBER_ROLE = "member.role"
 # The member turned the offline mailbox on or off; detail "on" or "off".
 MEMBER_OFFLINE_DELIVERY = "member.offline_delivery"
 KEYS_IDENTITY_PUBLISH = "keys.identity.publish"
@@ -55,6 +61,9 @@ EVENTS = frozenset(
         INVITE_REDEEM,
         INVITE_REVOKE,
         MEMBER_REGISTER,
+        MEMBER_REMOVE,
+        MEMBER_RELEASE,
+        MEMBER_ROLE,
         MEMBER_OFFLINE_DELIVERY,
         KEYS_IDENTITY_PUBLISH,
         KEYS_ENCRYPTION_PUBLISH,

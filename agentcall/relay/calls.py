@@ -502,6 +502,21 @@ class CallBook:
         emit = _log.info if in_flight else _log.debug
         emit("listener_gone", org=org, handle=handle, in_flight=in_flight)
 
+    def member_removed(self, org: str, handle: str) -> int:
+        """An admin removed ``@org/handle``: every live call they placed or would answer ends
+        now, ``revoked`` (a removed callee is never coming back to finish it). The callee of a
+        call the removed member placed is told to stop. How many calls ended."""
+        ending = [
+            call
+            for call in self._calls.values()
+            if call.org == org and handle in (call.caller, call.target)
+        ]
+        for call in ending:
+            if call.caller == handle:
+                self._send_cancel(call)
+            self._fail(call, events.CALL_FAIL, CallErrorCode.REVOKED, "member_removed")
+        return len(ending)
+
     # --- transitions -------------------------------------------------------------------------
 
     def _advance(self, call: Call, to: Phase) -> None:

@@ -19,6 +19,7 @@ from agentcall.relay.audit import BatchingAuditSink
 from agentcall.relay.calls import CallBook, restore_windows
 from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
 from agentcall.relay.jobs import JobDesk
+from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.mailbox import MailboxLimits
 from agentcall.relay.protocol import RelayWebSocketFactory
 from agentcall.relay.ratelimit import SlidingWindowLimiter
@@ -58,6 +59,8 @@ class Relay:
     windows_restored: Deferred[None] = attrs.field(eq=False, repr=False)
     # The call and front-door audit rows, written once per reactor turn (flushed at stop).
     audit: BatchingAuditSink = attrs.field(eq=False, repr=False)
+    # Members' last-seen times, written in batches (tap flushes them on a timer and at stop).
+    seen: LastSeen = attrs.field(eq=False, repr=False)
 
 
 def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
@@ -96,6 +99,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     # Jobs outlive the process: the sweep is armed from the store (failures are logged).
     jobs.start()
     door = Door(settings.door, reactor, audit_sink)
+    seen = LastSeen(store)
     ws_factory = RelayWebSocketFactory(
         settings.ws_url,
         store=store,
@@ -105,15 +109,18 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         relay_origin=settings.relay_origin,
         reactor=reactor,
         door=door,
+        seen=seen,
     )
     api = RelayApi(
         store=store,
         jobs=jobs,
+        calls=calls,
         switchboard=switchboard,
         clock=reactor,
         relay_origin=settings.relay_origin,
         public_url=settings.public_url,
         door=door,
+        seen=seen,
     )
     root = resource.Resource()
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
@@ -128,4 +135,5 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         limiter,
         windows_restored,
         audit=audit_sink,
+        seen=seen,
     )

@@ -355,6 +355,27 @@ class JobDesk:
         scope = OneJob(job_id)
         return self._store.decide_jobs(scope, decide, actor=member.handle, at=now).addCallback(done)
 
+    def revoke(self, org: str, handle: str, *, actor: str) -> defer.Deferred[int]:
+        """``@org/handle`` was removed: every outstanding job they sent or would answer ends
+        failed ``revoked`` (callers waiting on one are woken); how many ended."""
+        now = self._clock.seconds()
+        member = (org, handle)
+        self._mailbox_listeners.pop(member, None)
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision]:
+            return mailbox.revoke(jobs, member, now)
+
+        def done(result: list[Decision] | Refused) -> int:
+            if isinstance(result, Refused):  # pragma: no cover - revoke never refuses
+                return 0
+            if result:
+                _log.info("jobs_revoked", org=org, handle=handle, jobs=len(result))
+            self._after(result)
+            return len(result)
+
+        scope = JobsOf(org, (handle,))
+        return self._store.decide_jobs(scope, decide, actor=actor, at=now).addCallback(done)
+
     def job_for(self, member: Member, job_id: str, wait_s: int) -> defer.Deferred[JobInfo]:
         """The job as ``member`` may see it; with ``wait_s``, once it has ended or the time is
         up. Cancelling the returned Deferred (the HTTP client went away) releases the wait."""

@@ -33,6 +33,7 @@ from agentcall.relay.calls import CallBook
 from agentcall.relay.door import Door, source_of
 from agentcall.relay.gate import TurnedAway
 from agentcall.relay.jobs import JobDesk
+from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.outgoing import SocketCalls
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
@@ -192,6 +193,7 @@ class RelayWebSocket(WebSocketServerProtocol):
             self.sendClose(close_code, reason)
             return
         self.factory.door.websocket_opened(self.transport)
+        self.factory.seen.note(member.org, member.handle, self.factory.door.clock.seconds())
         address = f"@{member.org}/{member.handle}"
         ready = frames.Ready(
             role=self.role,
@@ -201,6 +203,8 @@ class RelayWebSocket(WebSocketServerProtocol):
         )
         self.channel.send(ready)
         if self.role is frames.Role.CALL:
+            # Known to the switchboard so that removing the member closes this socket too.
+            self.factory.switchboard.attach_caller(member.org, member.handle, self.channel)
             door = self.factory.door
             self._call_request_deadline = door.clock.callLater(
                 door.config.call_request_timeout_s, self._call_request_overdue
@@ -349,6 +353,7 @@ class RelayWebSocket(WebSocketServerProtocol):
         member, channel = self.member, self.channel
         if not was_open or member is None or channel is None or self._refusal is not None:
             return
+        self.factory.seen.note(member.org, member.handle, self.factory.door.clock.seconds())
         if self.role is frames.Role.LISTEN:
             self.factory.switchboard.detach_listener(member.org, member.handle, channel)
             self.factory.calls.listener_gone(member.org, member.handle, channel)
@@ -357,6 +362,7 @@ class RelayWebSocket(WebSocketServerProtocol):
                 self.outgoing.socket_gone()
             _log.info("listener_detached", org=member.org, handle=member.handle, code=code)
         else:
+            self.factory.switchboard.detach_caller(member.org, member.handle, channel)
             self.factory.calls.caller_gone(channel)
 
 
@@ -374,10 +380,12 @@ class RelayWebSocketFactory(WebSocketServerFactory):
         relay_origin: str,
         reactor: Any,
         door: Door,
+        seen: LastSeen,
     ) -> None:
         # server=None: the upgrade response names no software and no version.
         super().__init__(url, reactor=reactor, server=None)
         self.door = door
+        self.seen = seen
         self.store = store
         self.switchboard = switchboard
         self.calls = calls

@@ -21,6 +21,7 @@ from __future__ import annotations
 import collections
 import os
 import sqlite3
+import time
 from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
@@ -51,7 +52,9 @@ from agentcall.wire.http import (
     InviteInfo,
     InviteStatus,
     KeysResponse,
+    MemberInfo,
     MemberRole,
+    MemberStatus,
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
 )
@@ -93,13 +96,30 @@ _DAY_S = 86_400
 # What an unknown member's token is compared with, so a miss costs the same work as a hit.
 _NO_MEMBER_HASH = "0" * 64
 # Statements spelled out in full (no string building), so each one can be read as it runs.
+# A removed member's row keeps the handle reserved; nothing else of the relay sees it.
 _SELECT_MEMBER = (
-    "SELECT org, handle, role, agent_kind, created_at FROM members WHERE org = ? AND handle = ?"
+    "SELECT org, handle, role, agent_kind, created_at FROM members"
+    " WHERE org = ? AND handle = ? AND removed_at IS NULL"
 )
 _SELECT_MEMBER_AND_HASH = (
     "SELECT org, handle, role, agent_kind, created_at, token_hash FROM members"
-    " WHERE org = ? AND handle = ?"
+    " WHERE org = ? AND handle = ? AND removed_at IS NULL"
 )
+_SELECT_MEMBER_INFO = (
+    "SELECT handle, role, agent_kind, created_at, last_seen, removed_at, removed_by"
+    " FROM members WHERE org = ? AND handle = ?"
+)
+_LIST_MEMBERS = (
+    "SELECT handle, role, agent_kind, created_at, last_seen, removed_at, removed_by"
+    " FROM members WHERE org = ? AND handle > ? ORDER BY handle LIMIT ?"
+)
+_COUNT_ADMINS = (
+    "SELECT COUNT(*) FROM members WHERE org = ? AND role = 'admin' AND removed_at IS NULL"
+)
+# What a removed member's token hash becomes: no SHA-256 hex digest equals it.
+_REMOVED_HASH_MARK = "removed"
+# The latest time at which the mailbox still keeps metadata of a job the handle is part of.
+_JOBS_KEPT_UNTIL = "SELECT MAX(expires_at) FROM jobs WHERE org = ? AND (caller = ? OR callee = ?)"
 _SELECT_INVITE = (
     "SELECT id, org, role, created_by, created_at, expires_at, description, used_at, used_by,"
     " revoked_at FROM invites WHERE id = ? AND org = ?"
@@ -119,6 +139,10 @@ _INSERT_INVITE_UNDER_CAP = (
     " WHERE (SELECT COUNT(*) FROM invites WHERE org = ? AND used_at IS NULL"
     "        AND revoked_at IS NULL AND expires_at > ?) < ?"
 )
+
+
+def _utc(at: float) -> str:
+    return time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime(at))
 
 
 def handle_allowed(handle: str) -> bool:
@@ -149,6 +173,20 @@ def _member(row: Any) -> Member:
         role=MemberRole(role),
         agent_kind=None if agent_kind is None else AgentKind(agent_kind),
         created_at=created_at,
+    )
+
+
+def _member_info(row: Any) -> MemberInfo:
+    handle, role, agent_kind, created_at, last_seen, removed_at, removed_by = row
+    return MemberInfo(
+        handle=handle,
+        role=MemberRole(role),
+        status=MemberStatus.ACTIVE if removed_at is None else MemberStatus.REMOVED,
+        enrolled_at=int(created_at),
+        last_seen=None if last_seen is None else int(last_seen),
+        agent_kind=None if agent_kind is None else AgentKind(agent_kind),
+        removed_at=None if removed_at is None else int(removed_at),
+        removed_by=removed_by,
     )
 
 
@@ -222,8 +260,132 @@ class SqliteRegistry:
         return row is not None
 
     def handle_exists(self, org: str, handle: str) -> bool:
+        row = self._read(
+            "SELECT 1 FROM members WHERE org = ? AND handle = ? AND removed_at IS NULL",
+            (org, handle),
+        )
+        return row is not None
+
+    def _handle_reserved(self, org: str, handle: str) -> bool:
+        """True when any row holds ``handle``, a removed member's included."""
         row = self._read("SELECT 1 FROM members WHERE org = ? AND handle = ?", (org, handle))
         return row is not None
+
+    def list_members(self, org: str, *, after: str = "", limit: int) -> list[MemberInfo]:
+        """Members of ``org`` (removed ones included) with handles after ``after``, by handle."""
+        if not 1 <= limit <= limits.MAX_MEMBERS_LISTED:
+            raise ValueError(f"limit must be 1..{limits.MAX_MEMBERS_LISTED}")
+        return [_member_info(row) for row in self._read_all(_LIST_MEMBERS, (org, after, limit))]
+
+    def remove_member(
+        self, org: str, handle: str, *, release: bool, actor: str, now: float
+    ) -> MemberInfo:
+        """Remove ``@org/handle``: its token dies and its published keys are withdrawn, in one
+        transaction with the audit row. The row stays, so the handle stays reserved, unless
+        ``release`` (which may also free the handle of a member removed earlier).
+
+        404 ``not_found``; 409 ``last_admin`` for the organisation's only admin; 409
+        ``handle_busy`` for a release while the mailbox still keeps jobs of the handle (a new
+        owner would see them listed).
+        """
+        self._keys.pop((org, handle), None)
+        with transaction(self._conn):
+            row = self._read(_SELECT_MEMBER_INFO, (org, handle))
+            if row is None:
+                raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such member")
+            info = _member_info(row)
+            if info.status is MemberStatus.ACTIVE:
+                if info.role is MemberRole.ADMIN and self._admins(org) <= 1:
+                    raise ApiError(
+                        409,
+                        ApiErrorCode.LAST_ADMIN,
+                        "the organisation's only admin cannot be removed; make another "
+                        "member admin first",
+                    )
+                self._conn.execute(
+                    "UPDATE members SET removed_at = ?, removed_by = ?, token_hash = ?,"
+                    " offline_delivery = 0 WHERE org = ? AND handle = ?",
+                    (now, actor, _REMOVED_HASH_MARK, org, handle),
+                )
+                store_keys.withdraw(self._conn, org, handle)
+                self._audit(
+                    audit.MEMBER_REMOVE,
+                    org,
+                    actor=actor,
+                    target=handle,
+                    at=now,
+                    detail=f"role={info.role}",
+                )
+                info = attrs.evolve(
+                    info, status=MemberStatus.REMOVED, removed_at=int(now), removed_by=actor
+                )
+            if release:
+                kept = self._read(_JOBS_KEPT_UNTIL, (org, handle, handle))
+                if kept is not None and kept[0] is not None:
+                    until = kept[0] + limits.MAILBOX_METADATA_GRACE_S
+                    raise ApiError(
+                        409,
+                        ApiErrorCode.HANDLE_BUSY,
+                        "the relay keeps mailbox jobs of this handle until "
+                        f"{_utc(until)}; release it after that",
+                    )
+                self._conn.execute(
+                    "DELETE FROM members WHERE org = ? AND handle = ?", (org, handle)
+                )
+                self._audit(audit.MEMBER_RELEASE, org, actor=actor, target=handle, at=now)
+                info = attrs.evolve(info, status=MemberStatus.RELEASED)
+        return info
+
+    def set_member_role(
+        self, org: str, handle: str, role: MemberRole, *, actor: str, now: float
+    ) -> MemberInfo:
+        """Give an active member ``role``; the same role again changes nothing.
+
+        404 ``not_found`` (removed members included); 409 ``last_admin`` when the organisation
+        would be left without an admin.
+        """
+        role = MemberRole(role)
+        with transaction(self._conn):
+            row = self._read(_SELECT_MEMBER_INFO, (org, handle))
+            if row is None or _member_info(row).status is not MemberStatus.ACTIVE:
+                raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such member")
+            info = _member_info(row)
+            if info.role is role:
+                return info
+            if info.role is MemberRole.ADMIN and self._admins(org) <= 1:
+                raise ApiError(
+                    409,
+                    ApiErrorCode.LAST_ADMIN,
+                    "the organisation's only admin cannot step down; make another member "
+                    "admin first",
+                )
+            self._conn.execute(
+                "UPDATE members SET role = ? WHERE org = ? AND handle = ?",
+                (role.value, org, handle),
+            )
+            self._audit(
+                audit.MEMBER_ROLE,
+                org,
+                actor=actor,
+                target=handle,
+                at=now,
+                detail=f"{info.role}->{role}",
+            )
+        return attrs.evolve(info, role=role)
+
+    def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> None:
+        """Raise the last-seen time of each ``(org, handle, at)``, in one transaction."""
+        if not seen:
+            return
+        with transaction(self._conn):
+            self._conn.executemany(
+                "UPDATE members SET last_seen = MAX(COALESCE(last_seen, 0), ?)"
+                " WHERE org = ? AND handle = ? AND removed_at IS NULL",
+                [(at, org, handle) for org, handle, at in seen],
+            )
+
+    def _admins(self, org: str) -> int:
+        return int(self._read(_COUNT_ADMINS, (org,))[0])
 
     def get_member(self, org: str, handle: str) -> Member | None:
         row = self._read(_SELECT_MEMBER, (org, handle))
@@ -359,7 +521,9 @@ class SqliteRegistry:
                 raise ApiError(410, ApiErrorCode.INVITE_REVOKED, "the invite was revoked")
             if status is InviteStatus.EXPIRED:
                 raise ApiError(410, ApiErrorCode.INVITE_EXPIRED, "the invite has expired")
-            if self.handle_exists(org, handle):
+            if self._handle_reserved(org, handle):
+                # A removed member's handle too, until an admin releases it: whoever takes it
+                # next must not be mistaken for the person who had it.
                 raise ApiError(409, ApiErrorCode.HANDLE_TAKEN, "the handle is already taken")
             role = MemberRole(row[2])
             token = ids.mint_token()
@@ -613,6 +777,24 @@ class SqliteRelayStore:
 
     def authenticate(self, org: str, handle: str, token: str) -> Deferred[Member | None]:
         return defer.execute(self.registry.authenticate, org, handle, token)
+
+    def list_members(self, org: str, *, after: str = "", limit: int) -> Deferred[list[MemberInfo]]:
+        return defer.execute(self.registry.list_members, org, after=after, limit=limit)
+
+    def remove_member(
+        self, org: str, handle: str, *, release: bool, actor: str, now: float
+    ) -> Deferred[MemberInfo]:
+        return defer.execute(
+            self.registry.remove_member, org, handle, release=release, actor=actor, now=now
+        )
+
+    def set_member_role(
+        self, org: str, handle: str, role: MemberRole, *, actor: str, now: float
+    ) -> Deferred[MemberInfo]:
+        return defer.execute(self.registry.set_member_role, org, handle, role, actor=actor, now=now)
+
+    def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> Deferred[None]:
+        return defer.execute(self.registry.record_seen, seen)
 
     def create_invite(
         self,

@@ -33,6 +33,7 @@ from agentcall.wire.http import (
     AgentKind,
     InviteInfo,
     KeysResponse,
+    MemberInfo,
     MemberRole,
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
@@ -256,6 +257,32 @@ class RelayStore(Directory, KeySource, AuditSink, AuditLog, SubmissionLog, JobSt
 
     def authenticate(self, org: str, handle: str, token: str) -> Deferred[Member | None]:
         """The member whose bearer token is ``token`` (compared in constant time), or None."""
+        ...
+
+    def list_members(self, org: str, *, after: str = "", limit: int) -> Deferred[list[MemberInfo]]:
+        """Up to ``limit`` members of ``org`` whose handles sort after ``after``, removed ones
+        (still reserving their handles) included, by handle."""
+        ...
+
+    def remove_member(
+        self, org: str, handle: str, *, release: bool, actor: str, now: float
+    ) -> Deferred[MemberInfo]:
+        """Remove a member (token dead, keys withdrawn, handle reserved) and, with ``release``,
+        free the handle; audited. The relay then closes their sockets and ends their jobs.
+
+        404 ``not_found``; 409 ``last_admin`` (the only admin); 409 ``handle_busy`` (a release
+        while mailbox jobs of the handle are still kept).
+        """
+        ...
+
+    def set_member_role(
+        self, org: str, handle: str, role: MemberRole, *, actor: str, now: float
+    ) -> Deferred[MemberInfo]:
+        """Change an active member's role; audited. 404 ``not_found``; 409 ``last_admin``."""
+        ...
+
+    def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> Deferred[None]:
+        """Raise the last-seen times of ``(org, handle, at)`` rows, in one transaction."""
         ...
 
     def create_invite(

@@ -119,3 +119,13 @@ def fetch_keys(conn: sqlite3.Connection, org: str, handle: str) -> KeysResponse 
         identity=_load(identity[0], SignedIdentityRecord),
         encryption=None if newest is None else _load(newest[0], SignedEncryptionKeyRecord),
     )
+
+
+def withdraw(conn: sqlite3.Connection, org: str, handle: str) -> None:
+    """Delete every published record of a removed member (inside the caller's transaction).
+
+    Records are never replaced, but a member who left has none: nobody should seal to keys
+    whose owner is gone, and a later owner of the handle publishes an identity of their own.
+    """
+    conn.execute("DELETE FROM encryption_keys WHERE org = ? AND handle = ?", (org, handle))
+    conn.execute("DELETE FROM identity_keys WHERE org = ? AND handle = ?", (org, handle))

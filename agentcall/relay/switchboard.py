@@ -1,7 +1,8 @@
-"""Who is listening: one live listener session per (org, handle).
+"""Who is connected: one live listener session per (org, handle), and each caller socket.
 
 A newer connection for the same identity replaces the older one, which is closed with 4000; the
-old socket's own teardown (arriving later) must then not unplug the new session.
+old socket's own teardown (arriving later) must then not unplug the new session. Caller sockets
+are only kept so that removing a member can close every socket of theirs at once.
 """
 
 from __future__ import annotations
@@ -36,6 +37,8 @@ class Switchboard:
 
     def __init__(self) -> None:
         self._listeners: dict[tuple[str, str], Channel] = {}
+        # Kept apart from the listeners so an idle listener costs no more than before.
+        self._callers: dict[tuple[str, str], set[Channel]] = {}
 
     def attach_listener(self, org: str, handle: str, channel: Channel) -> None:
         """Make ``channel`` the identity's listener, closing any older session."""
@@ -59,6 +62,30 @@ class Switchboard:
         del self._listeners[key]
         _log.debug("listener_offline", org=org, handle=handle)
         return True
+
+    def attach_caller(self, org: str, handle: str, channel: Channel) -> None:
+        self._callers.setdefault((org, handle), set()).add(channel)
+
+    def detach_caller(self, org: str, handle: str, channel: Channel) -> None:
+        key = (org, handle)
+        channels = self._callers.get(key)
+        if channels is None:
+            return
+        channels.discard(channel)
+        if not channels:
+            del self._callers[key]
+
+    def close_member(self, org: str, handle: str, code: int, reason: str) -> int:
+        """Close every socket of ``@org/handle`` (their listener and their caller sockets);
+        how many were closed. Their teardowns detach them as usual."""
+        key = (org, handle)
+        channels = list(self._callers.get(key, ()))
+        listener = self._listeners.get(key)
+        if listener is not None:
+            channels.append(listener)
+        for channel in channels:
+            channel.close(code, reason)
+        return len(channels)
 
     def listener_for(self, org: str, handle: str) -> Channel | None:
         return self._listeners.get((org, handle))

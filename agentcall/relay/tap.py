@@ -348,6 +348,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     top = service.MultiService()
     # First in, so last to stop: it writes what the services stopped after it still recorded.
     _AuditFlush(relay.audit).setServiceParent(top)
+    _SeenFlush(relay.seen).setServiceParent(top)
     ListeningService(
         reactor, config["listen"], relay.factory, config["ready-file"], relay.windows_restored
     ).setServiceParent(top)
@@ -382,6 +383,20 @@ class _DoorFlush(internet.TimerService):
     def stopService(self) -> Any:
         result = super().stopService()
         self._door.flush(final=True)
+        return result
+
+
+class _SeenFlush(internet.TimerService):
+    """Writes members' last-seen times once a minute, and what is waiting when the relay stops
+    (the batch's own errback logs a failure, so the timer keeps running)."""
+
+    def __init__(self, seen: Any) -> None:
+        super().__init__(limits.LAST_SEEN_FLUSH_S, seen.flush)
+        self._seen = seen
+
+    def stopService(self) -> Any:
+        result = super().stopService()
+        self._seen.flush()
         return result
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
+import attrs
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 from twisted.python.failure import Failure
@@ -26,6 +27,7 @@ from agentcall.logevents import Logger
 from agentcall.relay import api_rules as rules
 from agentcall.relay.api_rules import Route, RouteMatch
 from agentcall.relay.auth import authenticate_headers
+from agentcall.relay.calls import CallBook
 from agentcall.relay.door import (
     Door,
     Throttled,
@@ -36,10 +38,12 @@ from agentcall.relay.door import (
 )
 from agentcall.relay.gate import TurnedAway
 from agentcall.relay.jobs import JobDesk
+from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
+from agentcall.wire.closecodes import CLOSE_REMOVED
 
 _log = Logger(namespace="agentcall.relay.web")
 
@@ -83,16 +87,20 @@ class RelayApi(resource.Resource):
         *,
         store: RelayStore,
         jobs: JobDesk,
+        calls: CallBook,
         switchboard: Switchboard,
         clock: IReactorTime,
         relay_origin: str,
         public_url: str,
         door: Door,
+        seen: LastSeen,
     ) -> None:
         super().__init__()
         self._door = door
+        self._seen = seen
         self._store = store
         self._jobs = jobs
+        self._calls = calls
         self._switchboard = switchboard
         self._clock = clock
         self._origin = relay_origin
@@ -212,6 +220,29 @@ class RelayApi(resource.Resource):
                 rules.check_encryption_record(member, encryption, current, self._origin, now)
                 await self._store.publish_encryption(member.org, member.handle, encryption, now)
                 return rules.published(await self._store.fetch_keys(member.org, member.handle))
+            case Route.LIST_MEMBERS:
+                after = rules.members_after(request.args.get(b"after"))
+                limit = limits.MAX_MEMBERS_LISTED
+                members = await self._store.list_members(member.org, after=after, limit=limit)
+                return rules.member_page(
+                    [self._with_pending_seen(member.org, m) for m in members], limit
+                )
+            case Route.REMOVE_MEMBER:
+                wanted = _body(request, http.MemberRemoveRequest)
+                return await self._remove(member, _argument(found), wanted.release, now)
+            case Route.SET_MEMBER_ROLE:
+                wanted = _body(request, http.MemberRoleRequest)
+                changed = await self._store.set_member_role(
+                    member.org, _argument(found), wanted.role, actor=member.handle, now=now
+                )
+                _log.info(
+                    "member_role_set",
+                    org=member.org,
+                    handle=changed.handle,
+                    role=str(changed.role),
+                    by=member.handle,
+                )
+                return changed
             case Route.FETCH_KEYS:
                 # Within the member's own organisation only.
                 handle = _argument(found)
@@ -220,6 +251,42 @@ class RelayApi(resource.Resource):
                 _log.info("keys_fetched", org=member.org, asker=member.handle, handle=handle)
                 return rules.published(await self._store.fetch_keys(member.org, handle))
         raise AssertionError(f"no handler for {found.route}")  # pragma: no cover
+
+    async def _remove(
+        self, admin: Member, handle: str, release: bool, now: float
+    ) -> http.MemberInfo:
+        """Remove a member, then cut off what they still hold: every socket (a call in
+        progress ends with it) and every outstanding mailbox job. Asking again is harmless
+        and finishes what a failure left undone."""
+        removed = await self._store.remove_member(
+            admin.org, handle, release=release, actor=admin.handle, now=now
+        )
+        # Calls first, so a removed caller's callee is still there to be told to stop.
+        ended = self._calls.member_removed(admin.org, handle)
+        closed = self._switchboard.close_member(
+            admin.org, handle, CLOSE_REMOVED, "removed from the organisation"
+        )
+        revoked = await self._jobs.revoke(admin.org, handle, actor=admin.handle)
+        _log.info(
+            "member_removed",
+            org=admin.org,
+            handle=handle,
+            by=admin.handle,
+            released=removed.status is http.MemberStatus.RELEASED,
+            calls_ended=ended,
+            sockets_closed=closed,
+            jobs_revoked=revoked,
+        )
+        return removed
+
+    def _with_pending_seen(self, org: str, info: http.MemberInfo) -> http.MemberInfo:
+        """``info`` with a last-seen time the relay knows but has not written yet."""
+        pending = self._seen.pending(org, info.handle)
+        if pending is None or info.status is not http.MemberStatus.ACTIVE:
+            return info
+        if info.last_seen is not None and info.last_seen >= int(pending):
+            return info
+        return attrs.evolve(info, last_seen=int(pending))
 
     async def _authenticated(self, request: server.Request) -> Member:
         source = source_of(request.getClientAddress())

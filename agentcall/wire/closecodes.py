@@ -2,7 +2,8 @@
 
 1000 is the standard normal closure; the 4000-4999 range is left by RFC 6455 to applications.
 The relay sends all of these; the caller and the listener send only ``CLOSE_NORMAL`` and
-``CLOSE_PROTOCOL_ERROR``, and the listener stops for good on ``CLOSE_REPLACED``.
+``CLOSE_PROTOCOL_ERROR``, and the listener stops for good on ``CLOSE_REPLACED`` and
+``CLOSE_REMOVED``.
 """
 
 from __future__ import annotations
@@ -13,6 +14,8 @@ CLOSE_NORMAL: Final = 1000
 # A newer listener session for the same identity took over this one.
 CLOSE_REPLACED: Final = 4000
 CLOSE_UNAUTHORIZED: Final = 4001
+# An admin removed this member from the organisation: its token no longer works.
+CLOSE_REMOVED: Final = 4004
 CLOSE_PROTOCOL_ERROR: Final = 4002
 CLOSE_BAD_REQUEST: Final = 4003
 # Over a front-door cap (too many caller sockets for one identity); 4029 echoes HTTP 429.

@@ -30,7 +30,7 @@ from typing import ClassVar
 import attrs
 
 from agentcall import limits
-from agentcall.errors import CallErrorCode
+from agentcall.errors import RELAY_CALL_ERRORS, CallErrorCode
 from agentcall.wire import fields as f
 from agentcall.wire.keyrecords import KeysResponse
 
@@ -98,19 +98,8 @@ def _relay_error(_inst: object, attribute: attrs.Attribute[CallErrorCode], value
         raise ValueError(f"{attribute.name}: not a relay error code")
 
 
-_RELAY_ERRORS = frozenset(
-    {
-        CallErrorCode.UNKNOWN_HANDLE,
-        CallErrorCode.OFFLINE,
-        CallErrorCode.TIMEOUT,
-        CallErrorCode.CANCELED,
-        CallErrorCode.UNAUTHORIZED,
-        CallErrorCode.RATE_LIMITED,
-        CallErrorCode.MESSAGE_TOO_LARGE,
-        CallErrorCode.PROTOCOL_ERROR,
-        CallErrorCode.BUSY,
-    }
-)
+# The one list of codes a relay may send in clear lives beside the codes themselves.
+_RELAY_ERRORS = RELAY_CALL_ERRORS
 
 
 class JobError(enum.StrEnum):

@@ -12,6 +12,11 @@ Routes (all under the relay's public URL):
 - ``PUT  /v1/keys/encryption``             :class:`SignedEncryptionKeyRecord`
                                            → :class:`KeysResponse`
 - ``GET  /v1/keys/<handle>``               → :class:`KeysResponse`
+- ``GET  /v1/members[?after=HANDLE]``       → :class:`MemberList` (admins; a page by handle)
+- ``POST /v1/members/<handle>/remove``     :class:`MemberRemoveRequest` → :class:`MemberInfo`
+                                           (admins; ``release`` frees the handle too)
+- ``PUT  /v1/members/<handle>/role``       :class:`MemberRoleRequest` → :class:`MemberInfo`
+                                           (admins; an organisation keeps one admin)
 - ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only)
 - ``PUT  /v1/me/offline-delivery``         :class:`OfflineDelivery` → :class:`OfflineDelivery`
 - ``GET  /v1/jobs``                        → :class:`JobList` (jobs the asker sent or receives)
@@ -63,7 +68,12 @@ __all__ = [
     "JobSide",
     "JobState",
     "KeysResponse",
+    "MemberInfo",
+    "MemberList",
+    "MemberRemoveRequest",
     "MemberRole",
+    "MemberRoleRequest",
+    "MemberStatus",
     "OfflineDelivery",
     "PresenceResponse",
     "RegisterRequest",
@@ -265,6 +275,52 @@ class InviteList:
     invites: tuple[InviteInfo, ...] = attrs.field(
         validator=f.each(lambda *_: None, max_items=limits.MAX_INVITES_LISTED)
     )
+
+
+class MemberStatus(enum.StrEnum):
+    ACTIVE = "active"
+    # Removed by an admin: the token is dead, the keys withdrawn, the handle still reserved.
+    REMOVED = "removed"
+    # Only in the answer to a remove with release: the handle is free again.
+    RELEASED = "released"
+
+
+@attrs.frozen
+class MemberInfo:
+    """One member as an admin sees it. ``last_seen``: when a socket of theirs last opened or
+    closed (None before the first); never whether they are online now."""
+
+    handle: str = attrs.field(validator=f.handle)
+    role: MemberRole = attrs.field(converter=MemberRole)
+    status: MemberStatus = attrs.field(converter=MemberStatus)
+    enrolled_at: int = attrs.field(validator=f.timestamp)
+    last_seen: int | None = attrs.field(default=None, validator=f.optional(f.timestamp))
+    agent_kind: AgentKind | None = attrs.field(
+        default=None, converter=attrs.converters.optional(AgentKind)
+    )
+    removed_at: int | None = attrs.field(default=None, validator=f.optional(f.timestamp))
+    removed_by: str | None = attrs.field(default=None, validator=f.optional(f.handle))
+
+
+@attrs.frozen
+class MemberList:
+    members: tuple[MemberInfo, ...] = attrs.field(
+        validator=f.each(lambda *_: None, max_items=limits.MAX_MEMBERS_LISTED)
+    )
+    # The handle to ask ``?after=`` for the next page; None on the last page.
+    next_after: str | None = attrs.field(default=None, validator=f.optional(f.handle))
+
+
+@attrs.frozen
+class MemberRemoveRequest:
+    # Also free the handle for someone new (who will have new keys: callers see a changed
+    # identity). Without it the handle stays reserved.
+    release: bool = attrs.field(default=False, validator=f.boolean)
+
+
+@attrs.frozen
+class MemberRoleRequest:
+    role: MemberRole = attrs.field(converter=MemberRole)
 
 
 @attrs.frozen

@@ -355,6 +355,21 @@ def test_published_keys_must_be_the_local_ones(
     assert "agentcall setup --resume" in one(report, "published keys")["hint"]
 
 
+def test_a_refused_token_is_named_with_its_two_causes_not_a_resume_hint(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A removed member (or a token rotated elsewhere) gets advice that can work."""
+    from agentcall.errors import ApiError, ApiErrorCode
+
+    world.api.fail["get_keys"] = ApiError(401, ApiErrorCode.UNAUTHORIZED, "invalid credentials")
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "credentials")
+    assert code == 1 and check["status"] == "fail"
+    assert "admin removed you" in check["detail"] and "rotated" in check["detail"]
+    assert "agentcall members list" in check["hint"]
+    assert by_name(report, "published keys") == []
+
+
 @pytest.mark.slow
 def test_a_relay_at_another_origin_fails(
     world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]

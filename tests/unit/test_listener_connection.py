@@ -41,7 +41,7 @@ from agentcall.listener.connection import (
 from agentcall.listener.outgoing import OutgoingCalls
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
-from agentcall.wire.closecodes import CLOSE_REPLACED
+from agentcall.wire.closecodes import CLOSE_REMOVED, CLOSE_REPLACED
 from agentcall.wire.frames import (
     CallAccepted,
     CallOutcome,
@@ -587,6 +587,26 @@ def test_replaced_by_another_listener_logs_one_line_and_stops_redialling(
     assert "restart it" in line["detail"]
     assert events_named(events, "relay_disconnected") == []
     assert events_named(events, "relay_connect_failed") == []
+
+
+def test_removed_from_the_organisation_logs_one_line_and_stops_redialling(
+    listener: Listener,
+) -> None:
+    """Close code 4004: the token will never work again, so no attempt is made with it."""
+    listener.connection.startService()
+    listener.relay.flush()
+    with capturedLogs() as events:
+        listener.relay.sockets[0].sendClose(CLOSE_REMOVED, "removed from the organisation")
+        listener.relay.flush()
+        listener.clock.advance(limits.RECONNECT_MAX_S * 3)
+        listener.relay.flush()
+    assert len(listener.relay.dialled) == 1
+    assert listener.replacements == 1  # the service ends the process, as when replaced
+    assert not listener.connection.client.running
+    [line] = events_named(events, "listener_removed")
+    assert line["address"] == "@acme/ken"
+    assert "admin removed this member" in line["detail"]
+    assert events_named(events, "listener_replaced") == []
 
 
 @pytest.mark.parametrize("code", [1000, 3000, 4001, 4002, 4999])

@@ -17,7 +17,7 @@ from agentcall.relay.mailbox import FailureReason, Job, JobState
 from agentcall.relay.store_interface import Member, StoredJob
 from agentcall.wire import codec
 from agentcall.wire.frames import Direction, Terminal
-from agentcall.wire.http import JobSide, KeysResponse, MemberRole
+from agentcall.wire.http import JobSide, KeysResponse, MemberInfo, MemberList, MemberRole
 from tests.unit.crypto_helpers import DAY, NOW, ORIGIN, make_party, rotate
 from tests.unit.relay_helpers import sealed_looking
 
@@ -51,6 +51,9 @@ ROUTES = {
     ("GET", "/v1/jobs"): RouteMatch(Route.LIST_JOBS),
     ("GET", f"/v1/jobs/{JOB_ID}"): RouteMatch(Route.GET_JOB, JOB_ID),
     ("POST", f"/v1/jobs/{JOB_ID}/cancel"): RouteMatch(Route.CANCEL_JOB, JOB_ID),
+    ("GET", "/v1/members"): RouteMatch(Route.LIST_MEMBERS),
+    ("POST", "/v1/members/ken/remove"): RouteMatch(Route.REMOVE_MEMBER, "ken"),
+    ("PUT", "/v1/members/ken-lee/role"): RouteMatch(Route.SET_MEMBER_ROLE, "ken-lee"),
 }
 FIXED_PATHS = {
     "/v1/status",
@@ -62,6 +65,7 @@ FIXED_PATHS = {
     "/v1/keys/encryption",
     "/v1/me/offline-delivery",
     "/v1/jobs",
+    "/v1/members",
 }
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 PATHS = sorted(
@@ -82,6 +86,16 @@ PATHS = sorted(
         f"/v1/jobs/{JOB_ID[:-1]}",
         f"/v1/jobs/{JOB_ID}/more",
         "/v1/jobs/not-a-job",
+        # Handles outside the grammar (doubled, leading or trailing hyphen, too long, upper
+        # case, traversal) name no member.
+        "/v1/members/ken",
+        "/v1/members/ken--lee/remove",
+        "/v1/members/-ken/remove",
+        "/v1/members/ken-/role",
+        "/v1/members/" + "k" * 32 + "/remove",
+        "/v1/members/KEN/role",
+        "/v1/members/../remove",
+        "/v1/members/ken/remove/more",
     }
 )
 
@@ -121,15 +135,48 @@ def test_admin_routes_are_refused_to_members_and_granted_to_admins(route: Route)
         rules.authorize(route, ANN)
 
 
-def test_only_the_invite_routes_are_for_admins_and_only_status_and_register_for_anyone() -> None:
+def test_only_invite_and_member_routes_are_for_admins_and_status_register_for_anyone() -> None:
     by_access = {access: {r for r, a in rules.ACCESS.items() if a is access} for access in Access}
     assert by_access[Access.ADMIN] == {
         Route.CREATE_INVITE,
         Route.LIST_INVITES,
         Route.REVOKE_INVITE,
+        Route.LIST_MEMBERS,
+        Route.REMOVE_MEMBER,
+        Route.SET_MEMBER_ROLE,
     }
     assert by_access[Access.ANYONE] == {Route.STATUS, Route.REGISTER}
     assert RouteMatch(Route.ME).access is Access.MEMBER
+
+
+# --- members ------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("values", "expected"), [(None, ""), ([], ""), ([b"ken"], "ken"), ([b"ken-lee"], "ken-lee")]
+)
+def test_members_after_is_absent_or_one_handle(values: list[bytes] | None, expected: str) -> None:
+    assert rules.members_after(values) == expected
+
+
+@pytest.mark.parametrize(
+    "values", [[b""], [b"KEN"], [b"ken--lee"], [b"a" * 40], [b"ken", b"ann"], [b"\xff"]]
+)
+def test_members_after_refuses_anything_else(values: list[bytes]) -> None:
+    with pytest.raises(ApiError) as exc:
+        rules.members_after(values)
+    assert refusal(exc) == (400, ApiErrorCode.BAD_REQUEST)
+
+
+def _info(handle: str) -> MemberInfo:
+    return MemberInfo(handle=handle, role=MemberRole.MEMBER, status="active", enrolled_at=1)
+
+
+def test_a_full_member_page_says_where_the_next_starts_and_a_short_one_ends() -> None:
+    full = rules.member_page([_info("ann"), _info("ken")], 2)
+    assert (len(full.members), full.next_after) == (2, "ken")
+    assert rules.member_page([_info("ann")], 2).next_after is None
+    assert rules.member_page([], 2) == MemberList(members=())
 
 
 # --- record ownership --------------------------------------------------------------------------

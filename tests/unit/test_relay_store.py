@@ -522,12 +522,15 @@ def test_audit_rows_page_by_id_and_cap_details(store: Fired) -> None:
 
 
 def test_audit_events_vocabulary() -> None:
-    """The fixed vocabulary is exactly the twenty-one named events."""
+    """The fixed vocabulary is exactly the twenty-four named events."""
     assert {
         "invite.issue",
         "invite.redeem",
         "invite.revoke",
         "member.register",
+        "member.remove",
+        "member.release",
+        "member.role",
         "member.offline_delivery",
         "keys.identity.publish",
         "keys.encryption.publish",

@@ -10,7 +10,7 @@ from agentcall.relay.audit import CALL_SUBMIT, AuditEntry, AuditSink
 from agentcall.relay.store_interface import Directory
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import MemoryDirectory, RecordingAudit, RecordingChannel
-from agentcall.wire.closecodes import CLOSE_REPLACED
+from agentcall.wire.closecodes import CLOSE_REMOVED, CLOSE_REPLACED
 
 
 def test_fakes_provide_their_interfaces() -> None:
@@ -100,3 +100,22 @@ def test_identities_are_independent() -> None:
     assert board.count() == 3
     assert board.detach_listener("other", "ken", a) is False
     assert board.listener_for("acme", "ken") is a
+
+
+def test_closing_a_member_closes_their_listener_and_every_caller_socket_only() -> None:
+    board = Switchboard()
+    listener, call_a, call_b = RecordingChannel("l"), RecordingChannel("a"), RecordingChannel("b")
+    other = RecordingChannel("other")
+    board.attach_listener("acme", "ken", listener)
+    board.attach_caller("acme", "ken", call_a)
+    board.attach_caller("acme", "ken", call_b)
+    board.attach_caller("acme", "ann", other)
+    board.attach_caller("beta", "ken", other)
+    board.detach_caller("acme", "ken", call_b)  # that one already went away
+    board.detach_caller("acme", "nobody", call_b)  # harmless
+
+    assert board.close_member("acme", "ken", CLOSE_REMOVED, "removed") == 2
+
+    assert listener.closes == call_a.closes == [(CLOSE_REMOVED, "removed")]
+    assert not call_b.closed and not other.closed
+    assert board.close_member("acme", "nobody", CLOSE_REMOVED, "removed") == 0

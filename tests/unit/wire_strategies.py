@@ -250,6 +250,18 @@ invite_infos = st.builds(
     used_by=_optional(handles),
 )
 
+member_infos = st.builds(
+    http.MemberInfo,
+    handle=handles,
+    role=st.sampled_from(http.MemberRole),
+    status=st.sampled_from(http.MemberStatus),
+    enrolled_at=timestamps,
+    last_seen=_optional(timestamps),
+    agent_kind=_optional(st.sampled_from(http.AgentKind)),
+    removed_at=_optional(timestamps),
+    removed_by=_optional(handles),
+)
+
 identity_records = st.builds(
     http.IdentityRecord,
     v=st.just(1),
@@ -358,6 +370,16 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.InviteCreated: st.builds(http.InviteCreated, invite=texts(600), info=invite_infos),
     http.InviteList: st.builds(
         http.InviteList, invites=st.lists(invite_infos, max_size=3).map(tuple)
+    ),
+    http.MemberInfo: member_infos,
+    http.MemberList: st.builds(
+        http.MemberList,
+        members=st.lists(member_infos, max_size=3).map(tuple),
+        next_after=_optional(handles),
+    ),
+    http.MemberRemoveRequest: st.builds(http.MemberRemoveRequest, release=st.booleans()),
+    http.MemberRoleRequest: st.builds(
+        http.MemberRoleRequest, role=st.sampled_from(http.MemberRole)
     ),
     http.IdentityRecord: identity_records,
     http.SignedIdentityRecord: signed_identity_records,
