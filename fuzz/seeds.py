@@ -217,6 +217,8 @@ def http_bodies() -> dict[type[Any], list[Any]]:
             http.InviteCreated(invite=f"https://{ORIGIN}/join/acme#{TOKEN}", info=info)
         ],
         http.InviteList: [http.InviteList(invites=(info, info))],
+        http.TokenRotateRequest: [http.TokenRotateRequest(token=TOKEN)],
+        http.TokenRotated: [http.TokenRotated(rotated_at=1_750_000_000)],
         http.MemberInfo: [member],
         http.MemberList: [
             http.MemberList(members=(member, removed), next_after="ken"),

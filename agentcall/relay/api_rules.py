@@ -41,6 +41,7 @@ class Route(enum.Enum):
     LIST_JOBS = "list_jobs"
     GET_JOB = "get_job"
     CANCEL_JOB = "cancel_job"
+    ROTATE_CREDENTIALS = "rotate_credentials"
     LIST_MEMBERS = "list_members"
     REMOVE_MEMBER = "remove_member"
     SET_MEMBER_ROLE = "set_member_role"
@@ -71,6 +72,7 @@ ACCESS: Mapping[Route, Access] = {
     Route.LIST_JOBS: Access.MEMBER,
     Route.GET_JOB: Access.MEMBER,
     Route.CANCEL_JOB: Access.MEMBER,
+    Route.ROTATE_CREDENTIALS: Access.MEMBER,
     Route.LIST_MEMBERS: Access.ADMIN,
     Route.REMOVE_MEMBER: Access.ADMIN,
     Route.SET_MEMBER_ROLE: Access.ADMIN,
@@ -88,6 +90,7 @@ _FIXED: Mapping[tuple[str, str], Route] = {
     ("PUT", "/v1/me/offline-delivery"): Route.SET_OFFLINE_DELIVERY,
     ("GET", "/v1/jobs"): Route.LIST_JOBS,
     ("GET", "/v1/members"): Route.LIST_MEMBERS,
+    ("POST", "/v1/me/token"): Route.ROTATE_CREDENTIALS,
 }
 _FIXED_PATHS = frozenset(path for (_method, path) in _FIXED)
 _INVITE_REVOKE = re.compile(r"^/v1/invites/([0-9a-f]{64})/revoke$")

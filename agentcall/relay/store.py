@@ -373,6 +373,21 @@ class SqliteRegistry:
             )
         return attrs.evolve(info, role=role)
 
+    def rotate_token(self, org: str, handle: str, token: str, now: float) -> None:
+        """Replace an active member's token hash with ``token``'s; audited. The old token no
+        longer authenticates once this returns. 404 ``not_found`` for anyone else."""
+        if ids.TOKEN_RE.match(token) is None:
+            raise ApiError(400, ApiErrorCode.BAD_REQUEST, "not a valid token")
+        with transaction(self._conn):
+            cursor = self._conn.execute(
+                "UPDATE members SET token_hash = ? WHERE org = ? AND handle = ?"
+                " AND removed_at IS NULL",
+                (hash_secret(token), org, handle),
+            )
+            if cursor.rowcount != 1:
+                raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such member")
+            self._audit(audit.MEMBER_REKEYED, org, actor=handle, target=handle, at=now)
+
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> None:
         """Raise the last-seen time of each ``(org, handle, at)``, in one transaction."""
         if not seen:
@@ -795,6 +810,9 @@ class SqliteRelayStore:
 
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> Deferred[None]:
         return defer.execute(self.registry.record_seen, seen)
+
+    def rotate_token(self, org: str, handle: str, token: str, now: float) -> Deferred[None]:
+        return defer.execute(self.registry.rotate_token, org, handle, token, now)
 
     def create_invite(
         self,

@@ -281,6 +281,10 @@ class RelayStore(Directory, KeySource, AuditSink, AuditLog, SubmissionLog, JobSt
         """Change an active member's role; audited. 404 ``not_found``; 409 ``last_admin``."""
         ...
 
+    def rotate_token(self, org: str, handle: str, token: str, now: float) -> Deferred[None]:
+        """Make ``token`` the member's only valid bearer token (its hash kept); audited."""
+        ...
+
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> Deferred[None]:
         """Raise the last-seen times of ``(org, handle, at)`` rows, in one transaction."""
         ...

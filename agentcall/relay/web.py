@@ -43,7 +43,7 @@ from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
-from agentcall.wire.closecodes import CLOSE_REMOVED
+from agentcall.wire.closecodes import CLOSE_CREDENTIALS_CHANGED, CLOSE_REMOVED
 
 _log = Logger(namespace="agentcall.relay.web")
 
@@ -220,6 +220,18 @@ class RelayApi(resource.Resource):
                 rules.check_encryption_record(member, encryption, current, self._origin, now)
                 await self._store.publish_encryption(member.org, member.handle, encryption, now)
                 return rules.published(await self._store.fetch_keys(member.org, member.handle))
+            case Route.ROTATE_CREDENTIALS:
+                wanted = _body(request, http.TokenRotateRequest)
+                await self._store.rotate_token(member.org, member.handle, wanted.token, now)
+                # Sockets opened with the old token end too (it may have leaked); the
+                # listener reconnects with the new one, which it reads from config.json.
+                closed = self._switchboard.close_member(
+                    member.org, member.handle, CLOSE_CREDENTIALS_CHANGED, "token rotated"
+                )
+                _log.info(
+                    "token_rotated", org=member.org, handle=member.handle, sockets_closed=closed
+                )
+                return http.TokenRotated(rotated_at=int(now))
             case Route.LIST_MEMBERS:
                 after = rules.members_after(request.args.get(b"after"))
                 limit = limits.MAX_MEMBERS_LISTED

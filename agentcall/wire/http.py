@@ -17,6 +17,8 @@ Routes (all under the relay's public URL):
                                            (admins; ``release`` frees the handle too)
 - ``PUT  /v1/members/<handle>/role``       :class:`MemberRoleRequest` → :class:`MemberInfo`
                                            (admins; an organisation keeps one admin)
+- ``POST /v1/me/token``                    :class:`TokenRotateRequest` → :class:`TokenRotated`
+                                           (the old token dies; the member's sockets close)
 - ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only)
 - ``PUT  /v1/me/offline-delivery``         :class:`OfflineDelivery` → :class:`OfflineDelivery`
 - ``GET  /v1/jobs``                        → :class:`JobList` (jobs the asker sent or receives)
@@ -81,6 +83,8 @@ __all__ = [
     "SignedEncryptionKeyRecord",
     "SignedIdentityRecord",
     "StatusResponse",
+    "TokenRotateRequest",
+    "TokenRotated",
     "WhoAmIResponse",
 ]
 
@@ -321,6 +325,20 @@ class MemberRemoveRequest:
 @attrs.frozen
 class MemberRoleRequest:
     role: MemberRole = attrs.field(converter=MemberRole)
+
+
+@attrs.frozen
+class TokenRotateRequest:
+    """The installation's next bearer token, minted by the client: it is written down locally
+    before the relay is asked, so a crash in between loses nothing (the caller then finishes the
+    rotation with whichever token the relay accepts)."""
+
+    token: str = attrs.field(repr=False, validator=f.token)
+
+
+@attrs.frozen
+class TokenRotated:
+    rotated_at: int = attrs.field(validator=f.timestamp)
 
 
 @attrs.frozen

@@ -52,6 +52,7 @@ ROUTES = {
     ("GET", f"/v1/jobs/{JOB_ID}"): RouteMatch(Route.GET_JOB, JOB_ID),
     ("POST", f"/v1/jobs/{JOB_ID}/cancel"): RouteMatch(Route.CANCEL_JOB, JOB_ID),
     ("GET", "/v1/members"): RouteMatch(Route.LIST_MEMBERS),
+    ("POST", "/v1/me/token"): RouteMatch(Route.ROTATE_CREDENTIALS),
     ("POST", "/v1/members/ken/remove"): RouteMatch(Route.REMOVE_MEMBER, "ken"),
     ("PUT", "/v1/members/ken-lee/role"): RouteMatch(Route.SET_MEMBER_ROLE, "ken-lee"),
 }
@@ -66,6 +67,7 @@ FIXED_PATHS = {
     "/v1/me/offline-delivery",
     "/v1/jobs",
     "/v1/members",
+    "/v1/me/token",
 }
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 PATHS = sorted(

@@ -371,6 +371,8 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.InviteList: st.builds(
         http.InviteList, invites=st.lists(invite_infos, max_size=3).map(tuple)
     ),
+    http.TokenRotateRequest: st.builds(http.TokenRotateRequest, token=tokens),
+    http.TokenRotated: st.builds(http.TokenRotated, rotated_at=timestamps),
     http.MemberInfo: member_infos,
     http.MemberList: st.builds(
         http.MemberList,
