@@ -32,7 +32,7 @@ MEMBER_RELEASE = "member.release"
 # An admin changed a member's role; detail "member->admin" or "admin->member".
 MEMBER_ROLE = "member.role"
 # The member replaced its bearer token; the old one no longer authenticates.
-MEMBER_REKEYED = "member.token_rotate"
+MEMBER_CREDENTIALS_ROTATED = "member.token_rotate"
 # The member turned the offline mailbox on or off; detail "on" or "off".
 MEMBER_OFFLINE_DELIVERY = "member.offline_delivery"
 KEYS_IDENTITY_PUBLISH = "keys.identity.publish"
@@ -66,7 +66,7 @@ EVENTS = frozenset(
         MEMBER_REMOVE,
         MEMBER_RELEASE,
         MEMBER_ROLE,
-        MEMBER_REKEYED,
+        MEMBER_CREDENTIALS_ROTATED,
         MEMBER_OFFLINE_DELIVERY,
         KEYS_IDENTITY_PUBLISH,
         KEYS_ENCRYPTION_PUBLISH,

@@ -386,7 +386,7 @@ class SqliteRegistry:
             )
             if cursor.rowcount != 1:
                 raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such member")
-            self._audit(audit.MEMBER_REKEYED, org, actor=handle, target=handle, at=now)
+            self._audit(audit.MEMBER_CREDENTIALS_ROTATED, org, actor=handle, target=handle, at=now)
 
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> None:
         """Raise the last-seen time of each ``(org, handle, at)``, in one transaction."""

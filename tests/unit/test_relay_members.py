@@ -213,7 +213,7 @@ def test_a_rotated_token_replaces_the_old_one_at_once(store: Fired) -> None:
     store.rotate_token("acme", "ken", new, T0 + 5)
     assert store.authenticate("acme", "ken", old) is None
     assert store.authenticate("acme", "ken", new) is not None
-    assert events(store, audit.MEMBER_REKEYED) == [("ken", "ken", None)]
+    assert events(store, audit.MEMBER_CREDENTIALS_ROTATED) == [("ken", "ken", None)]
     with pytest.raises(ApiError) as exc:
         store.rotate_token("acme", "ken", "too-short", T0 + 6)
     assert refusal(exc) == (400, ApiErrorCode.BAD_REQUEST)
