@@ -43,7 +43,7 @@ from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
-from agentcall.wire.closecodes import CLOSE_CREDENTIALS_CHANGED, CLOSE_REMOVED
+from agentcall.wire.closecodes import CLOSE_CREDENTIALS_CHANGED, CLOSE_RECOVERED, CLOSE_REMOVED
 
 _log = Logger(namespace="agentcall.relay.web")
 
@@ -140,6 +140,9 @@ class RelayApi(resource.Resource):
         if found.route is Route.REGISTER:
             self._door.check_register(source_of(request.getClientAddress()))
             return await self._register(request)
+        if found.route is Route.RECOVER:
+            self._door.check_register(source_of(request.getClientAddress()))
+            return await self._recover(request)
         member = await self._authenticated(request)
         rules.authorize(found.route, member)
         return await self._as_member(found, request, member, gone)
@@ -313,6 +316,32 @@ class RelayApi(resource.Resource):
             self._door.auth_failed(source)
             raise ApiError(401, ApiErrorCode.UNAUTHORIZED, "missing or invalid credentials")
         return member
+
+    async def _recover(self, request: server.Request) -> http.RegisterResponse:
+        body = _body(request, http.RecoverRequest)
+        now = self._clock.seconds()
+        current = await self._store.fetch_keys(body.org, body.handle)
+        rules.check_recovery(body, current, self._origin, now)
+        assert current is not None  # check_recovery refuses without one
+        token = await self._store.recover(
+            body.org, body.handle, current.identity, body.statement, body.identity, now
+        )
+        member = await self._store.get_member(body.org, body.handle)
+        if member is None:  # pragma: no cover - removed in the instant since
+            raise ApiError(403, ApiErrorCode.RECOVERY_REFUSED, "recovery refused")
+        # The old installation (a lost laptop, perhaps) is cut off, for good.
+        closed = self._switchboard.close_member(
+            body.org, body.handle, CLOSE_RECOVERED, "recovered on another machine"
+        )
+        _log.info("member_recovered", org=body.org, handle=body.handle, sockets_closed=closed)
+        return http.RegisterResponse(
+            org=member.org,
+            handle=member.handle,
+            address=member.address,
+            role=member.role,
+            token=token,
+            relay_origin=self._origin,
+        )
 
     async def _register(self, request: server.Request) -> http.RegisterResponse:
         body = _body(request, http.RegisterRequest)
