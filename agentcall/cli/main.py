@@ -30,6 +30,11 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "jobs": ("agentcall.cli.jobs", "List, fetch or cancel calls the relay kept as jobs."),
     "listen": ("agentcall.cli.listen", "Answer calls here (the listener, in the foreground)."),
     "invite": ("agentcall.cli.invite", "Create, list or revoke invites (organisation admins)."),
+    "token": ("agentcall.cli.token", "Replace this installation's bearer token."),
+    "recovery": (
+        "agentcall.cli.recovery",
+        "Make a recovery code, or reclaim your address with one on a new machine.",
+    ),
     "members": (
         "agentcall.cli.members",
         "List, remove or change the role of members (organisation admins).",

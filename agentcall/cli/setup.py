@@ -30,7 +30,8 @@ if TYPE_CHECKING:
     from agentcall.local.config import Config
     from agentcall.local.home import Home
     from agentcall.local.keystore import LocalKeys
-    from agentcall.wire.http import AgentKind
+    from agentcall.relayurl import RelayUrl
+    from agentcall.wire.http import AgentKind, RegisterResponse
 
 INVITE_ENV = "AGENTCALL_INVITE"
 AUTO_DETECT = ("claude", "codex")
@@ -330,7 +331,6 @@ async def _register(
     from agentcall.cli.main import CommandError
     from agentcall.client.api import RelayUnreachable
     from agentcall.errors import AgentCallError, ApiError
-    from agentcall.local.config import Config, save_config
     from agentcall.relayurl import RelayUrl
     from agentcall.wire.http import RegisterRequest
 
@@ -364,6 +364,19 @@ async def _register(
             f"the relay enrolled {registered.address} at {registered.relay_origin}, not "
             f"{address} at {status.relay_origin}; not saving this enrolment"
         )
+    return save_enrolment(home, relay, registered, agent, ca_file), keys
+
+
+def save_enrolment(
+    home: Home,
+    relay: RelayUrl,
+    registered: RegisterResponse,
+    agent: AgentChoice,
+    ca_file: str | None,
+) -> Config:
+    """config.json for an identity the relay just enrolled (or a recovery just reclaimed)."""
+    from agentcall.local.config import Config, save_config
+
     config = Config(
         relay_url=str(relay),
         relay_origin=registered.relay_origin,
@@ -377,4 +390,4 @@ async def _register(
         read_roots=(str(home.user_home),),
     )
     save_config(home, config)
-    return config, keys
+    return config
