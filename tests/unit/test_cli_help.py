@@ -13,6 +13,10 @@ from agentcall.cli.main import COMMANDS, main
 REPO = Path(__file__).resolve().parents[2]
 PERSON_COMMANDS = [
     ["setup"],
+    ["config"],
+    ["config", "get"],
+    ["config", "set"],
+    ["config", "unset"],
     ["call"],
     ["listen"],
     ["invite"],

@@ -274,6 +274,29 @@ def test_a_second_setup_is_refused_naming_the_identity(
     code, _out, err = setup(capsys, "--invite", INVITE, "--handle", "other")
     assert code == 1
     assert "already set up as @acme/ken" in err and "--resume" in err
+    assert "agentcall config set KEY VALUE" in err and "agentcall uninstall" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--agent", "codex"], "--agent is changed with `agentcall config set agent VALUE`"),
+        (["--agent-command", "x"], "`agentcall config set agent-command VALUE`"),
+        (["--ca-file", "/x.pem"], "`agentcall config set ca-file VALUE`"),
+        (["--handle", "bob"], "agentcall config set KEY VALUE"),
+    ],
+)
+def test_setup_flags_on_an_installed_machine_point_at_config(
+    world: World, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    """Changing the agent or CA with setup's flags once installed is shown the setting that
+    does it, and changes nothing."""
+    setup(capsys, *ENROL, "--skip-service")
+    before = world.state.config_path.read_bytes()
+    world.relay.log.clear()
+    code, _out, err = setup(capsys, *argv)
+    assert code == 2 and needle in err
+    assert world.state.config_path.read_bytes() == before and world.relay.log == []
 
 
 def test_a_refused_registration_leaves_nothing_behind(
