@@ -17,6 +17,7 @@ PERSON_COMMANDS = [
     ["config", "get"],
     ["config", "set"],
     ["config", "unset"],
+    ["uninstall"],
     ["call"],
     ["listen"],
     ["invite"],
