@@ -130,6 +130,9 @@ def _delete(home: Home) -> tuple[list[Path], list[str]]:
         left = sorted(os.listdir(home.state_dir))
     except FileNotFoundError:
         return deleted, []
+    if home.state_dir.is_symlink():
+        # The link is the person's own arrangement (dotfiles): its target stays, emptied.
+        return deleted, [*left, f"(the symbolic link {home.state_dir} itself)"]
     if not left:
         home.state_dir.rmdir()
     return deleted, left
@@ -226,10 +229,13 @@ def run(args: argparse.Namespace) -> int:
                     "service",
                     2,
                 )
-            answer = deps.ask(
-                f"Delete the keys and state of {who} in {home.state_dir}? This cannot be "
-                "undone: this address can then be used again only with a new invite. [y/N] "
-            )
+            try:
+                answer = deps.ask(
+                    f"Delete the keys and state of {who} in {home.state_dir}? This cannot be "
+                    "undone: this address can then be used again only with a new invite. [y/N] "
+                )
+            except EOFError:
+                answer = ""  # Ctrl-D at the prompt is a no
             if answer.strip().lower() not in ("y", "yes"):
                 say("nothing was changed (--keep-keys removes only the service)")
                 return 1

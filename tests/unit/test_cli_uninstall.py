@@ -44,6 +44,8 @@ class World:
     def deps(self) -> UninstallDeps:
         def ask(prompt: str) -> str:
             self.asked.append(prompt)
+            if not self.answers:
+                raise EOFError  # as input() at the end of input
             return self.answers.pop(0)
 
         return UninstallDeps(
@@ -203,3 +205,28 @@ def test_a_broken_config_still_uninstalls_with_a_general_relay_note(
     code, out, _err = uninstall(world, monkeypatch, capsys, "--yes")
     assert code == 0 and not world.home.state_dir.exists()
     assert "`agentcall members remove HANDLE`" in out
+
+
+def test_end_of_input_at_the_prompt_is_a_no(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.terminal = True
+    code, out, _err = uninstall(world, monkeypatch, capsys)  # no answers queued: EOF
+    assert code == 1 and "nothing was changed" in out and world.home.keys_path.exists()
+
+
+def test_a_symlinked_state_directory_is_emptied_and_the_link_left(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:  # fmt: skip
+    """~/.agentcall as a link into the person's dotfiles: agentcall's files go, the link and
+    its target directory stay, and that is said."""
+    real = tmp_path / "dotfiles" / "agentcall"
+    real.parent.mkdir()
+    world.home.state_dir.rename(real)
+    world.home.state_dir.symlink_to(real)
+    code, out, _err = uninstall(world, monkeypatch, capsys, "--yes")
+    assert code == 0
+    assert world.home.state_dir.is_symlink() and real.is_dir()
+    assert list(real.iterdir()) == []
+    assert "the symbolic link" in out
