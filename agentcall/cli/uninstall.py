@@ -22,9 +22,10 @@ from typing import TYPE_CHECKING, Final
 
 import attrs
 
+from agentcall.local.home import Home
+
 if TYPE_CHECKING:
     from agentcall.local.config import Config
-    from agentcall.local.home import Home
     from agentcall.service_unit import Systemctl
 
 DESCRIPTION = """\
@@ -53,6 +54,17 @@ def _stdin_is_terminal() -> bool:
     return sys.stdin.isatty()
 
 
+def _listener_answers(home: Home) -> bool:
+    """True when a listener of this user still answers on the state directory's socket."""
+    from agentcall.cli.viaservice import connect
+
+    sock = connect(home)
+    if sock is None:
+        return False
+    sock.close()
+    return True
+
+
 @attrs.frozen
 class UninstallDeps:
     """What uninstall reaches outside the process with; tests pass fakes."""
@@ -61,6 +73,7 @@ class UninstallDeps:
     environ: Mapping[str, str] = attrs.field(factory=lambda: os.environ)
     is_terminal: Callable[[], bool] = _stdin_is_terminal
     ask: Callable[[str], str] = input
+    listener_running: Callable[[Home], bool] = _listener_answers
 
 
 # Tests set this; None means the real systemctl and terminal.
@@ -247,6 +260,13 @@ def run(args: argparse.Namespace) -> int:
                 "reinstalls the service"
             )
     else:
+        if deps.listener_running(home):
+            # It holds the keys in memory and would keep answering, then fail at its restart.
+            raise CommandError(
+                f"a listener still answers on {home.service_socket_path} (an `agentcall "
+                "listen` outside systemd?): stop it, then run `agentcall uninstall` again; "
+                "nothing was deleted",
+            )
         deleted, left = _delete(home)
         say(f"deleted {len(deleted)} file(s) of {who} from {home.state_dir}")
         if left:

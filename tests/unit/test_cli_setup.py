@@ -455,3 +455,23 @@ def test_usage_errors_exit_two(argv: list[str], world: World) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["setup", *argv])
     assert exited.value.code == 2
+
+
+def test_a_caller_only_install_given_an_agent_by_config_is_finished_by_resume(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`config set agent` on a caller-only machine says to resume; resume then installs and
+    starts the listener that answers with it."""
+    from agentcall.cli import config as config_cli
+
+    world.systemctl.available = True
+    assert setup(capsys, *ENROL, "--caller-only")[0] == 0
+    deps = config_cli.ConfigDeps(which=PATHS.get, environ={"HOME": str(world.home)})
+    monkeypatch.setattr(config_cli, "DEPS", deps)
+    assert main(["config", "set", "agent", "claude"]) == 0
+    assert "agentcall setup --resume" in capsys.readouterr().out
+    assert world.systemctl.calls == []
+    assert setup(capsys, "--resume", "--no-verify")[0] == 0
+    assert ("restart", "agentcall-listener.service") in world.systemctl.calls
+    unit = world.home / ".config" / "systemd" / "user" / "agentcall-listener.service"
+    assert "/opt/claude/bin" in unit.read_text()

@@ -38,6 +38,7 @@ class World:
     home: Home
     systemctl: FakeSystemctl
     terminal: bool = False
+    running: bool = False
     answers: list[str] = attrs.field(factory=list)
     asked: list[str] = attrs.field(factory=list)
 
@@ -53,6 +54,7 @@ class World:
             environ={"HOME": str(self.home.user_home)},
             is_terminal=lambda: self.terminal,
             ask=ask,
+            listener_running=lambda _home: self.running,
         )
 
     @property
@@ -230,3 +232,32 @@ def test_a_symlinked_state_directory_is_emptied_and_the_link_left(
     assert world.home.state_dir.is_symlink() and real.is_dir()
     assert list(real.iterdir()) == []
     assert "the symbolic link" in out
+
+
+def test_a_listener_still_running_outside_systemd_keeps_the_keys(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A listener answering on service.sock after the unit is gone (a foreground `agentcall
+    listen`) holds the keys in memory: they are not deleted under it."""
+    world.running = True
+    code, _out, err = uninstall(world, monkeypatch, capsys, "--yes")
+    assert code == 1 and "a listener still answers" in err and "nothing was deleted" in err
+    assert world.home.keys_path.exists() and world.home.config_path.exists()
+    world.running = False
+    assert uninstall(world, monkeypatch, capsys, "--yes")[0] == 0
+    assert not world.home.state_dir.exists()
+
+
+def test_the_real_probe_sees_a_listening_socket_and_not_a_stale_file(world: World) -> None:
+    from agentcall.cli.uninstall import _listener_answers
+    from agentcall.local.unixsocket import bind_listening
+
+    assert _listener_answers(world.home) is False
+    sock, _identity = bind_listening(world.home.service_socket_path)
+    try:
+        assert _listener_answers(world.home) is True
+    finally:
+        sock.close()
+    # The file a killed service leaves behind answers nothing.
+    assert world.home.service_socket_path.exists()
+    assert _listener_answers(world.home) is False
