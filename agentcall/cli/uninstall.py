@@ -33,7 +33,8 @@ Remove agentcall from this machine: stop and remove the listener's systemd user 
 delete this installation's keys and state (config.json with its token, keys.json, contacts,
 pins, history and logs) from the state directory. It asks before deleting anything; without
 a terminal it refuses unless --yes is given. --keep-keys removes only the service, so
-`agentcall setup --resume` can bring it back. Your tasks in ~/AgentCall/tasks are kept.
+`agentcall setup --resume` can bring it back. Your tasks in ~/AgentCall/tasks are kept. While
+a listener still answers (an `agentcall listen` outside systemd), no key is deleted.
 
 Your membership and your published keys stay on the relay: callers still find you until an
 organisation admin runs `agentcall members remove HANDLE`, which also ends your token."""

@@ -91,10 +91,19 @@ def test_uninstall_yes_leaves_no_service_and_no_keys_and_the_admin_removes_the_r
         assert refused.returncode == 2 and "--yes" in refused.stderr
         assert unit.exists() and (ken.state_dir / "keys.json").exists()
 
+        # A listener running outside the service manager keeps the keys from being deleted
+        # under it (the service part is done, and said).
+        ken.start_listener()
+        held = ken.cli("uninstall", "--yes", stdin="", PATH=path)
+        assert held.returncode == 1 and "a listener still answers" in held.stderr
+        assert (ken.state_dir / "keys.json").exists()
+        ken.stop()
+
         done = ken.cli("uninstall", "--yes", stdin="", PATH=path)
         assert done.returncode == 0, done.stderr
         assert f"--user disable --now {UNIT}" in log.read_text()
         assert not unit.exists()
+        assert "no listener service was installed" in done.stdout  # already removed above
         assert not ken.state_dir.exists()
         assert "agentcall members remove ken" in done.stdout
         assert ken.cli("doctor").returncode != 0  # nothing left to run with
