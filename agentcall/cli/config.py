@@ -111,12 +111,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         sub,
         "get",
         "Print one setting, or all of them.",
-        "Print the value of KEY (nothing for an unset ca-file), or every setting as "
-        "`key: value` lines; --json prints one object with all of them (null where unset).",
+        "Print the value of KEY (nothing when it is not set), or every setting as "
+        "`key: value` lines; --json prints one object instead (null where not set).",
         "agentcall config get --json",
     )
     get.add_argument("key", nargs="?", type=_key, metavar="KEY", help=", ".join(KEYS))
-    get.add_argument("--json", action="store_true", help="print every setting as one JSON object")
+    get.add_argument("--json", action="store_true", help="print one JSON object")
     put = add_subcommand(
         sub,
         "set",
@@ -310,7 +310,7 @@ def run(args: argparse.Namespace) -> int:
     values = settings(config)
     if args.action == "get":
         if args.json:
-            print(safe_json(values))
+            print(safe_json(values if args.key is None else {args.key: values[args.key]}))
         elif args.key is not None:
             value = values[args.key]
             if value is not None:

@@ -72,6 +72,7 @@ def test_get_prints_every_setting_and_never_the_token(
         "workdir": str(home.user_home),
     }
     assert config(capsys, "get", "agent")[1] == "claude\n"
+    assert json.loads(config(capsys, "get", "ca-file", "--json")[1]) == {"ca-file": None}
     assert config(capsys, "get", "ca_file")[1] == ""  # config.json's name is understood
 
 
