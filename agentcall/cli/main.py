@@ -26,6 +26,14 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "agentcall.cli.setup",
         "Enrol this machine with an invite, publish its keys and start the listener.",
     ),
+    "config": (
+        "agentcall.cli.config",
+        "Show or change the agent, CA file and workdir after setup.",
+    ),
+    "uninstall": (
+        "agentcall.cli.uninstall",
+        "Stop and remove the listener service, then (asked first) the keys and state.",
+    ),
     "call": ("agentcall.cli.call", "Call a coworker's agent and print its answer."),
     "jobs": ("agentcall.cli.jobs", "List, fetch or cancel calls the relay kept as jobs."),
     "listen": ("agentcall.cli.listen", "Answer calls here (the listener, in the foreground)."),
