@@ -89,7 +89,8 @@ RESERVED_HANDLES = frozenset(
 )
 MAX_AUDIT_PAGE = 500
 _INSERT_AUDIT = (
-    "INSERT INTO audit (at, org, event, actor, target, call_id, detail) VALUES (?, ?, ?, ?, ?, ?, ?)"
+    "INSERT INTO audit (at, org, event, actor, target, call_id, detail)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
 )
 
 _DAY_S = 86_400

@@ -23,7 +23,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.test import iosim
 from zope.interface import implementer
 
-from agentcall import limits
+from agentcall import ids, limits
 from agentcall.errors import CallErrorCode
 from agentcall.relay import audit
 from agentcall.relay.store_interface import RelayStore
@@ -440,3 +440,52 @@ def test_a_listener_session_logs_one_info_line_each_way(switch: Switch) -> None:
     assert {"listener_online", "listener_offline", "listener_gone"} <= {
         e["event"] for e in ours if e["log_level"] is LogLevel.debug
     }
+
+
+def _server_socket(switch: Switch, handle: str) -> Any:
+    """The relay's own protocol of ``@acme/handle``'s listener socket."""
+    channel = switch.relay.relay.switchboard.listener_for("acme", handle)
+    assert channel is not None
+    return cast(Any, channel)._protocol
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 4000, 65535, 65536, 70000])
+def test_a_text_frame_is_written_as_autobahn_writes_it(switch: Switch, size: int) -> None:
+    ken = switch.connect("role=listen", "ken")
+    relay_side = _server_socket(switch, "ken")
+    written: list[bytes] = []
+    relay_side.transport.write = written.append
+    payload = json.dumps({"pad": "x" * max(0, size - 10)})[:size].encode()
+    relay_side.send_text(payload)
+    relay_side.sendMessage(payload, isBinary=False)
+    assert len(written) == 2 and written[0] == written[1]
+    del relay_side.transport.write
+    status = codec.encode(CallStatus(call_id=ids.mint_call_id(), state=CallState.WORKING))
+    relay_side.send_text(status)
+    switch.flush()
+    assert ken.raw[-1] == status
+
+
+def test_a_frame_either_way_builds_no_debug_text(
+    switch: Switch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """autobahn's per-read and per-write debug lines name functions with hltype even when
+    debug is off; the relay's frame path must not call it."""
+    import autobahn.twisted.websocket
+    import autobahn.websocket.protocol
+
+    ken = switch.connect("role=listen", "ken")
+    ann = switch.connect("role=listen", "ann")
+    calls: list[object] = []
+    for module in (autobahn.websocket.protocol, autobahn.twisted.websocket):
+        monkeypatch.setattr(module, "hltype", calls.append)
+    ann.send(OUTGOING)
+    switch.flush()
+    [ringing] = ann.frames[1:]
+    assert isinstance(ringing, CallStatus)
+    assert isinstance(ken.frames[-1], IncomingCall)
+    # The clients are autobahn too: only the relay's side must stay clear of it.
+    from agentcall.relay.protocol import RelayWebSocket
+
+    relay_calls = [c for c in calls if isinstance(getattr(c, "__self__", None), RelayWebSocket)]
+    assert relay_calls == []
