@@ -339,7 +339,8 @@ class CallBook:
         self._live_to[(org, target)] += 1
         self._caller_channels[channel] = call.call_id
         _log.debug("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
-        channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
+        # The listener's frame first: the reactor writes the sockets in the order they asked
+        # to be written, and the call waits on the listener, not on the caller's ringing.
         listener.send(
             fr.IncomingCall(
                 call_id=call.call_id,
@@ -349,6 +350,7 @@ class CallBook:
                 caller_keys=caller_keys,
             )
         )
+        channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
         self._audit(events.CALL_SUBMIT, call, actor=caller, target=target)
         return None
 
@@ -650,9 +652,11 @@ class CallBook:
         # leave a call half-finished or tear down the connection whose frame triggered it.
         at = self._clock.seconds()
         entry = AuditEntry(event, call.org, actor, target, call.call_id, at, detail)
-        written = defer.maybeDeferred(self._audit_sink.record, entry)
-        written.addErrback(
-            lambda failure: _log.failure(
-                "audit_failed", failure=failure, audit_event=event, call_id=call.call_id
-            )
-        )
+        try:
+            written = self._audit_sink.record(entry)
+        except Exception:
+            written = defer.fail()
+        written.addErrback(self._audit_failed, event, call.call_id)
+
+    def _audit_failed(self, failure: Failure, event: str, call_id: str) -> None:
+        _log.failure("audit_failed", failure=failure, audit_event=event, call_id=call_id)

@@ -169,6 +169,24 @@ def test_submit_rings_caller_and_delivers_to_listener(relay: Relay) -> None:
     assert relay.audit.rows == [AuditEntry("call.submit", "acme", "ana", "ken", call_id, T0, None)]
 
 
+def test_the_listener_is_sent_its_call_before_the_caller_hears_ringing(relay: Relay) -> None:
+    """The reactor writes sockets in the order they were written to: the listener's frame,
+    which the call waits on, goes first."""
+    order: list[str] = []
+
+    class Ordered(RecordingChannel):
+        def send(self, frame: object) -> None:
+            order.append(self.peer)
+            super().send(frame)
+
+    relay.ken = Ordered("ken-listener")
+    relay.board.attach_listener("acme", "ken", relay.ken)
+    caller = Ordered("ana-caller")
+    relay.book.submit("acme", "ana", "ken", caller, request())
+    assert order == ["ken-listener", "ana-caller"]
+    assert isinstance(relay.ken.sent[0], IncomingCall) and isinstance(caller.sent[0], CallStatus)
+
+
 def test_accepted_then_started_then_outcome(relay: Relay) -> None:
     """ringing → answered → working → the outcome, then the caller socket closes with done."""
     caller, call_id = relay.ring()
