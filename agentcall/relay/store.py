@@ -182,6 +182,8 @@ def _invite_info(row: Any, now: float) -> InviteInfo:
 
 # Members whose published key records the registry keeps decoded (least recently read go first).
 KEYS_CACHED = 4096
+# Members whose existence handle_exists remembers; past this many it asks the database.
+MEMBERS_REMEMBERED = 65_536
 
 
 class SqliteRegistry:
@@ -206,6 +208,8 @@ class SqliteRegistry:
         self._keys: collections.OrderedDict[tuple[str, str], KeysResponse | None] = (
             collections.OrderedDict()
         )
+        # (org, handle) of members handle_exists has found (see there).
+        self._members_found: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         self._conn.close()
@@ -226,8 +230,18 @@ class SqliteRegistry:
         return row is not None
 
     def handle_exists(self, org: str, handle: str) -> bool:
-        row = self._read("SELECT 1 FROM members WHERE org = ? AND handle = ?", (org, handle))
-        return row is not None
+        # Asked on every call. A member once found stays one (nothing removes members), so
+        # only a handle not found yet goes to the database each time: a registration made
+        # since is seen at once.
+        key = (org, handle)
+        if key in self._members_found:
+            return True
+        row = self._read("SELECT 1 FROM members WHERE org = ? AND handle = ?", key)
+        if row is None:
+            return False
+        if len(self._members_found) < MEMBERS_REMEMBERED:
+            self._members_found.add(key)
+        return True
 
     def get_member(self, org: str, handle: str) -> Member | None:
         row = self._read(_SELECT_MEMBER, (org, handle))
