@@ -73,6 +73,56 @@ class WebSocketChannel:
         self._protocol.sendClose(code, reason[:100])
 
 
+class Unsent:
+    """The connections written to while one socket's bytes are read; written out at its end.
+
+    Twisted buffers a write until the reactor's next poll, and before that poll it runs every
+    timer that is due (audit batches, log lines put off): on the way a call's frames would
+    wait behind them. At the end of each read the connections it wrote to are asked to write
+    at once, as the reactor would (``doWrite``), only when nothing else is in play: plain TCP
+    (no TLS layer), connected, not closing, no producer. Anything else stays the reactor's.
+    Frames a read produces for one connection still leave together.
+    """
+
+    def __init__(self) -> None:
+        self.reading = False
+        self._written: list[Any] = []
+        self.flushed = 0  # connections written out early (for tests and the bench)
+
+    def note(self, transport: Any) -> None:
+        if self.reading:
+            self._written.append(transport)
+
+    def flush(self) -> None:
+        written, self._written = self._written, []
+        for transport in dict.fromkeys(written):
+            connection = _plain_tcp(transport)
+            if connection is not None:
+                self.flushed += 1
+                # None, or a failure the reactor meets again at its own doWrite and handles.
+                connection.doWrite()
+
+
+def _plain_tcp(transport: Any) -> Any:
+    """The TCP connection under ``transport`` (through wrappers), if it may be written now."""
+    for _ in range(4):
+        if transport is None or not hasattr(transport, "wrappedProtocol"):
+            break
+        transport = getattr(transport, "transport", None)
+    if transport is None or getattr(transport, "TLS", True) or not hasattr(transport, "doWrite"):
+        return None
+    if (
+        not transport.connected
+        or transport.disconnecting
+        or getattr(transport, "_writeDisconnecting", True)
+        or getattr(transport, "_writeDisconnected", True)
+        or transport.producer is not None
+        or not (transport._tempDataBuffer or transport.dataBuffer)
+    ):
+        return None
+    return transport
+
+
 class Verbatim:
     """The listener frame being routed right now, with the bytes it arrived as.
 
@@ -129,7 +179,16 @@ class RelayWebSocket(WebSocketServerProtocol):
     # a tenth of the relay's CPU on the persistent path. These take the same steps without it.
 
     def dataReceived(self, data: bytes) -> None:
-        self._dataReceived(data)
+        unsent = self.factory.unsent
+        if unsent.reading:  # pragma: no cover - reads do not nest; never flush from inside one
+            self._dataReceived(data)
+            return
+        unsent.reading = True
+        try:
+            self._dataReceived(data)
+        finally:
+            unsent.reading = False
+            unsent.flush()
 
     def send_text(self, payload: bytes) -> None:
         """One unfragmented, uncompressed, unmasked text message: the bytes autobahn's
@@ -158,7 +217,9 @@ class RelayWebSocket(WebSocketServerProtocol):
         else:
             header = _TEXT_127 + struct.pack("!Q", size)
         data = header + payload
-        options.transport.write(data)
+        transport = options.transport
+        transport.write(data)
+        self.factory.unsent.note(transport)
         stats = self.trafficStats
         stats.outgoingWebSocketMessages += 1
         stats.outgoingWebSocketFrames += 1
@@ -435,6 +496,7 @@ class RelayWebSocketFactory(WebSocketServerFactory):
         self.jobs = jobs
         self.relay_origin = relay_origin
         self.verbatim = Verbatim()
+        self.unsent = Unsent()
         self.setProtocolOptions(
             # Leave room above the request cap so an oversize request is answered with
             # message_too_large instead of a bare 1009 close.

@@ -489,3 +489,108 @@ def test_a_frame_either_way_builds_no_debug_text(
 
     relay_calls = [c for c in calls if isinstance(getattr(c, "__self__", None), RelayWebSocket)]
     assert relay_calls == []
+
+
+class _Tcp:
+    """Stands in for twisted.internet.tcp.Connection: what Unsent looks at, and doWrite."""
+
+    def __init__(self, *, tls: bool = False) -> None:
+        self.TLS = tls
+        self.connected = 1
+        self.disconnecting = False
+        self._writeDisconnecting = False
+        self._writeDisconnected = False
+        self.producer: object | None = None
+        self._tempDataBuffer: list[bytes] = []
+        self.dataBuffer = b""
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._tempDataBuffer.append(data)
+
+    def doWrite(self) -> None:
+        self.written.append(b"".join(self._tempDataBuffer))
+        self._tempDataBuffer = []
+
+
+class _Wrapper:
+    """A ProtocolWrapper (the front door's GatedConnection) over a connection."""
+
+    def __init__(self, transport: _Tcp) -> None:
+        self.wrappedProtocol = object()
+        self.transport = transport
+
+
+def test_what_one_read_wrote_is_written_out_at_its_end_once_per_connection() -> None:
+    from agentcall.relay.protocol import Unsent
+
+    unsent = Unsent()
+    caller, listener = _Tcp(), _Tcp()
+    unsent.note(_Wrapper(caller))  # outside a read: the reactor's to write
+    unsent.reading = True
+    for tcp, data in ((listener, b"incoming"), (caller, b"ringing"), (caller, b"status")):
+        tcp.write(data)
+        unsent.note(_Wrapper(tcp) if tcp is caller else tcp)
+    assert caller.written == [] and listener.written == []
+    unsent.reading = False
+    unsent.flush()
+    assert listener.written == [b"incoming"] and caller.written == [b"ringingstatus"]
+    unsent.flush()
+    assert len(caller.written) == 1 and unsent.flushed == 2
+
+
+@pytest.mark.parametrize(
+    "state",
+    ["tls", "disconnecting", "half_closing", "producer", "empty", "not_connected"],
+)
+def test_a_connection_in_any_other_state_is_left_to_the_reactor(state: str) -> None:
+    from agentcall.relay.protocol import Unsent
+
+    tcp = _Tcp(tls=state == "tls")
+    tcp.write(b"frame")
+    if state == "disconnecting":
+        tcp.disconnecting = True
+    elif state == "half_closing":
+        tcp._writeDisconnecting = True
+    elif state == "producer":
+        tcp.producer = object()
+    elif state == "empty":
+        tcp._tempDataBuffer = []
+    elif state == "not_connected":
+        tcp.connected = 0
+    unsent = Unsent()
+    unsent.reading = True
+    unsent.note(tcp)
+    unsent.reading = False
+    unsent.flush()
+    assert tcp.written == [] and unsent.flushed == 0
+
+
+def test_each_read_ends_by_writing_out_what_it_wrote(switch: Switch) -> None:
+    """ann's call_request is read; ken's incoming_call and ann's ringing are noted during
+    that read and handed to the flush at its end (memory transports are never written out
+    early: they are not plain TCP)."""
+    ken = switch.connect("role=listen", "ken")
+    ann = switch.connect("role=listen", "ann")
+    ken_side, ann_side = _server_socket(switch, "ken"), _server_socket(switch, "ann")
+    unsent = ann_side.factory.unsent
+    seen: list[tuple[str, object]] = []
+    note, flush = unsent.note, unsent.flush
+
+    def noting(transport: object) -> None:
+        seen.append(("note" if unsent.reading else "note outside a read", transport))
+        note(transport)
+
+    def flushing() -> None:
+        seen.append(("flush", None))
+        flush()
+
+    unsent.note, unsent.flush = noting, flushing
+    ann.send(OUTGOING)
+    switch.flush()
+    assert isinstance(ken.frames[-1], IncomingCall)
+    assert seen[-3:] == [
+        ("note", ken_side.transport),
+        ("note", ann_side.transport),
+        ("flush", None),
+    ]
