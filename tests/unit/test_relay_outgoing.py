@@ -261,6 +261,7 @@ def test_the_relays_line_for_the_call_says_it_rode_a_shared_socket() -> None:
     with capturedLogs() as events:
         ana.calls.request(outgoing())
         ana.relay.book.from_listener("acme", "ken", ana.relay.ken, reply(ana.ringing()))
+        ana.relay.clock.advance(0)
     [ended] = [e for e in events if e.get("event") == "call_ended"]
     assert ended["caller_socket"] == "shared" and ended["caller"] == "ana"
 
