@@ -164,6 +164,9 @@ LOCAL_MAX_CLIENTS = 32  # connections the service serves at once; more are close
 LOCAL_CONNECT_TIMEOUT_S = 2.0  # the CLI gives up on a service that does not accept
 # The CLI waits this much beyond its --timeout for the service to report how the call ended.
 LOCAL_RESULT_MARGIN_S = 30.0
-# Audit rows the relay batches per reactor turn (agentcall.relay.audit.BatchingAuditSink).
+# Audit rows the relay batches (agentcall.relay.audit.BatchingAuditSink): a batch is written
+# this long after its first row, or at the next reactor turn once it holds AUDIT_BATCH_ROWS.
+AUDIT_WINDOW_S = 0.01
+AUDIT_BATCH_ROWS = 256
 AUDIT_MAX_PENDING = 10_000  # rows kept while the database refuses them; older ones are dropped
 AUDIT_RETRY_S = 5.0  # a failed batch is tried again this much later

@@ -92,6 +92,10 @@ RESERVED_HANDLES = frozenset(
     }
 )
 MAX_AUDIT_PAGE = 500
+_INSERT_AUDIT = (
+    "INSERT INTO audit (at, org, event, actor, target, call_id, detail)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 _DAY_S = 86_400
 # What an unknown member's token is compared with, so a miss costs the same work as a hit.
@@ -217,6 +221,8 @@ def _invite_info(row: Any, now: float) -> InviteInfo:
 
 # Members whose published key records the registry keeps decoded (least recently read go first).
 KEYS_CACHED = 4096
+# Members whose existence handle_exists remembers; past this many it asks the database.
+MEMBERS_REMEMBERED = 65_536
 
 
 class SqliteRegistry:
@@ -241,6 +247,8 @@ class SqliteRegistry:
         self._keys: collections.OrderedDict[tuple[str, str], KeysResponse | None] = (
             collections.OrderedDict()
         )
+        # (org, handle) of members handle_exists has found (see there).
+        self._members_found: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         self._conn.close()
@@ -261,11 +269,20 @@ class SqliteRegistry:
         return row is not None
 
     def handle_exists(self, org: str, handle: str) -> bool:
+        # Asked on every call. A member found stays remembered until removed (remove_member
+        # forgets it), so only a handle not found yet goes to the database each time: a
+        # registration made since is seen at once.
+        key = (org, handle)
+        if key in self._members_found:
+            return True
         row = self._read(
-            "SELECT 1 FROM members WHERE org = ? AND handle = ? AND removed_at IS NULL",
-            (org, handle),
+            "SELECT 1 FROM members WHERE org = ? AND handle = ? AND removed_at IS NULL", key
         )
-        return row is not None
+        if row is None:
+            return False
+        if len(self._members_found) < MEMBERS_REMEMBERED:
+            self._members_found.add(key)
+        return True
 
     def _handle_reserved(self, org: str, handle: str) -> bool:
         """True when any row holds ``handle``, a removed member's included."""
@@ -290,6 +307,8 @@ class SqliteRegistry:
         owner would see them listed).
         """
         self._keys.pop((org, handle), None)
+        # Forgotten before the change, so no call is routed to them once it has committed.
+        self._members_found.discard((org, handle))
         with transaction(self._conn):
             row = self._read(_SELECT_MEMBER_INFO, (org, handle))
             if row is None:
@@ -664,17 +683,21 @@ class SqliteRegistry:
             # One statement is its own transaction; BEGIN and COMMIT would only add ~20%.
             self.record(entries[0])
             return
+        rows = [
+            (
+                entry.at,
+                entry.org,
+                entry.event,
+                entry.actor,
+                entry.target,
+                entry.call_id,
+                None if entry.detail is None else entry.detail[: limits.MAX_DETAIL_CHARS],
+            )
+            for entry in entries
+        ]
         with transaction(self._conn):
-            for entry in entries:
-                self._audit(
-                    entry.event,
-                    entry.org,
-                    actor=entry.actor,
-                    target=entry.target,
-                    at=entry.at,
-                    detail=entry.detail,
-                    call_id=entry.call_id,
-                )
+            # One prepared statement for the whole batch.
+            self._conn.executemany(_INSERT_AUDIT, rows)
 
     def audit_rows(self, org: str, *, limit: int = 100, after_id: int = 0) -> list[AuditRow]:
         if not 1 <= limit <= MAX_AUDIT_PAGE:
@@ -787,11 +810,7 @@ class SqliteRegistry:
             raise ValueError(f"not an audit event: {event!r}")
         if detail is not None:
             detail = detail[: limits.MAX_DETAIL_CHARS]
-        self._conn.execute(
-            "INSERT INTO audit (at, org, event, actor, target, call_id, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (at, org, event, actor, target, call_id, detail),
-        )
+        self._conn.execute(_INSERT_AUDIT, (at, org, event, actor, target, call_id, detail))
 
 
 class SqliteRelayStore:
