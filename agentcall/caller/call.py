@@ -28,9 +28,10 @@ answer with :func:`open_answer`, exactly as a live call's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 from twisted.internet import defer
@@ -38,7 +39,7 @@ from twisted.internet import defer
 from agentcall import ids, limits
 from agentcall.caller import keycache
 from agentcall.caller.jobstore import SentJob
-from agentcall.client.api import Credentials, RelayApi, RelayUnreachable
+from agentcall.client.common import Credentials, RelayUnreachable
 from agentcall.client.ws import CallAborted, SocketRefused, place_call
 from agentcall.crypto import envelope
 from agentcall.crypto.pins import Pin, PinBook, PinState
@@ -67,6 +68,10 @@ from agentcall.wire.frames import (
 )
 from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
+
+if TYPE_CHECKING:
+    from agentcall.client.api import RelayApi
+    from agentcall.client.tls import RelayTlsPolicy
 
 
 class KeyDirectory(Protocol):
@@ -166,6 +171,52 @@ async def ensure_published(api: KeyDirectory, keys: LocalKeys, now: float) -> li
             await api.put_encryption_key(entry.record)
             done.append(f"encryption key epoch {entry.epoch}")
     return done
+
+
+def _tls_policy(config: Config) -> RelayTlsPolicy | None:
+    """The TLS trust for an https relay (the CA file read now), None for plain http."""
+    if not config.relay.secure:
+        return None
+    from agentcall.client.tls import RelayTlsPolicy
+
+    return RelayTlsPolicy(config.ca_file)
+
+
+class _ApiOnDemand:
+    """The relay's HTTP API, made on first use. A call sealed with kept keys asks the relay
+    nothing over HTTP, so it never loads Twisted's web client (tens of milliseconds of a
+    short-lived CLI's start)."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        config: Config,
+        credentials: Credentials,
+        tls: RelayTlsPolicy | None,
+    ) -> None:
+        self._reactor = reactor
+        self._config = config
+        self._credentials = credentials
+        self._tls = tls
+        self._api: RelayApi | None = None
+
+    def _made(self) -> RelayApi:
+        if self._api is None:
+            from agentcall.client.api import RelayApi
+
+            self._api = RelayApi(
+                self._reactor, self._config.relay, self._credentials, tls_policy=self._tls
+            )
+        return self._api
+
+    def get_keys(self, handle: str) -> defer.Deferred[KeysResponse]:
+        return self._made().get_keys(handle)
+
+    def put_identity_key(self, record: SignedIdentityRecord) -> defer.Deferred[KeysResponse]:
+        return self._made().put_identity_key(record)
+
+    def put_encryption_key(self, record: SignedEncryptionKeyRecord) -> defer.Deferred[KeysResponse]:
+        return self._made().put_encryption_key(record)
 
 
 def _api_failure(exc: ApiError) -> tuple[CallErrorCode, str]:
@@ -438,11 +489,17 @@ async def place(
             f"{size} bytes; the limit is {limits.MAX_MESSAGE_BYTES}",
         )
     credentials = Credentials(config.org, config.handle, config.token)
-    if api is None:
+    if dial is None or api is None:
+        # The CA file is read once, here, for the socket and any HTTP fetch alike; a bad one
+        # is the user's to fix before anything is sent.
         try:
-            api = RelayApi(reactor, config.relay, credentials, config.ca_file)
+            tls = _tls_policy(config)
         except AgentCallError as exc:
             raise CallRefused("local_error", str(exc)) from None
+        if dial is None:
+            dial = functools.partial(place_call, tls=tls)
+        if api is None:
+            api = _ApiOnDemand(reactor, config, credentials, tls)
     keys = await _fresh_keys(home, api, keys, reactor.seconds(), on_note or (lambda _text: None))
 
     try:
@@ -487,7 +544,7 @@ async def place(
             raise CallRefused("keys_rejected", f"cannot seal to {target_address}: {exc}") from None
         frame = CallRequest(envelope=sealed, correlation_id=ids.mint_correlation_id(), queue=queue)
         try:
-            terminal = await (dial or place_call)(
+            terminal = await dial(
                 reactor,
                 config.relay,
                 credentials,
