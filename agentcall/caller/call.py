@@ -35,12 +35,13 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 from twisted.internet import defer
+from twisted.internet.task import deferLater
 
 from agentcall import ids, limits
 from agentcall.caller import keycache
 from agentcall.caller.jobstore import SentJob
 from agentcall.client.common import Credentials, RelayUnreachable
-from agentcall.client.ws import CallAborted, SocketRefused, place_call
+from agentcall.client.ws import CallAborted, RelayBusy, SocketRefused, place_call
 from agentcall.crypto import envelope
 from agentcall.crypto.pins import Pin, PinBook, PinState
 from agentcall.errors import (
@@ -89,6 +90,13 @@ class KeyDirectory(Protocol):
 # Same shape as agentcall.client.ws.place_call, which is the default.
 Dial = Callable[..., "defer.Deferred[CallOutcome | CallError | CallQueued]"]
 StatusHandler = Callable[[CallStatus], None]
+
+
+# A relay that turns the upgrade away busy (503 with a Retry-After, during a reconnect storm)
+# is dialled again after the wait it names: at most this many times, and only for waits up to
+# the longest it sends (UPGRADE_RETRY_MAX_S); a longer one ends the call at once, saying so.
+BUSY_RETRIES = 2
+BUSY_WAIT_MAX_S = float(limits.UPGRADE_RETRY_MAX_S)
 
 
 class CallRefused(AgentCallError):
@@ -500,7 +508,8 @@ async def place(
             dial = functools.partial(place_call, tls=tls)
         if api is None:
             api = _ApiOnDemand(reactor, config, credentials, tls)
-    keys = await _fresh_keys(home, api, keys, reactor.seconds(), on_note or (lambda _text: None))
+    note = on_note or (lambda _text: None)
+    keys = await _fresh_keys(home, api, keys, reactor.seconds(), note)
 
     try:
         believed = await _callee_keys(reactor, home, api, config, keys, target_address, handle)
@@ -543,30 +552,51 @@ async def place(
         except (ValueError, CryptoError) as exc:
             raise CallRefused("keys_rejected", f"cannot seal to {target_address}: {exc}") from None
         frame = CallRequest(envelope=sealed, correlation_id=ids.mint_correlation_id(), queue=queue)
-        try:
-            terminal = await dial(
-                reactor,
-                config.relay,
-                credentials,
-                handle,
-                frame,
-                ca_file=config.ca_file,
-                on_status=status,
-                # A retry has what is left of the caller's time.
-                timeout_s=timeout_s - (reactor.seconds() - start) if retry else timeout_s,
-            )
-        except CallAborted as exc:
-            call_id = seen_call_id[0] if seen_call_id else None
-            if reactor.seconds() - start >= timeout_s:
-                return request, failed(
-                    CallErrorCode.TIMEOUT, f"no answer within {timeout_s:g} s", call_id
+        busy_waits = 0
+        while True:
+            try:
+                terminal = await dial(
+                    reactor,
+                    config.relay,
+                    credentials,
+                    handle,
+                    frame,
+                    ca_file=config.ca_file,
+                    on_status=status,
+                    # A retry has what is left of the caller's time.
+                    timeout_s=timeout_s - (reactor.seconds() - start)
+                    if retry or busy_waits
+                    else timeout_s,
                 )
-            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc), call_id)
-        except (RelayUnreachable, SocketRefused) as exc:
-            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
-        except AgentCallError as exc:
-            # Local TLS trouble (an unreadable CA file) surfaces only when dialling.
-            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+            except RelayBusy as exc:
+                # Turned away before the socket was usable: nothing was sent, and the same
+                # frame may go again once the relay's Retry-After has passed, a bounded number
+                # of times and only inside the caller's timeout.
+                wait = exc.retry_after_s
+                left = timeout_s - (reactor.seconds() - start)
+                if busy_waits >= BUSY_RETRIES:
+                    detail = f"{exc}; tried {busy_waits + 1} times, try again in a minute"
+                    return request, failed(CallErrorCode.CONNECTION_FAILED, detail)
+                if wait > BUSY_WAIT_MAX_S or wait >= left:
+                    detail = f"{exc}, longer than this call waits; try again later"
+                    return request, failed(CallErrorCode.CONNECTION_FAILED, detail)
+                busy_waits += 1
+                note(f"the relay is busy; dialling it again in {wait:g} s (it asked for that)")
+                await deferLater(reactor, wait)
+                continue
+            except CallAborted as exc:
+                call_id = seen_call_id[0] if seen_call_id else None
+                if reactor.seconds() - start >= timeout_s:
+                    return request, failed(
+                        CallErrorCode.TIMEOUT, f"no answer within {timeout_s:g} s", call_id
+                    )
+                return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc), call_id)
+            except (RelayUnreachable, SocketRefused) as exc:
+                return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+            except AgentCallError as exc:
+                # Local TLS trouble (an unreadable CA file) surfaces only when dialling.
+                return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+            break
         return request, terminal
 
     request, terminal = await attempt(believed)

@@ -63,6 +63,17 @@ class Credentials:
         }
 
 
+def parse_retry_after(value: str | None) -> float | None:
+    """A ``Retry-After`` in whole seconds (the form the relay sends), or None for anything else
+    (absent, an HTTP date, junk)."""
+    if value is None:
+        return None
+    text = value.strip()
+    if not text.isascii() or not text.isdigit() or len(text) > 6:
+        return None
+    return float(int(text))
+
+
 # --- why a connection failed, in words ----------------------------------------------------------
 
 

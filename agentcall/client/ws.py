@@ -26,7 +26,13 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 
 from agentcall import ids, limits
-from agentcall.client.common import USER_AGENT, Credentials, RelayUnreachable, describe_failure
+from agentcall.client.common import (
+    USER_AGENT,
+    Credentials,
+    RelayUnreachable,
+    describe_failure,
+    parse_retry_after,
+)
 from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger, without_option_dump
 from agentcall.relayurl import RelayUrl
@@ -66,6 +72,15 @@ class SocketRefused(AgentCallError):
         super().__init__(message)
         self.close_code = close_code
         self.error = error
+
+
+class RelayBusy(SocketRefused):
+    """The relay turned the upgrade away (HTTP 503) and said when to come back: nothing was
+    sent on this attempt, so dialling again after ``retry_after_s`` is safe."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class CallAborted(AgentCallError):
@@ -232,8 +247,18 @@ class _RelayClientProtocol(WebSocketClientProtocol):
         if self._closed_reported:
             return
         self._closed_reported = True
+        busy = None if self.socket is not None else self._busy_for()
         if self.socket is not None:
             self.factory.closed(SocketClosed(wasClean, code, reason, self._protocol_error))
+        elif busy is not None:
+            netloc = self.factory.relay_url.netloc
+            self.factory.fail(
+                RelayBusy(
+                    f"{netloc} is busy accepting other connections (HTTP 503) and asked to be "
+                    f"dialled again in {busy:g} s",
+                    busy,
+                )
+            )
         elif wasClean:
             self.factory.fail(
                 SocketRefused(
@@ -243,6 +268,14 @@ class _RelayClientProtocol(WebSocketClientProtocol):
             )
         else:
             self.factory.fail(RelayUnreachable(self._describe_loss(reason)))
+
+    def _busy_for(self) -> float | None:
+        """The relay's ``Retry-After`` if it answered the upgrade 503 with one, else None."""
+        status = (getattr(self, "http_status_line", None) or "").split()
+        if status[1:2] != ["503"]:
+            return None
+        headers = getattr(self, "http_headers", None) or {}
+        return parse_retry_after(headers.get("retry-after"))
 
     def _describe_loss(self, reason: str | None) -> str:
         lost = self._lost.value if self._lost is not None else None
