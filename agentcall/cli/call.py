@@ -468,6 +468,11 @@ def _call_directly(
     on_note: Callable[[str], None],
 ) -> LocalEnded:
     """The call placed from this process: keys, the relay's API and a socket of its own."""
+    from agentcall.client.lean import lean_imports
+
+    # Before Twisted and autobahn are imported: what a one-call process never uses is not
+    # loaded (see agentcall.client.lean).
+    lean_imports()
     from agentcall.caller import callflow
     from agentcall.cli.main import CommandError
 

@@ -1,0 +1,57 @@
+"""agentcall.client.lean: a one-call process does not load what its socket never uses, and
+everything it skipped still works when something does use it.
+
+Each case runs in a fresh interpreter: the point is what a new process imports.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+# Loaded by importing the WebSocket client as it stands, and needed by no client socket.
+SKIPPED = ("urllib.request", "http.client", "autobahn.twisted.wamp", "autobahn.wamp.protocol")
+
+_PROBE = f"""
+import json, sys
+if sys.argv[1] == "lean":
+    from agentcall.client.lean import lean_imports
+    lean_imports()
+import agentcall.client.ws
+import twisted.internet.reactor
+loaded = sorted(name for name in {SKIPPED!r} if name in sys.modules)
+# Whatever was skipped is still there on first use.
+from autobahn.twisted import ApplicationSession
+import http.cookiejar
+jar = http.cookiejar.CookieJar()
+print(json.dumps({{"loaded": loaded, "session": ApplicationSession.__name__,
+                  "jar": type(jar).__name__, "wamp_now": "autobahn.twisted.wamp" in sys.modules}}))
+"""
+
+
+def probe(mode: str) -> dict[str, object]:
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _PROBE, mode],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=REPO,
+    )
+    result: dict[str, object] = json.loads(done.stdout)
+    return result
+
+
+def test_lean_imports_skip_what_a_client_socket_never_uses() -> None:
+    # Without it, the client's imports load all of them (else this test proves nothing).
+    assert probe("plain")["loaded"] == sorted(SKIPPED)
+    lean = probe("lean")
+    assert lean["loaded"] == []
+    assert (lean["session"], lean["jar"], lean["wamp_now"]) == (
+        "ApplicationSession",
+        "CookieJar",
+        True,
+    )
