@@ -6,10 +6,13 @@ Each case runs in a fresh interpreter: the point is what a new process imports.
 
 from __future__ import annotations
 
+import gc
 import json
 import subprocess
 import sys
 from pathlib import Path
+
+from agentcall.client.lean import without_collections
 
 REPO = Path(__file__).resolve().parents[2]
 # Loaded by importing the WebSocket client as it stands, and needed by no client socket.
@@ -55,3 +58,46 @@ def test_lean_imports_skip_what_a_client_socket_never_uses() -> None:
         "CookieJar",
         True,
     )
+
+
+def test_no_collections_inside_and_as_before_after() -> None:
+    assert gc.isenabled()
+    with without_collections():
+        assert not gc.isenabled()
+    assert gc.isenabled()
+    gc.disable()
+    try:
+        with without_collections():
+            pass
+        assert not gc.isenabled()
+    finally:
+        gc.enable()
+
+
+_RUN_ONCE = """
+import gc, json
+from agentcall.cli.call import run_on_reactor
+
+async def work(reactor):
+    return 42
+
+value = run_on_reactor(work)
+print(json.dumps({"value": value, "frozen": gc.get_freeze_count()}))
+"""
+
+
+def test_after_the_reactor_ran_what_is_left_is_frozen_for_a_quick_exit() -> None:
+    """The interpreter's last collection at exit would scan every object Twisted and the
+    rest built; run_on_reactor freezes them once the reactor has stopped."""
+    done = subprocess.run(
+        [sys.executable, "-W", "ignore", "-c", _RUN_ONCE],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        check=True,
+        cwd=REPO,
+    )
+    body = json.loads(done.stdout)
+    assert body["value"] == 42
+    # Tens of thousands of objects (Twisted alone); none at all without the freeze.
+    assert body["frozen"] > 10_000
