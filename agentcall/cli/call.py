@@ -429,8 +429,11 @@ def _message_or_fail(args: argparse.Namespace, report: Reporter) -> str:
 
 
 def run(args: argparse.Namespace) -> int:
-    from agentcall.cli import viaservice
-    from agentcall.wire.local import LocalCall
+    from agentcall.client.lean import without_collections
+
+    with without_collections():
+        from agentcall.cli import viaservice
+        from agentcall.wire.local import LocalCall
 
     report = Reporter(args.json)
     refuse_nested(report)
