@@ -5,17 +5,19 @@ Twisted and autobahn import, at module level, things a WebSocket client never to
 
 - ``twisted.python.compat`` binds ``http.cookiejar`` (``from http import cookiejar``), which
   brings ``urllib.request`` and ``http.client`` (about 25 ms);
+- ``autobahn.websocket.protocol`` imports ``hyperlink`` (about 7 ms), which only a server
+  answering a redirect uses;
 - ``autobahn.twisted``'s package ``__init__`` imports the WAMP session layer (serializers,
   rawsocket, ``twisted.application``), which a plain WebSocket needs none of.
 
-:func:`lean_imports` makes the first lazy (:class:`importlib.util.LazyLoader`: the module is
-loaded for real on first use of any of its attributes) and lets ``autobahn.twisted.websocket``
-be imported without running the package's ``__init__`` until something asks the package for a
-name of its own. (A module reached by a later ``import x`` statement cannot stay lazy: the
-import system reads its ``__spec__``, which loads it; ``hyperlink``, imported that way by
-autobahn, is therefore not listed.) Nothing behaves differently; what is never used is never
-loaded. It changes the process's module table, so only a process that places one call runs it
-(the listener and the relay do not), and it must run before Twisted is imported.
+:func:`lean_imports` puts each in ``sys.modules`` as a module that is set up (spec, path: an
+``import`` of it, or of a submodule, finds it ready) but whose code has not run; the first time
+anything asks it for a name it does not have, its code runs, once, and the name is returned.
+Nothing behaves differently; what is never used is never loaded. (``importlib.util.LazyLoader``
+would not do: in this Python an ``import x`` of a module already in ``sys.modules`` reads its
+``__spec__``, which makes a lazy module load.) It changes the process's module table, so only
+a process that places one call runs it (the listener and the relay do not), before Twisted is
+imported. :func:`without_collections` keeps the cyclic garbage collector out of the imports.
 """
 
 from __future__ import annotations
@@ -24,22 +26,17 @@ import contextlib
 import gc
 import importlib.util
 import sys
-import types
 from collections.abc import Iterator
 from typing import Any
 
-# Imported by Twisted or autobahn at module level, unused by a client socket.
-LAZY = ("http.cookiejar",)
-# Packages whose __init__ runs only when the package itself is asked for a name.
-DEFERRED_INIT = ("autobahn.twisted",)
+# Imported by Twisted or autobahn at module level; run only when something uses them.
+DEFERRED = ("http.cookiejar", "hyperlink", "autobahn.twisted")
 
 
 def lean_imports() -> None:
-    """Make :data:`LAZY` lazy and :data:`DEFERRED_INIT` deferred, where not imported yet."""
-    for name in LAZY:
-        _lazy(name)
-    for name in DEFERRED_INIT:
-        _deferred_init(name)
+    """Put each of :data:`DEFERRED` not imported yet in place, its code not run yet."""
+    for name in DEFERRED:
+        _deferred(name)
 
 
 @contextlib.contextmanager
@@ -55,45 +52,27 @@ def without_collections() -> Iterator[None]:
             gc.enable()
 
 
-def _bind(name: str, module: types.ModuleType) -> None:
-    sys.modules[name] = module
-    parent, _, child = name.rpartition(".")
-    if parent:
-        setattr(sys.modules[parent], child, module)
-
-
-def _lazy(name: str) -> None:
+def _deferred(name: str) -> None:
     if name in sys.modules:
         return
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
         return
-    loader = importlib.util.LazyLoader(spec.loader)
-    spec.loader = loader
-    module = importlib.util.module_from_spec(spec)
-    _bind(name, module)
-    loader.exec_module(module)
-
-
-def _deferred_init(name: str) -> None:
-    if name in sys.modules:
-        return
-    spec = importlib.util.find_spec(name)
-    if spec is None or spec.loader is None or spec.submodule_search_locations is None:
-        return
     loader = spec.loader
-    # The package with its path set (so its submodules import) but its __init__ not run.
-    package = importlib.util.module_from_spec(spec)
+    module = importlib.util.module_from_spec(spec)
     ran: list[bool] = []
 
-    def rest_of_package(attribute: str) -> Any:
-        # Something wants a name the package's __init__ defines: run it now, once.
+    def rest_of_module(attribute: str) -> Any:
+        # Something wants a name the module's code defines: run it now, once.
         if ran:
             raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
         ran.append(True)
-        del package.__getattr__
-        loader.exec_module(package)
-        return getattr(package, attribute)
+        del module.__getattr__
+        loader.exec_module(module)
+        return getattr(module, attribute)
 
-    package.__getattr__ = rest_of_package  # type: ignore[method-assign]
-    _bind(name, package)
+    module.__getattr__ = rest_of_module  # type: ignore[method-assign]
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)

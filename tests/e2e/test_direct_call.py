@@ -27,6 +27,7 @@ NOT_NEEDED = (
     "autobahn.twisted.wamp",
     "autobahn.wamp.protocol",
     "urllib.request",
+    "hyperlink._url",
     "agentcall.listener.journal",
     "agentcall.listener.contexts",
 )

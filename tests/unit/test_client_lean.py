@@ -16,7 +16,13 @@ from agentcall.client.lean import without_collections
 
 REPO = Path(__file__).resolve().parents[2]
 # Loaded by importing the WebSocket client as it stands, and needed by no client socket.
-SKIPPED = ("urllib.request", "http.client", "autobahn.twisted.wamp", "autobahn.wamp.protocol")
+SKIPPED = (
+    "urllib.request",
+    "http.client",
+    "hyperlink._url",
+    "autobahn.twisted.wamp",
+    "autobahn.wamp.protocol",
+)
 
 _PROBE = f"""
 import json, sys
@@ -30,6 +36,8 @@ loaded = sorted(name for name in {SKIPPED!r} if name in sys.modules)
 from autobahn.twisted import ApplicationSession
 import http.cookiejar
 jar = http.cookiejar.CookieJar()
+import hyperlink
+assert hyperlink.URL.from_text("https://relay.example/v1").host == "relay.example"
 print(json.dumps({{"loaded": loaded, "session": ApplicationSession.__name__,
                   "jar": type(jar).__name__, "wamp_now": "autobahn.twisted.wamp" in sys.modules}}))
 """
