@@ -431,9 +431,16 @@ def _message_or_fail(args: argparse.Namespace, report: Reporter) -> str:
 def run(args: argparse.Namespace) -> int:
     from agentcall.client.lean import without_collections
 
+    # One call per process, over in seconds, making nearly no garbage: the cyclic collector
+    # would only scan the modules just imported, again and again (20-60 ms of a direct call;
+    # one pass over Twisted's objects costs that). run_on_reactor freezes what is left.
     with without_collections():
-        from agentcall.cli import viaservice
-        from agentcall.wire.local import LocalCall
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
+    from agentcall.cli import viaservice
+    from agentcall.wire.local import LocalCall
 
     report = Reporter(args.json)
     refuse_nested(report)
@@ -480,15 +487,13 @@ def _call_directly(
     on_note: Callable[[str], None],
 ) -> LocalEnded:
     """The call placed from this process: keys, the relay's API and a socket of its own."""
-    from agentcall.client.lean import lean_imports, without_collections
+    from agentcall.client.lean import lean_imports
 
     # Before Twisted and autobahn are imported: what a one-call process never uses is not
-    # loaded (see agentcall.client.lean), and what it does is imported without the cyclic
-    # collections that would scan the modules imported so far again and again.
+    # loaded (see agentcall.client.lean).
     lean_imports()
-    with without_collections():
-        from agentcall.caller import callflow
-        from agentcall.cli.main import CommandError
+    from agentcall.caller import callflow
+    from agentcall.cli.main import CommandError
 
     try:
         home, config = load_installation()
