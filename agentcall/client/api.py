@@ -14,14 +14,10 @@ reprs or logs.
 
 from __future__ import annotations
 
-import re
-from collections.abc import Callable, Coroutine
+from collections.abc import Coroutine
 from typing import Any, TypeVar, cast
 
-import attrs
-from OpenSSL import SSL
-from service_identity import VerificationError
-from twisted.internet import defer, error
+from twisted.internet import defer
 from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
@@ -31,7 +27,8 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
 from zope.interface import implementer
 
-from agentcall import __version__, ids, limits
+from agentcall import ids, limits
+from agentcall.client.common import USER_AGENT, Credentials, RelayUnreachable, describe_failure
 from agentcall.client.tls import RelayTlsPolicy
 from agentcall.errors import AgentCallError, ApiError, ApiErrorCode, MalformedFrame
 from agentcall.relayurl import RelayUrl
@@ -71,113 +68,23 @@ T = TypeVar("T")
 MAX_RESPONSE_BODY_BYTES = 1_048_576
 # One job may carry its sealed answer, as large as the largest call_outcome frame.
 MAX_JOB_BODY_BYTES = limits.MAX_RESPONSE_FRAME_BYTES + 4_096
-USER_AGENT = f"agentcall/{__version__}"
-
-
-class RelayUnreachable(AgentCallError):
-    """No answer from the relay: the message says what failed, never with a credential."""
 
 
 class MissingCredentials(AgentCallError):
     """An authenticated route was called on an API built without credentials."""
 
 
-def _hidden(_value: str) -> str:
-    return "'<hidden>'"
-
-
-def _check_token(_inst: object, _attribute: attrs.Attribute[str], value: str) -> None:
-    # The message must not echo the value: it is a secret.
-    if not isinstance(value, str) or ids.TOKEN_RE.match(value) is None:
-        raise ValueError("token: not a valid bearer token")
-
-
-def _check(
-    regex: re.Pattern[str], what: str
-) -> Callable[[object, attrs.Attribute[str], str], None]:
-    def check(_inst: object, _attribute: attrs.Attribute[str], value: str) -> None:
-        if not isinstance(value, str) or regex.match(value) is None:
-            raise ValueError(f"not a valid {what}: {value!r}")
-
-    return check
-
-
-@attrs.frozen
-class Credentials:
-    """Who we are at the relay. Validated so nothing odd can reach a header line."""
-
-    org: str = attrs.field(validator=_check(ids.ORG_RE, "organisation"))
-    handle: str = attrs.field(validator=_check(ids.HANDLE_RE, "handle"))
-    token: str = attrs.field(repr=_hidden, validator=_check_token)
-
-    def headers(self) -> dict[bytes, bytes]:
-        return {
-            b"Authorization": b"Bearer " + self.token.encode("ascii"),
-            b"X-AgentCall-Org": self.org.encode("ascii"),
-            b"X-AgentCall-Handle": self.handle.encode("ascii"),
-        }
-
-
-# --- why a connection failed, in words ----------------------------------------------------------
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """Twisted wraps transport failures (ResponseNeverReceived and friends); unwrap them."""
-    reasons = getattr(exc, "reasons", None)
-    if not isinstance(reasons, list) or not reasons:
-        return [exc]
-    found: list[BaseException] = []
-    for reason in reasons:
-        inner = reason.value if isinstance(reason, Failure) else reason
-        if isinstance(inner, BaseException):
-            found.extend(_leaves(inner))
-    return found or [exc]
-
-
-def _ssl_detail(exc: SSL.Error) -> str:
-    parts = [
-        str(item[2])
-        for item in (exc.args[0] if exc.args and isinstance(exc.args[0], list) else [])
-        if isinstance(item, tuple) and len(item) == 3 and item[2]
-    ]
-    return "; ".join(parts) or "handshake failed"
-
-
-def describe_failure(
-    failure: Failure | BaseException, relay_url: RelayUrl, timeout_s: float | None = None
-) -> str:
-    """A one-line reason why talking to the relay failed, safe to show and to log."""
-    value = failure.value if isinstance(failure, Failure) else failure
-    top = value if value is not None else Exception()
-    leaves = _leaves(top)
-    where = relay_url.netloc
-    # Most specific first: a TLS verdict explains the connection loss that follows it.
-    for exc in leaves:
-        if isinstance(exc, VerificationError):
-            return f"the TLS certificate of {where} is not valid for {relay_url.host}"
-        if isinstance(exc, SSL.Error):
-            detail = _ssl_detail(exc)
-            if "certificate verify failed" in detail:
-                return (
-                    f"the TLS certificate of {where} is not trusted ({detail}); "
-                    "a private relay needs --ca-file or SSL_CERT_FILE"
-                )
-            return f"TLS handshake with {where} failed ({detail})"
-    for exc in leaves:
-        if isinstance(exc, error.ConnectionRefusedError):
-            return f"{where} refused the connection"
-        if isinstance(exc, error.DNSLookupError):
-            return f"cannot resolve {relay_url.host}"
-        if isinstance(exc, (defer.TimeoutError, error.TimeoutError, error.TCPTimedOutError)):
-            within = f" within {timeout_s:g} s" if timeout_s is not None else ""
-            return f"no answer from {where}{within}"
-        if isinstance(exc, defer.CancelledError):
-            return f"the exchange with {where} was cancelled"
-        if isinstance(exc, (error.ConnectionLost, error.ConnectionDone)):
-            return f"{where} closed the connection before answering"
-        if isinstance(exc, error.ConnectError):
-            return f"cannot connect to {where}: {exc.__class__.__name__}"
-    return f"cannot talk to {where}: {top.__class__.__name__}"
+# Defined in agentcall.client.common (shared with the sockets); importable from here as before.
+__all__ = [
+    "MAX_JOB_BODY_BYTES",
+    "MAX_RESPONSE_BODY_BYTES",
+    "USER_AGENT",
+    "Credentials",
+    "MissingCredentials",
+    "RelayApi",
+    "RelayUnreachable",
+    "describe_failure",
+]
 
 
 # --- bodies --------------------------------------------------------------------------------------
@@ -265,15 +172,22 @@ class RelayApi:
         *,
         clock: IReactorTime | None = None,
         timeout_s: float = limits.HTTP_TIMEOUT_S,
+        tls_policy: RelayTlsPolicy | None = None,
     ) -> None:
+        """``tls_policy``: the trust already read for this relay (by a caller that also dials
+        its sockets); without it, ``ca_file`` (or the platform's roots) is read now, so a bad
+        path is reported before anything is dialled."""
         self.relay_url = relay_url
         self.credentials = credentials
         self._clock: IReactorTime = reactor if clock is None else clock
         self._timeout_s = timeout_s
-        # Read the CA file now so a bad path is reported before anything is dialled.
-        policy: IPolicyForHTTPS = (
-            RelayTlsPolicy(ca_file) if relay_url.secure else BrowserLikePolicyForHTTPS()
-        )
+        policy: IPolicyForHTTPS
+        if not relay_url.secure:
+            policy = BrowserLikePolicyForHTTPS()
+        elif tls_policy is not None:
+            policy = tls_policy
+        else:
+            policy = RelayTlsPolicy(ca_file)
         self._agent = Agent(reactor, contextFactory=policy, connectTimeout=timeout_s)
 
     def __repr__(self) -> str:
