@@ -93,6 +93,7 @@ class ApiErrorCode(enum.StrEnum):
     LAST_ADMIN = "last_admin"  # the change would leave the organisation without an admin
     HANDLE_BUSY = "handle_busy"  # a release while the relay still keeps jobs of the handle
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
+    TOO_MANY_HOLDS = "too_many_holds"  # past limits.MAX_AUDIT_HOLDS legal holds
     INTERNAL = "internal"
 
 
