@@ -188,8 +188,14 @@ _FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
 
 
 def csv_cell(value: object) -> str:
+    """A CSV cell a spreadsheet shows rather than runs, and a terminal shows rather than
+    obeys (control and invisible characters become spaces; none belongs in audit metadata)."""
+    from agentcall.safetext import safe_cell
+
     text = "" if value is None else str(value)
-    return "'" + text if text.startswith(_FORMULA_START) else text
+    if text.startswith(_FORMULA_START):
+        text = "'" + text
+    return safe_cell(text)
 
 
 class Writer:
@@ -212,7 +218,8 @@ class Writer:
         if self._csv is not None:
             self._csv.writerow([csv_cell(row[column]) for column in COLUMNS])
         else:
-            self._out.write(self._json.dumps(row, ensure_ascii=False) + "\n")
+            # Every non-ASCII and control character escaped: exact, and safe on a terminal.
+            self._out.write(self._json.dumps(row, ensure_ascii=True) + "\n")
         self.events += 1
 
 

@@ -180,6 +180,17 @@ def test_csv_has_a_header_and_defuses_formulas(
     assert len(rows) == 3
 
 
+def test_neither_format_lets_a_terminal_act_on_what_a_relay_sent(
+    api: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    api.events = [event(1, detail="a\x1b]52;c;cGF3bmVk\x07b\u202ec\x9bd")]
+    _code, out, _err = run(capsys, "export")
+    assert out.isascii() and "\x1b" not in out
+    assert json.loads(out)["detail"] == "a\x1b]52;c;cGF3bmVk\x07b\u202ec\x9bd"  # exact
+    _code, out, _err = run(capsys, "export", "--format", "csv")
+    assert not any(ch in out for ch in "\x1b\x07\u202e\x9b")
+
+
 def test_output_appears_only_once_the_export_is_whole(
     api: FakeApi, capsys: pytest.CaptureFixture[str], tmp_path: Path
 ) -> None:
