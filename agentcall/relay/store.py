@@ -154,13 +154,16 @@ _LIST_HOLDS = (
 )
 _SELECT_HOLD = "SELECT handle, set_at, set_by, note FROM audit_holds WHERE org = ? AND handle = ?"
 # Retention: a row is kept while a hold on its organisation, or on its actor or target, stands
-# (retention.keeps_event says the same in Python; a test holds the two together).
+# (retention.keeps_event says the same in Python; a test holds the two together). Oldest
+# first along the (org, at) index, so a batch reads no more rows than it deletes (and the held
+# ones it passes); a hold on the whole organisation is looked up once, not per row.
 _PRUNE_AUDIT = (
     "DELETE FROM audit WHERE id IN ("
     " SELECT id FROM audit WHERE org = ? AND at < ?"
+    " AND NOT EXISTS (SELECT 1 FROM audit_holds WHERE org = ? AND handle = '')"
     " AND NOT EXISTS (SELECT 1 FROM audit_holds h WHERE h.org = audit.org"
-    "  AND h.handle IN ('', COALESCE(audit.actor, ''), COALESCE(audit.target, '')))"
-    " ORDER BY id LIMIT ?)"
+    "  AND h.handle IN (COALESCE(audit.actor, ''), COALESCE(audit.target, '')))"
+    " ORDER BY at, id LIMIT ?)"
 )
 # An invite ended when it was used or revoked, else when it expired (retention.keeps_invite).
 _PURGE_INVITES = (
@@ -769,7 +772,7 @@ class SqliteRegistry:
             raise ValueError(f"limit must be 1..{limits.RETENTION_BATCH_ROWS}")
         try:
             with transaction(self._conn):
-                cursor = self._conn.execute(_PRUNE_AUDIT, (org, before, limit))
+                cursor = self._conn.execute(_PRUNE_AUDIT, (org, before, org, limit))
         except sqlite3.Error as exc:
             raise StoreError(f"database error: {exc}") from exc
         return int(cursor.rowcount)
