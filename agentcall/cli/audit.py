@@ -299,6 +299,7 @@ def run(args: argparse.Namespace) -> int:
 
 
 def _export(args: argparse.Namespace, config: Any) -> int:
+    import os
     import sys
 
     from agentcall.cli.call import relay_api, run_on_reactor
@@ -308,6 +309,8 @@ def _export(args: argparse.Namespace, config: Any) -> int:
 
     partial: PartialFile | None = None
     if args.output:
+        if os.path.isdir(args.output):
+            raise CommandError(f"--output {args.output} is a directory; name a file")
         try:
             partial = PartialFile(args.output)
         except OSError as exc:

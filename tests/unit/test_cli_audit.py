@@ -262,6 +262,8 @@ def test_an_unwritable_output_is_refused_before_asking(
 ) -> None:
     code, _out, err = run(capsys, "export", "--output", str(tmp_path / "no" / "such" / "f"))
     assert code == 1 and "cannot write" in err
+    code, _out, err = run(capsys, "export", "--output", str(tmp_path))
+    assert code == 1 and "is a directory" in err
     assert api.requests == []
 
 
