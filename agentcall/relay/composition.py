@@ -126,6 +126,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         public_url=settings.public_url,
         door=door,
         seen=seen,
+        audit_sink=audit_sink,
     )
     root = resource.Resource()
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))

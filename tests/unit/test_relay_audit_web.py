@@ -63,6 +63,7 @@ def seed(relay: MemoryRelay, count: int, *, start: float = NOW - 1000.0) -> None
 
 
 def presence_rows(relay: MemoryRelay) -> list[tuple[str | None, str | None]]:
+    relay.reactor.advance(0)  # the relay's audit sink writes a turn's rows at the next one
     rows = fired(relay.store.audit_rows("acme", limit=500))
     return [(r.actor, r.target) for r in rows if r.event == audit.PRESENCE_REFUSED]
 
@@ -99,6 +100,16 @@ def test_asking_about_anyone_else_is_refused_alike_and_recorded(
     assert (answer.status, answer.json()["error"]) == (403, "forbidden")
     assert "presence is private" in answer.json()["message"]
     assert presence_rows(relay) == [("ann", target)]
+
+
+def test_a_flood_of_presence_asks_is_written_in_one_transaction(relay: MemoryRelay) -> None:
+    ann = relay.enrol("ann")
+    sink = relay.relay.audit
+    before = sink.batches
+    for n in range(50):
+        relay.request("GET", f"/v1/presence?handle=ken{n}", token=ann, handle="ann")
+    assert len(presence_rows(relay)) == 50
+    assert sink.batches == before + 1
 
 
 def test_a_refusal_says_nothing_of_whether_someone_exists_or_is_online(relay: MemoryRelay) -> None:
