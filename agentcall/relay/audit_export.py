@@ -118,7 +118,8 @@ class ExportStream:
             since=None if self._window.since is None else float(self._window.since),
             until=None if self._window.until is None else float(self._window.until),
         )
-        found.addCallbacks(self._got, self._failed)
+        # A row that is no valid export line fails the export like a failing store does.
+        found.addCallback(self._got).addErrback(self._failed)
 
     def _got(self, rows: list[AuditRow]) -> None:
         self._reading = False

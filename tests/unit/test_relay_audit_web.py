@@ -247,6 +247,18 @@ def test_a_store_failure_half_way_cuts_the_export_short(tmp_path: Path) -> None:
     assert len(lines(payload)) == limits.AUDIT_EXPORT_PAGE
 
 
+def test_a_row_that_is_no_valid_line_cuts_the_export_short(relay: MemoryRelay) -> None:
+    ada = relay.enrol("ada", MemberRole.ADMIN)
+    seed(relay, limits.AUDIT_EXPORT_PAGE)
+    relay.store.registry._conn.execute(
+        "INSERT INTO audit (at, org, event) VALUES (?, 'acme', 'Not An Event')", (NOW,)
+    )
+    status, _headers, body = export(relay, ada)
+    payload, whole = dechunk(body)
+    assert status == 200 and not whole
+    assert len(lines(payload)) == limits.AUDIT_EXPORT_PAGE  # the first page, then the cut
+
+
 def test_a_client_gone_mid_export_stops_the_reading(tmp_path: Path) -> None:
     relay = memory_relay(tmp_path, now=NOW, wrap=holding("audit_rows"))
     ada = relay.enrol("ada", MemberRole.ADMIN)
