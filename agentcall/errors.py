@@ -96,6 +96,7 @@ class ApiErrorCode(enum.StrEnum):
     # code), so the unauthenticated route tells a guesser nothing.
     RECOVERY_REFUSED = "recovery_refused"
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
+    TOO_MANY_HOLDS = "too_many_holds"  # past limits.MAX_AUDIT_HOLDS legal holds
     INTERNAL = "internal"
 
 

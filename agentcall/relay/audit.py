@@ -58,6 +58,18 @@ JOB_EXPIRE = "job.expire"
 JOB_CANCEL = "job.cancel"
 # One row per source address and minute with a count; target is the address, never a token.
 AUTH_FAILED = "auth.failed"
+# An admin exported the organisation's audit rows; detail names the window asked for.
+AUDIT_EXPORT = "audit.export"
+# An admin put a legal hold on the organisation (target None) or on one handle (target), or
+# took one off; detail is the scope, "organisation" or "handle".
+AUDIT_HOLD_SET = "audit.hold.set"
+AUDIT_HOLD_CLEAR = "audit.hold.clear"
+# Retention deleted old rows of the organisation (actor None); detail counts them and names
+# the cutoff: "events=N invites=M before=T".
+AUDIT_PRUNE = "audit.prune"
+# A member (actor) asked the relay whether someone else (target: a handle of their own
+# organisation, else the address asked about) is online, and was refused: presence is private.
+PRESENCE_REFUSED = "presence.refused"
 
 # The org column of rows about the relay as a whole (no organisation was proven).
 RELAY_WIDE = ""
@@ -91,6 +103,11 @@ EVENTS = frozenset(
         JOB_EXPIRE,
         JOB_CANCEL,
         AUTH_FAILED,
+        AUDIT_EXPORT,
+        AUDIT_HOLD_SET,
+        AUDIT_HOLD_CLEAR,
+        AUDIT_PRUNE,
+        PRESENCE_REFUSED,
     }
 )
 

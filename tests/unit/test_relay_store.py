@@ -522,7 +522,7 @@ def test_audit_rows_page_by_id_and_cap_details(store: Fired) -> None:
 
 
 def test_audit_events_vocabulary() -> None:
-    """The fixed vocabulary is exactly the twenty-seven named events."""
+    """The fixed vocabulary is exactly the thirty-one named events."""
     assert {
         "invite.issue",
         "invite.redeem",
@@ -551,6 +551,11 @@ def test_audit_events_vocabulary() -> None:
         "job.expire",
         "job.cancel",
         "auth.failed",
+        "audit.export",
+        "audit.hold.set",
+        "audit.hold.clear",
+        "audit.prune",
+        "presence.refused",
     } == audit.EVENTS
 
 
