@@ -100,15 +100,18 @@ class Options(usage.Options):
             None,
             str(limits.MAX_CONNECTIONS_IN_HEAD),
             "Connections that may be sending their first request head or WebSocket upgrade "
-            "at once; at the cap a newcomer evicts the oldest of them (1-100000).",
+            "at once; at the cap the relay stops accepting for up to --handshake-grace, then a "
+            "newcomer evicts the oldest of them (1-100000).",
         ],
         [
             "handshake-grace",
             None,
             f"{limits.HEAD_EVICT_AFTER_S:g}",
             "Seconds a connection may spend on its first head before a newcomer at the "
-            "--max-handshakes cap may evict it; until then the newcomer is closed at once "
-            "instead, so a reconnecting crowd is not evicted half way through TLS (0-60).",
+            "--max-handshakes cap may evict it; until then the relay stops accepting (newcomers "
+            "wait in the kernel's accept queue, at no cost to the relay) until half the places "
+            "are free or the grace has passed, so a reconnecting crowd is neither evicted half "
+            "way through TLS nor turned away (0-60).",
         ],
         [
             "max-upgrades",
@@ -258,8 +261,12 @@ class ListeningService(service.Service):
         site: Any,
         ready_file: str | None,
         after: Deferred[None] | None = None,
+        valve: Any = None,
     ) -> None:
         self._reactor = reactor
+        # Told the port once bound, so it can stop accepting at the handshake cap
+        # (agentcall.relay.door.AcceptValve), and to let go of it before it closes.
+        self._valve = valve
         # Listening waits for this (the relay's rate windows, read from the store).
         self._after = after if after is not None else succeed(None)
         self._description = description
@@ -276,6 +283,8 @@ class ListeningService(service.Service):
 
     def _bound(self, port: IListeningPort) -> None:
         self._port = port
+        if self._valve is not None:
+            self._valve.attach(port)
         number = port.getHost().port  # type: ignore[attr-defined]
         _log.info("relay_listening", port=number)
         if self._ready_file:
@@ -293,6 +302,8 @@ class ListeningService(service.Service):
 
     def stopService(self) -> Any:
         super().stopService()
+        if self._valve is not None:
+            self._valve.detach()
         if self._port is not None:
             return self._port.stopListening()
         return None
@@ -349,7 +360,12 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     # First in, so last to stop: it writes what the services stopped after it still recorded.
     _AuditFlush(relay.audit).setServiceParent(top)
     ListeningService(
-        reactor, config["listen"], relay.factory, config["ready-file"], relay.windows_restored
+        reactor,
+        config["listen"],
+        relay.factory,
+        config["ready-file"],
+        relay.windows_restored,
+        valve=relay.door.valve,
     ).setServiceParent(top)
     internet.TimerService(600, lambda: _prune(relay.limiter, reactor)).setServiceParent(top)
     _DoorFlush(relay.door).setServiceParent(top)

@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import itertools
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -499,7 +500,7 @@ def test_a_restarting_relay_that_refuses_dials_does_not_widen_the_window(clock: 
         for _ in range(480):  # 120 s, in steps that every delay here is a multiple of
             clock.advance(0.25)
             relay.flush()
-    gaps = [later - earlier for earlier, later in zip(dials, dials[1:], strict=False)]
+    gaps = [later - earlier for earlier, later in itertools.pairwise(dials)]
     # Five refused dials, four of them not counted: each retried within the first window (10 s);
     # a timeout counts (attempt 2: 15 s); a refusal beyond the four counts too (attempt 3:
     # 22.5 s); then the relay answers. Without the rule: 10, 15, 22.5, 33.75, 50.6, 60, 60.
