@@ -198,9 +198,11 @@ class AcceptValve:
     backoff, which in a reconnect storm pushes honest listeners into ever longer windows while
     the relay works through the others. Instead the port stops accepting: newcomers wait in the
     kernel's accept queue (past its backlog the client's own TCP retries the SYN), which costs
-    the relay nothing, and are taken in order once places are free again: when the heads are
-    down to half the cap, or when the oldest head has had ``head_grace_s`` (a newcomer may then
-    evict it, so a flood of slow heads still cannot keep the door shut longer than the grace).
+    the relay nothing, and are taken in order as places free up, no more at a time than there are
+    places (their heads are usually in the socket already, so they leave the head at once), or
+    when the oldest head has had ``head_grace_s`` (a newcomer may then evict it, so a flood of
+    slow heads still cannot keep the door shut longer than the grace). Holding until half the
+    places were free was tried: it left the relay idle while a slow crowd finished its heads.
 
     Until :meth:`attach` is given the port (and after :meth:`detach`) it does nothing, and the
     gate's own refusal is the fallback; so is it for the few connections one accept loop takes
@@ -233,7 +235,7 @@ class AcceptValve:
         cap = self._gate.caps.handshakes
         in_head = self._gate.in_head
         if self.held:
-            if in_head <= cap // 2:
+            if in_head < cap:
                 self._release()
             return
         oldest = self._gate.oldest_head_opened_at

@@ -26,6 +26,11 @@ _log = Logger(namespace="agentcall.relay")
 # The largest per-callee mailbox caps an operator may set (a sanity bound, not a product number).
 MAILBOX_MAX_QUEUED_OPTION = 100_000
 MAILBOX_MAX_BYTES_OPTION = 64 * 1024**3
+# The accept queue asked of the kernel for tcp: and ssl: endpoints that name none (Twisted's own
+# default is 50; the kernel caps it at net.core.somaxconn). While the front door holds accepting
+# at its handshake cap, a reconnecting crowd waits there at no cost to the relay; with 50 places
+# most of it would have its SYNs dropped and retried by TCP, and time out.
+LISTEN_BACKLOG = 1024
 
 
 class Options(usage.Options):
@@ -49,7 +54,8 @@ class Options(usage.Options):
             "l",
             "tcp:8765:interface=127.0.0.1",
             "Twisted server endpoint string, e.g. tcp:8765:interface=127.0.0.1 or "
-            "ssl:8443:privateKey=key.pem:certKey=cert.pem.",
+            "ssl:8443:privateKey=key.pem:certKey=cert.pem. A tcp: or ssl: endpoint without "
+            f"backlog= gets backlog={LISTEN_BACKLOG} (the kernel caps it at somaxconn).",
         ],
         [
             "url",
@@ -251,6 +257,16 @@ def _bounded(value: str, name: str, lo: float, hi: float, kind: type[Any]) -> An
     return number
 
 
+def with_backlog(description: str, backlog: int = LISTEN_BACKLOG) -> str:
+    """``description`` with ``:backlog=N`` added when it is a tcp: or ssl: endpoint naming none."""
+    kind, _, rest = description.partition(":")
+    if kind not in ("tcp", "ssl") or not rest:
+        return description
+    if any(part.startswith("backlog=") for part in rest.split(":")):
+        return description
+    return f"{description}:backlog={backlog}"
+
+
 class ListeningService(service.Service):
     """Listen on an endpoint; once bound, log it and optionally write a ready file."""
 
@@ -276,7 +292,7 @@ class ListeningService(service.Service):
 
     def startService(self) -> None:
         super().startService()
-        endpoint = endpoints.serverFromString(self._reactor, self._description)
+        endpoint = endpoints.serverFromString(self._reactor, with_backlog(self._description))
         d = self._after.addCallback(lambda _: endpoint.listen(self._site))
         d.addCallback(self._bound)
         d.addErrback(self._failed)

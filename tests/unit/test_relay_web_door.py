@@ -546,8 +546,8 @@ def test_at_the_head_cap_the_port_stops_accepting_instead_of_closing_newcomers(
     tmp_path: Path,
 ) -> None:
     """A reconnecting crowd fills the places in head: the port stops accepting (newcomers wait
-    in the kernel's queue), nobody is closed; it accepts again once half the places are free,
-    at most as many at once as there are places."""
+    in the kernel's queue), nobody is closed; it accepts again as places free up, at most as
+    many at once as there are places."""
     caps = GateLimits(
         per_source=10, total=20, handshakes=4, callers_per_identity=1, head_grace_s=2.0
     )
@@ -558,12 +558,15 @@ def test_at_the_head_cap_the_port_stops_accepting_instead_of_closing_newcomers(
     assert not port.reading and front.door.valve.held
     assert all(not t.disconnecting for _p, t in heads)
     assert front.door.turned_away.drain() == {"accept_held": 1}
-    # One head done: three in head, more than half the cap; still held.
+    # One head done: one place free, one accept at a time.
     heads[0][0].dataReceived(get("/v1/status"))
-    assert not port.reading
+    assert port.reading and port.numberAccepts == 1
+    front.connect("10.0.0.6")
+    assert not port.reading and port.stops == 2
     heads[1][0].dataReceived(get("/v1/status"))
-    assert port.reading and port.numberAccepts == 2  # two places free
-    assert front.door.turned_away.drain() == {}
+    heads[2][0].dataReceived(get("/v1/status"))
+    assert port.reading and port.numberAccepts == 1  # clamped when the first place freed
+    assert front.door.turned_away.drain() == {"accept_held": 1}
 
 
 def test_a_held_port_accepts_again_once_the_oldest_head_had_its_grace(tmp_path: Path) -> None:
