@@ -676,7 +676,8 @@ def report(r: dict[str, Any]) -> str:
         f" {s['wasted_share']:.0%} (not judged: the residual is there when nothing fails)",
         f"         failed handshakes {s['failed_handshakes']} of {s['accepted_at_new_relay']}"
         f" connections the new relay accepted: at most {s['wasted_share_upper_bound']:.1%} of the"
-        f" storm CPU (each costing no more than a success), {s['wasted_share_upper_bound_calm']:.1%}"
+        f" storm CPU (each costing no more than a success),"
+        f" {s['wasted_share_upper_bound_calm']:.1%}"
         f" (each at the calm cost)",
         f"bound    relay {s['relay_core_share']} of a core over the storm; bench"
         f" {s['bench_cpu_s']} s CPU in {s['bench_workers']} processes = {s['bench_cores']} cores;"

@@ -52,6 +52,8 @@ class DoorConfig:
     call_request_timeout_s: float
     register_per_minute: int
     auth_failures_per_minute: int
+    # Stop accepting at the handshake cap rather than close newcomers (AcceptValve).
+    hold_accept: bool = True
 
 
 class Throttled(ApiError):
@@ -84,7 +86,7 @@ class Door:
         self._sink = sink
         # The connection behind each ticket, so an evicted one can be closed.
         self.open_connections: dict[Ticket, GatedConnection] = {}
-        self.valve = AcceptValve(self.gate, clock, self.turned_away)
+        self.valve = AcceptValve(self.gate, clock, self.turned_away, enabled=config.hold_accept)
 
     def head_done(self, ticket: Ticket) -> None:
         """The connection's first request head is complete: its place in head is free."""
@@ -209,7 +211,15 @@ class AcceptValve:
     past the cap before the port stops.
     """
 
-    def __init__(self, gate: ConnectionGate, clock: IReactorTime, tally: TurnedAwayTally) -> None:
+    def __init__(
+        self,
+        gate: ConnectionGate,
+        clock: IReactorTime,
+        tally: TurnedAwayTally,
+        *,
+        enabled: bool = True,
+    ) -> None:
+        self._enabled = enabled
         self._gate = gate
         self._clock = clock
         self._tally = tally
@@ -218,7 +228,10 @@ class AcceptValve:
         self.held = False
 
     def attach(self, port: Any) -> None:
-        """The listening port (``stopReading``/``startReading``; Twisted's TCP and TLS ports)."""
+        """The listening port (``stopReading``/``startReading``; Twisted's TCP and TLS ports).
+        Ignored when the valve is disabled (``--no-accept-hold``)."""
+        if not self._enabled:
+            return
         self._port = port
         self.check()
 

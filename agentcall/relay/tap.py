@@ -42,6 +42,14 @@ class Options(usage.Options):
         "the first admin invite with `agentcall relay bootstrap` first. Logs one info line per "
         "call; AGENTCALL_LOG_LEVEL=debug (or warn, error) changes that."
     )
+    optFlags = [
+        [
+            "no-accept-hold",
+            None,
+            "At the --max-handshakes cap close newcomers at once (handshakes_busy) instead of "
+            "holding the port's accept until a place is free.",
+        ],
+    ]
     optParameters = [
         [
             "database",
@@ -242,6 +250,7 @@ def _door_config(options: usage.Options, open_file_limit: int) -> Any:
         auth_failures_per_minute=_bounded(
             options["auth-failures-per-minute"], "--auth-failures-per-minute", 1, 10_000, int
         ),
+        hold_accept=not options["no-accept-hold"],
     )
 
 
@@ -396,6 +405,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_handshakes=caps.handshakes,
         max_upgrades=caps.upgrades,
         handshake_grace_s=caps.head_grace_s,
+        accept_hold=settings.door.hold_accept,
         max_callers_per_identity=caps.callers_per_identity,
         mailbox_max_queued=settings.mailbox.max_queued_per_callee,
         mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,
