@@ -207,8 +207,8 @@ class AcceptValve:
     places were free was tried: it left the relay idle while a slow crowd finished its heads.
 
     Until :meth:`attach` is given the port (and after :meth:`detach`) it does nothing, and the
-    gate's own refusal is the fallback. While it holds, the few connections the same accept
-    loop still takes are let in past the head cap rather than closed (``past_head_cap``).
+    gate's own refusal is the fallback; so is it for the few connections one accept loop takes
+    past the cap before the port stops.
     """
 
     def __init__(
@@ -451,9 +451,7 @@ class GatedFactory(WrappingFactory[GatedConnection]):
 
     def buildProtocol(self, addr: IAddress) -> Any:  # type: ignore[override]
         door = self.door
-        decision = door.gate.admit(
-            source_of(addr), door.clock.seconds(), past_head_cap=door.valve.held
-        )
+        decision = door.gate.admit(source_of(addr), door.clock.seconds())
         door.valve.check()
         if isinstance(decision, TurnedAway):
             door.turned_away.note(decision)

@@ -107,9 +107,7 @@ class ConnectionGate:
 
     # --- connections ------------------------------------------------------------------------
 
-    def admit(
-        self, source: str, now: float = 0.0, *, past_head_cap: bool = False
-    ) -> LetIn | TurnedAway:
+    def admit(self, source: str, now: float = 0.0) -> LetIn | TurnedAway:
         """A ticket for a new connection from ``source`` opened at ``now`` and the connections
         to close for it (already released here), or why the newcomer must be closed at once.
 
@@ -119,19 +117,12 @@ class ConnectionGate:
         send them back to retry. The newcomer is closed instead (``handshakes_busy``), which
         costs the relay almost nothing, and comes back after its own backoff. A flood of slow
         heads still loses its places once they are older than the grace.
-
-        ``past_head_cap``: the door has stopped accepting (its valve holds the port), so this
-        newcomer is one of the few the same accept loop took after the cap was reached; it is
-        let in beyond the head cap rather than closed (it has waited in the accept queue and
-        its head is most likely in the socket already). The overshoot is one accept loop at
-        most, and the total and per-source caps still hold.
         """
         # A source's own cap is never eased by evicting: it would only evict itself.
         if self._by_source[source] >= self.caps.per_source:
             return TurnedAway.PER_SOURCE
         heads_full = len(self._heads) >= self.caps.handshakes
-        young = heads_full and now - next(iter(self._heads)).opened_at < self.caps.head_grace_s
-        if young and not past_head_cap:
+        if heads_full and now - next(iter(self._heads)).opened_at < self.caps.head_grace_s:
             # Decided before anything is evicted for the total cap, which would then be for
             # nothing.
             return TurnedAway.HANDSHAKES_BUSY
@@ -143,7 +134,7 @@ class ConnectionGate:
             evicted.append((self._evict(self._plain), TurnedAway.EVICTED_PLAIN_HTTP))
         # Again: the total cap's eviction may have freed a place in head (its oldest is the
         # one checked against the grace above, or it was the connection just evicted).
-        if len(self._heads) >= self.caps.handshakes and not young:
+        if len(self._heads) >= self.caps.handshakes:
             evicted.append((self._evict(self._heads), TurnedAway.EVICTED_IN_HEAD))
         ticket = Ticket(source, opened_at=now)
         self._by_source[source] += 1

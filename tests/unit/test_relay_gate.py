@@ -398,19 +398,3 @@ def test_a_grace_of_zero_evicts_the_oldest_whatever_its_age() -> None:
 def test_a_negative_grace_is_refused() -> None:
     with pytest.raises(ValueError):
         GateLimits(1, 1, 1, 1, head_grace_s=-1.0)
-
-
-def test_past_the_head_cap_a_newcomer_is_let_in_without_evicting_the_young() -> None:
-    g = ConnectionGate(
-        GateLimits(per_source=10, total=10, handshakes=2, callers_per_identity=1, head_grace_s=2)
-    )
-    g.admit("a", 100.0)
-    g.admit("b", 100.5)
-    assert g.admit("c", 101.0) is TurnedAway.HANDSHAKES_BUSY
-    let_in = g.admit("c", 101.0, past_head_cap=True)
-    assert isinstance(let_in, LetIn) and let_in.evicted == () and g.in_head == 3
-    # Once the oldest is past the grace, a newcomer evicts it as before.
-    later = g.admit("d", 102.0, past_head_cap=True)
-    assert isinstance(later, LetIn) and [why for _t, why in later.evicted] == [
-        TurnedAway.EVICTED_IN_HEAD
-    ]

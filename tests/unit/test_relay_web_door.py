@@ -605,27 +605,3 @@ def test_a_detached_valve_leaves_the_port_alone(tmp_path: Path) -> None:
     front.door.valve.detach()
     front.connect("10.0.0.2")
     assert port.reading and port.stops == 0
-
-
-def test_while_the_port_is_held_the_rest_of_its_accept_loop_is_let_in_past_the_head_cap(
-    tmp_path: Path,
-) -> None:
-    """Twisted's accept loop may take a few more connections after the one that filled the cap;
-    with the port held they are let in (no handshakes_busy) and nobody is evicted. Without a
-    port to hold, the same newcomer is closed, as before."""
-    caps = GateLimits(
-        per_source=10, total=20, handshakes=2, callers_per_identity=1, head_grace_s=2.0
-    )
-    for attached in (True, False):
-        (tmp_path / str(attached)).mkdir()
-        front = make_front(tmp_path / str(attached), config(caps=caps))
-        if attached:
-            front.door.valve.attach(FakePort())
-        opened = [front.connect(f"10.0.0.{i}")[1] for i in range(2, 5)]
-        closed = [t.disconnecting or t.disconnected for t in opened]
-        if attached:
-            assert closed == [False, False, False] and front.door.gate.in_head == 3
-            assert front.door.turned_away.drain() == {"accept_held": 1}
-        else:
-            assert closed == [False, False, True] and front.door.gate.in_head == 2
-            assert front.door.turned_away.drain() == {"handshakes_busy": 1}
