@@ -8,11 +8,14 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
-
-import attrs
+from typing import TYPE_CHECKING, Any
 
 from agentcall import ids
+
+if TYPE_CHECKING:
+    # Only named in annotations: the thin CLI's lines (agentcall.wire.local) use these
+    # validators without importing attrs.
+    import attrs
 
 Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
