@@ -66,8 +66,9 @@ class CommandError(Exception):
 
 
 def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with ``only``, just that command's arguments are filled in
-    (the others are listed by name and summary), so running one command imports one module."""
+    """The whole command line; with ``only``, just that command (running one command imports
+    one module, and builds one parser: the others would only be listed in the top-level help,
+    which ``only`` never prints, and each costs the start-up of every command)."""
     import argparse
 
     parser = argparse.ArgumentParser(
@@ -85,7 +86,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
         if only is not None and name != only:
-            sub.add_parser(name, help=summary)
             continue
         module = importlib.import_module(module_name)
         command = sub.add_parser(

@@ -79,3 +79,27 @@ def test_help_and_version_load_no_twisted_or_crypto() -> None:
         env={"PYTHONPATH": str(REPO), "HOME": str(REPO)},
     )
     assert "HEAVY []" in done.stdout
+
+
+def _subcommands(parser: object) -> set[str]:
+    import argparse
+
+    assert isinstance(parser, argparse.ArgumentParser)
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(sub.choices)
+
+
+def test_running_one_command_builds_only_its_parser() -> None:
+    """`agentcall call …` (every thin call) pays for one subparser, not one per command; the
+    whole list is built only for the top-level help."""
+    from agentcall.cli.main import build_parser
+
+    assert _subcommands(build_parser("call")) == {"call"}
+    assert _subcommands(build_parser()) == set(COMMANDS)
+
+
+def test_a_command_s_own_errors_still_name_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["call", "ken"])  # no MESSAGE
+    assert exited.value.code == 2
+    assert "usage: agentcall call" in capsys.readouterr().err
