@@ -11,7 +11,11 @@ an error on any later assignment, as ``attrs.frozen`` gives.
 
 from __future__ import annotations
 
-from typing import Any, ClassVar
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, ClassVar
 
 
 class FrozenError(AttributeError):

@@ -25,7 +25,6 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
 
 from agentcall import limits
 from agentcall.errors import MalformedFrame
@@ -45,6 +44,12 @@ from agentcall.wire.local import (
     decode_line,
     encode_line,
 )
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 StateSink = Callable[[str, float], None]
 NoteSink = Callable[[str], None]

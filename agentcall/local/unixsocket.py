@@ -19,9 +19,14 @@ import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
 
 from agentcall.frozen import Frozen
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
 
 # sun_path is 108 bytes on Linux; one of them is the terminating NUL.
 MAX_SOCKET_PATH_BYTES: Final = 107

@@ -5,9 +5,13 @@ The codec's names are also reachable from here, but loaded on first use (PEP 562
 with it cattrs and attrs.
 """
 
-from typing import Any
+from __future__ import annotations
 
 from agentcall.errors import MalformedFrame
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 __all__ = ["MalformedFrame", "decode", "decode_frame", "encode", "structure"]
 

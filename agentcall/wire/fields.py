@@ -8,16 +8,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
 
 from agentcall import ids
 
+# attrs and typing are named in annotations only: the thin CLI's lines (agentcall.wire.local)
+# use these validators without importing either (each costs that process milliseconds).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
-    # Only named in annotations: the thin CLI's lines (agentcall.wire.local) use these
-    # validators without importing attrs.
+    from typing import Any
+
     import attrs
 
-Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+    Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 # \Z, not $, which would also accept a trailing newline.
 B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*\Z")

@@ -29,15 +29,21 @@ import enum
 import json
 import re
 from collections.abc import Callable, Collection, Sequence
-from typing import TYPE_CHECKING, Any, ClassVar, Final
 
 from agentcall import limits, strictjson
 from agentcall.errors import CallErrorCode, MalformedFrame
 from agentcall.frozen import Frozen
 from agentcall.wire import fields as f
 
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, ClassVar, Final
+
     from agentcall.wire.http import JobInfo
+
+    Check = Callable[[Any, Any, Any], None]
 
 # What a person may type as TARGET (a contact name, a handle, an address); resolved by the
 # service exactly as the CLI resolves it.
@@ -69,8 +75,6 @@ def clip(text: str, max_chars: int = MAX_LOCAL_TEXT_CHARS) -> str:
 
 
 # --- how a line is checked, written and read -------------------------------------------------
-
-Check = Callable[[Any, Any, Any], None]
 
 
 def _same(value: Any) -> Any:

@@ -43,6 +43,7 @@ SLOW = (
     "agentcall.wire.http",
     "secrets",
     "tempfile",
+    "typing",
 )
 # Runs `agentcall ARGS…` and, at exit, says on stderr which of them the process imported.
 _PROBE = (
