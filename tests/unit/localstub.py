@@ -44,6 +44,7 @@ SLOW = (
     "secrets",
     "tempfile",
     "typing",
+    "shutil",
 )
 # Runs `agentcall ARGS…` and, at exit, says on stderr which of them the process imported.
 _PROBE = (
