@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import os
-import tempfile
 from pathlib import Path
 
 
@@ -28,6 +27,10 @@ def replace_file(
     returns, so even a crash leaves one whole version; without it, only other processes are
     guaranteed a whole file.
     """
+    # Imported here: the thin `agentcall call` imports this module (through local.home) but
+    # never writes a file, and tempfile costs it milliseconds to import.
+    import tempfile
+
     target = Path(path)
     directory = target.parent
     # mkstemp creates the file 0600, so a secret is never readable by others, even briefly.

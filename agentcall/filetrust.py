@@ -16,9 +16,8 @@ import os
 import stat
 from pathlib import Path
 
-import attrs
-
 from agentcall.errors import AgentCallError
+from agentcall.frozen import Frozen
 
 PRIVATE_FILE_MODE = 0o600
 
@@ -37,13 +36,17 @@ class PrivateFileError(LocalStateError):
         self.fix = fix
 
 
-@attrs.frozen
-class PrivateFileProblem:
+class PrivateFileProblem(Frozen):
     """One finding of :meth:`Home.private_file_problems`, for ``doctor``."""
 
+    _fields = ("path", "problem", "fix")
+    __slots__ = _fields
     path: Path
     problem: str
     fix: str
+
+    def __init__(self, path: Path, problem: str, fix: str) -> None:
+        self._set(path=path, problem=problem, fix=fix)
 
     def __str__(self) -> str:
         return f"{self.path}: {self.problem}; {self.fix}"

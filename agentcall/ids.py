@@ -7,10 +7,11 @@ configuration, not from the address, and calls never cross organisations.
 from __future__ import annotations
 
 import re
-import secrets
-import uuid
 
-import attrs
+from agentcall.frozen import Frozen
+
+# secrets and uuid are imported by the functions that mint ids: the thin `agentcall call`
+# imports this module for its regexes only, and each of the two costs milliseconds to import.
 
 # Anchored with \Z, not $: Python's $ also matches before a trailing newline.
 # Lowercase ASCII words joined by single hyphens: no leading, trailing or doubled hyphen, so
@@ -42,16 +43,21 @@ class AddressError(ValueError):
     """A string is not a valid ``@org/handle`` address."""
 
 
-@attrs.frozen
-class Address:
+class Address(Frozen):
+    """``@org/handle``, checked when made (a :class:`~agentcall.frozen.Frozen` value: this
+    module is on the thin CLI path, which does not import attrs)."""
+
+    _fields = ("org", "handle")
+    __slots__ = _fields
     org: str
     handle: str
 
-    def __attrs_post_init__(self) -> None:
-        if not ORG_RE.match(self.org):
-            raise AddressError(f"not a valid organisation name: {self.org!r}")
-        if not HANDLE_RE.match(self.handle):
-            raise AddressError(f"not a valid handle: {self.handle!r}")
+    def __init__(self, org: str, handle: str) -> None:
+        if not isinstance(org, str) or not ORG_RE.match(org):
+            raise AddressError(f"not a valid organisation name: {org!r}")
+        if not isinstance(handle, str) or not HANDLE_RE.match(handle):
+            raise AddressError(f"not a valid handle: {handle!r}")
+        self._set(org=org, handle=handle)
 
     def __str__(self) -> str:
         return f"@{self.org}/{self.handle}"
@@ -89,6 +95,8 @@ def is_task_id(text: str) -> bool:
 
 def mint_hex32() -> str:
     """32 lowercase hex characters (16 random bytes); never all zeros."""
+    import secrets
+
     while True:
         value = secrets.token_hex(16)
         if value != "0" * 32:
@@ -104,6 +112,8 @@ def mint_correlation_id() -> str:
 
 
 def mint_call_id() -> str:
+    import uuid
+
     return str(uuid.uuid4())
 
 
@@ -113,6 +123,8 @@ JOB_ID_RE = CALL_ID_RE
 
 
 def mint_job_id() -> str:
+    import uuid
+
     return str(uuid.uuid4())
 
 
@@ -122,8 +134,12 @@ def is_job_id(value: object) -> bool:
 
 def mint_token() -> str:
     """A bearer token or invite secret: 32 random bytes as unpadded base64url (43 chars)."""
+    import secrets
+
     return secrets.token_urlsafe(32)
 
 
 def mint_context_id() -> str:
+    import secrets
+
     return "ctx_" + secrets.token_urlsafe(16)

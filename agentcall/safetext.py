@@ -19,7 +19,12 @@ Pure: no I/O, nothing but :mod:`re`.
 from __future__ import annotations
 
 import re
-from typing import Final
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
 
 # Character-class bodies, shared with the CLI's JSON escaping (agentcall.cli.render).
 # DEL and C1 (C1 holds 0x9b, the one-byte CSI, and 0x9d, OSC).

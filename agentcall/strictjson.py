@@ -11,7 +11,12 @@ from __future__ import annotations
 
 import json
 import math
-from typing import Any, NoReturn
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any, NoReturn
 
 
 class DuplicateKey(ValueError):

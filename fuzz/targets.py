@@ -207,8 +207,8 @@ def build_targets(workspace: Path) -> dict[str, Target]:
         ),
         Target(
             "local",
-            "codec.decode_local, as the service and the thin CLI each read the local socket",
-            _tagged_checker(LOCAL_RECEIVERS, codec.decode_local),
+            "local.decode_line, as the service and the thin CLI each read the local socket",
+            _tagged_checker(LOCAL_RECEIVERS, local.decode_line),
             (MalformedFrame,),
             _local_seeds,
         ),

@@ -24,11 +24,14 @@ import gc
 import os
 import sys
 from collections.abc import Callable, Coroutine
-from typing import TYPE_CHECKING, Any, NoReturn, TypeVar
 
 from agentcall import ids, limits
 
+# typing is for the type checker only: the thin path of `agentcall call` does not import it.
+TYPE_CHECKING = False
 if TYPE_CHECKING:
+    from typing import Any, NoReturn, TypeVar
+
     from agentcall.caller.call import CallResult
     from agentcall.client.api import RelayApi
     from agentcall.local.config import Config
@@ -36,7 +39,7 @@ if TYPE_CHECKING:
     from agentcall.wire.frames import CallStatus
     from agentcall.wire.local import LocalEnded
 
-T = TypeVar("T")
+    T = TypeVar("T")
 
 # Set by the listener in the environment of the agent answering a call.
 NESTED_CALL_ENV = "AGENTCALL_CALL_ID"

@@ -16,7 +16,7 @@ from agentcall import __version__
 TYPE_CHECKING = False
 if TYPE_CHECKING:
     import argparse
-    from collections.abc import Sequence
+    from collections.abc import Mapping, Sequence
 
 # command name → (module, one-line summary). Each module has `add_arguments(parser)` and
 # `run(args) -> int`, and may name its help's DESCRIPTION and EPILOG (printed as written);
@@ -108,13 +108,33 @@ def add_subcommand(
     )
 
 
-def build_parser(only: str | None = None) -> argparse.ArgumentParser:
-    """The whole command line; with ``only``, just that command's arguments are filled in
-    (the others are listed by name and summary), so running one command imports one module."""
-    import argparse
+def help_width(environ: Mapping[str, str] = os.environ) -> int:
+    """The width argparse would wrap help to, worked out as it does (``COLUMNS``, else the
+    terminal on stdout, else 80; less 2) but without importing shutil, which costs every
+    start of ``agentcall call`` milliseconds for help that is almost never printed."""
+    try:
+        columns = int(environ.get("COLUMNS", "0"))
+    except ValueError:
+        columns = 0
+    if columns <= 0:
+        try:
+            columns = os.get_terminal_size(sys.__stdout__.fileno()).columns  # type: ignore[union-attr]
+        except (AttributeError, ValueError, OSError):
+            columns = 0
+    return (columns if columns > 0 else 80) - 2
 
+
+def build_parser(only: str | None = None) -> argparse.ArgumentParser:
+    """The whole command line; with ``only``, just that command (running one command imports
+    one module, and builds one parser: the others would only be listed in the top-level help,
+    which ``only`` never prints, and each costs the start-up of every command)."""
+    import argparse
+    import functools
+
+    width = help_width()
     parser = argparse.ArgumentParser(
         prog="agentcall",
+        formatter_class=functools.partial(argparse.HelpFormatter, width=width),
         description=(
             "Call a coworker's coding agent (Claude Code or Codex) on their machine and get an "
             "answer back, end-to-end encrypted through a relay."
@@ -128,7 +148,6 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", metavar="COMMAND")
     for name, (module_name, summary) in COMMANDS.items():
         if only is not None and name != only:
-            sub.add_parser(name, help=summary)
             continue
         module = importlib.import_module(module_name)
         command = sub.add_parser(
@@ -136,7 +155,7 @@ def build_parser(only: str | None = None) -> argparse.ArgumentParser:
             help=summary,
             description=getattr(module, "DESCRIPTION", summary),
             epilog=getattr(module, "EPILOG", None),
-            formatter_class=argparse.RawDescriptionHelpFormatter,
+            formatter_class=functools.partial(argparse.RawDescriptionHelpFormatter, width=width),
         )
         module.add_arguments(command)
         command.set_defaults(_module=module_name)

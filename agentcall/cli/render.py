@@ -11,10 +11,15 @@ from __future__ import annotations
 
 import json
 import re
-from typing import Final
 
 from agentcall.errors import CallErrorCode
 from agentcall.safetext import DEL_AND_C1, INVISIBLE, SURROGATES, safe_cell, safe_text
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
 
 __all__ = ["describe_error", "safe_cell", "safe_json", "safe_text"]
 

@@ -4,7 +4,8 @@ listener service.
 The service listens on a private UNIX socket in the state directory
 (:attr:`agentcall.local.home.Home.service_socket_path`, served by
 :mod:`agentcall.listener.localsocket`); the lines it speaks are :mod:`agentcall.wire.local`.
-Nothing here imports Twisted, autobahn or any crypto: the service holds the keys, the relay
+Nothing here imports Twisted, autobahn or any crypto, nor attrs, cattrs or the relay's frames
+(tests/unit/test_cli_call_thin.py holds it to that): the service holds the keys, the relay
 connection and the conversations, and this process only renders what comes back.
 
 :func:`call` (and :func:`jobs`) return None when no service is there to take the call (no
@@ -24,13 +25,11 @@ import socket
 import time
 from collections.abc import Callable, Iterator
 from types import FrameType
-from typing import Any
 
 from agentcall import limits
 from agentcall.errors import MalformedFrame
 from agentcall.local import unixsocket
 from agentcall.local.home import Home, LocalStateError
-from agentcall.wire import codec
 from agentcall.wire.local import (
     FROM_SERVICE,
     FROM_SERVICE_JOBS,
@@ -42,7 +41,15 @@ from agentcall.wire.local import (
     LocalProgress,
     LocalStatus,
     ToService,
+    decode_line,
+    encode_line,
 )
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
 
 StateSink = Callable[[str, float], None]
 NoteSink = Callable[[str], None]
@@ -163,7 +170,7 @@ def _exchange(
     with contextlib.closing(sock), _sigterm_interrupts():
         start = time.monotonic()
         try:
-            sock.sendall(codec.encode(request) + b"\n")
+            sock.sendall(encode_line(request) + b"\n")
         except OSError:
             # It accepted and went away before reading: it never saw the request.
             return None
@@ -210,7 +217,7 @@ def _follow(
 
 def _decode(line: bytes, accept: tuple[type[Any], ...]) -> Any:
     try:
-        event = codec.decode_local(line, accept, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+        event = decode_line(line, accept, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
     except MalformedFrame:
         raise ServiceTrouble(
             "service_error",

@@ -27,7 +27,10 @@ import gc
 import importlib.util
 import sys
 from collections.abc import Iterator
-from typing import Any
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:  # the thin path of `agentcall call` loads this module and never typing
+    from typing import Any
 
 # Imported by Twisted or autobahn at module level; run only when something uses them.
 DEFERRED = ("http.cookiejar", "hyperlink", "autobahn.twisted")

@@ -42,7 +42,7 @@ from agentcall.errors import MalformedFrame
 from agentcall.local import unixsocket
 from agentcall.local.unixsocket import PeerCredentials
 from agentcall.logevents import Logger
-from agentcall.wire import codec
+from agentcall.wire import codec, local
 from agentcall.wire.local import (
     TO_SERVICE,
     EndKind,
@@ -146,7 +146,7 @@ class LocalSession(protocol.Protocol):
         self._buffer = b""
         self._cancel_timer()
         try:
-            request = codec.decode_local(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
+            request = local.decode_line(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
         except MalformedFrame as exc:
             self._refuse(f"the request is malformed: {exc}")
             return

@@ -21,9 +21,11 @@ from __future__ import annotations
 
 import contextlib
 import enum
+import functools
 import os
 import secrets
 import signal
+import stat
 import sys
 from collections.abc import Callable, Iterable, Mapping
 from typing import Any, Protocol
@@ -40,8 +42,9 @@ from agentcall.logevents import Logger
 _log = Logger(namespace="agentcall.listener.runner")
 
 RUN_ID_ENV = "AGENTCALL_RUN_ID"
-# Twisted's spawnProcess cannot call setsid() in the child, so a tiny interpreter does it and
-# then execs the agent in place: the pid Twisted reports is the agent's pid and the group id.
+# Twisted's spawnProcess cannot call setsid() in the child, so a small program does it and
+# then execs the agent in place: setsid(1) where the system has a trusted one (below), else
+# this tiny interpreter: the pid Twisted reports is the agent's pid and the group id.
 # -I -S: no site, no user site, no PYTHON* variables, so nothing of the owner's Python setup
 # runs before the exec.
 TRAMPOLINE = (
@@ -53,7 +56,50 @@ TRAMPOLINE = (
     " sys.stderr.write('agentcall: cannot execute the agent: %s\\n' % (e.strerror,))\n"
     " os._exit(127)\n"
 )
+# util-linux's (and BusyBox's) setsid(1) does the trampoline's work as a small C program: a
+# process that does not lead a process group (a child of the listener never does) calls
+# setsid() and execs the agent in place, so the pid is still the agent's. Starting it costs
+# about a millisecond where the interpreter costs ten, on every call. Only a root-owned copy
+# in a system directory that nobody else may write is used; elsewhere (macOS) the trampoline.
+SETSID_PATHS = ("/usr/bin/setsid", "/bin/setsid")
 _SWEEP_PASSES = 5
+
+
+def trusted_setsid(paths: Iterable[str] = SETSID_PATHS, owner_uid: int = 0) -> str | None:
+    """The first of ``paths`` that is an executable regular file owned by ``owner_uid``, in a
+    directory owned by it, neither writable by group or others; None when there is none."""
+    for path in paths:
+        try:
+            st = os.stat(path)
+            parent = os.stat(os.path.dirname(path))
+        except OSError:
+            continue
+        if (
+            stat.S_ISREG(st.st_mode)
+            and st.st_mode & 0o111
+            and st.st_uid == owner_uid
+            and parent.st_uid == owner_uid
+            and not (st.st_mode | parent.st_mode) & 0o022
+        ):
+            return path
+    return None
+
+
+@functools.cache
+def _system_setsid() -> str | None:
+    return trusted_setsid()
+
+
+def session_argv(
+    argv: Iterable[str], find_setsid: Callable[[], str | None] | None = None
+) -> list[str]:
+    """What to spawn so that ``argv`` runs as the leader of a new session and process group,
+    with the pid Twisted reports: setsid(1) where a trusted one exists, else the trampoline."""
+    setsid = (find_setsid or _system_setsid)()
+    if setsid is not None:
+        # "--": an agent path that starts with "-" is still the program, not an option.
+        return [setsid, "--", *argv]
+    return [sys.executable, "-I", "-S", "-c", TRAMPOLINE, *argv]
 
 
 class OutputParser(Protocol):
@@ -476,6 +522,6 @@ def run_agent(
     env = dict(run.env)
     env[RUN_ID_ENV] = run_id
     process = AgentProcess(reactor, run, parser, run_id)
-    args = [sys.executable, "-I", "-S", "-c", TRAMPOLINE, *run.argv]
-    reactor.spawnProcess(process, sys.executable, args, env=env, path=run.cwd)
+    args = session_argv(run.argv)
+    reactor.spawnProcess(process, args[0], args, env=env, path=run.cwd)
     return process.result, RunHandle(process)

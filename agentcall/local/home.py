@@ -20,8 +20,6 @@ import stat
 from collections.abc import Mapping
 from pathlib import Path
 
-import attrs
-
 from agentcall.atomicfile import replace_file
 from agentcall.filetrust import (
     PRIVATE_FILE_MODE,
@@ -32,6 +30,7 @@ from agentcall.filetrust import (
     mode_problem,
     private_dir_problem,
 )
+from agentcall.frozen import Frozen
 
 # The errors and the file mode live in agentcall.filetrust; most callers know them from here.
 __all__ = [
@@ -79,15 +78,22 @@ def _file_problem(path: Path, st: os.stat_result) -> PrivateFileProblem | None:
     )
 
 
-@attrs.frozen
-class Home:
-    """The paths of one installation, resolved once from an environ mapping."""
+class Home(Frozen):
+    """The paths of one installation, resolved once from an environ mapping.
 
+    A :class:`~agentcall.frozen.Frozen` value rather than attrs: the thin ``agentcall call``
+    resolves its service socket from here and does not import attrs."""
+
+    _fields = ("state_dir", "user_home", "relay_override")
+    __slots__ = _fields
     state_dir: Path
     user_home: Path
     # AGENTCALL_RELAY, when set: overrides the relay URL in config.json (see config.py). It is
     # captured here so that one environ mapping decides everything about an installation.
-    relay_override: str | None = None
+    relay_override: str | None
+
+    def __init__(self, state_dir: Path, user_home: Path, relay_override: str | None = None) -> None:
+        self._set(state_dir=state_dir, user_home=user_home, relay_override=relay_override)
 
     @classmethod
     def from_environ(cls, environ: Mapping[str, str] = os.environ) -> Home:

@@ -17,6 +17,7 @@ import json
 import math
 import os
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -184,14 +185,29 @@ def _from_json(data: bytes) -> LocalKeys:
     return LocalKeys(identity=identity, identity_record=identity_record, epochs=tuple(epochs))
 
 
+# The last keys.json this process parsed and verified: its path, its exact bytes, and the
+# keys they gave. The service reads the file several times per call it places (load, and the
+# re-read under the lock before deciding on a rotation); each read still opens the file and
+# checks who may have written it (Home.read_private), but bytes identical to the last ones
+# verified need not be parsed and have every signature checked again: the checks depend on
+# the bytes alone. Any other bytes are checked in full and replace the entry.
+_last_verified: list[tuple[Path, bytes, LocalKeys]] = []
+
+
 def _parse_and_check(home: Home, data: bytes) -> LocalKeys:
+    path = home.keys_path
+    if _last_verified:
+        last_path, last_data, last_keys = _last_verified[0]
+        if last_path == path and last_data == data:
+            return last_keys
     try:
         keys = _from_json(data)
         _check(keys)
     except KeyStoreError as exc:
-        raise KeyStoreError(f"{home.keys_path}: {exc}; restore it from a backup") from None
+        raise KeyStoreError(f"{path}: {exc}; restore it from a backup") from None
     except CryptoError as exc:
-        raise KeyStoreError(f"{home.keys_path}: {exc}; restore it from a backup") from None
+        raise KeyStoreError(f"{path}: {exc}; restore it from a backup") from None
+    _last_verified[:] = [(path, data, keys)]
     return keys
 
 

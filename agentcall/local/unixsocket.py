@@ -19,9 +19,14 @@ import socket
 import struct
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Final
 
-import attrs
+from agentcall.frozen import Frozen
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module,
+# and typing costs that process milliseconds (tests/unit/test_cli_call_thin.py).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Final
 
 # sun_path is 108 bytes on Linux; one of them is the terminating NUL.
 MAX_SOCKET_PATH_BYTES: Final = 107
@@ -32,11 +37,15 @@ class SocketPathError(OSError):
     """The socket's path is too long for the kernel and cannot be shortened here."""
 
 
-@attrs.frozen
-class PeerCredentials:
+class PeerCredentials(Frozen):
+    _fields = ("pid", "uid", "gid")
+    __slots__ = _fields
     pid: int
     uid: int
     gid: int
+
+    def __init__(self, pid: int, uid: int, gid: int) -> None:
+        self._set(pid=pid, uid=uid, gid=gid)
 
 
 @contextlib.contextmanager

@@ -21,7 +21,7 @@ from agentcall import limits, strictjson
 from agentcall.errors import MalformedFrame
 
 if TYPE_CHECKING:
-    from agentcall.wire import frames, local
+    from agentcall.wire import frames
 
 T = TypeVar("T")
 
@@ -177,6 +177,19 @@ converter.register_structure_hook_factory(_is_wire_shape, _structure_hook)
 converter.register_unstructure_hook_factory(_is_wire_shape, _unstructure_hook)
 
 
+# The local socket's lines (agentcall.wire.local) are not attrs classes (the thin CLI does not
+# import attrs): they write themselves, and encode() takes them like any other wire object.
+def _is_local_line(tp: Any) -> bool:
+    return (
+        isinstance(tp, type)
+        and tp.__module__ == "agentcall.wire.local"
+        and callable(getattr(tp, "to_wire", None))
+    )
+
+
+converter.register_unstructure_hook_func(_is_local_line, lambda value: value.to_wire())
+
+
 # The outcome inside a response (payloads.Outcome, a union) is tagged by ``kind``.
 def _is_outcome(tp: Any) -> bool:
     args = get_args(tp)
@@ -298,18 +311,6 @@ def decode_frame(
 
     frame: frames.Frame = _decode_tagged(data, frames.FRAME_TYPES, accept, max_bytes)
     return frame
-
-
-def decode_local(
-    data: bytes | str, accept: Collection[type[Any]], *, max_bytes: int
-) -> local.ToService | local.FromService:
-    """Decode one line of the local socket (:mod:`agentcall.wire.local`) of an accepted type."""
-    from agentcall.wire import local
-
-    line: local.ToService | local.FromService = _decode_tagged(
-        data, local.LOCAL_TYPES, accept, max_bytes
-    )
-    return line
 
 
 def _decode_tagged(

@@ -8,13 +8,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable
-from typing import Any
-
-import attrs
 
 from agentcall import ids
 
-Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
+# attrs and typing are named in annotations only: the thin CLI's lines (agentcall.wire.local)
+# use these validators without importing either (each costs that process milliseconds).
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from typing import Any
+
+    import attrs
+
+    Validator = Callable[[Any, "attrs.Attribute[Any]", Any], None]
 
 # \Z, not $, which would also accept a trailing newline.
 B64URL_RE = re.compile(r"^[A-Za-z0-9_-]*\Z")

@@ -32,12 +32,29 @@ def serve_lines(listening: socket.socket, answer: Callable[[bytes], list[bytes]]
 
 # The packages the thin path must never load: the network stack and the crypto.
 HEAVY = ("twisted", "autobahn", "nacl", "cryptography", "txaio", "OpenSSL", "pyhpke")
+# What a thin `agentcall call` must not load either, though the service uses it: each costs
+# that process milliseconds it does not have (its target is 100 ms with the call itself).
+SLOW = (
+    "attr",
+    "attrs",
+    "cattrs",
+    "agentcall.wire.codec",
+    "agentcall.wire.frames",
+    "agentcall.wire.http",
+    "secrets",
+    "tempfile",
+    "typing",
+    "shutil",
+)
 # Runs `agentcall ARGS…` and, at exit, says on stderr which of them the process imported.
 _PROBE = (
     "import atexit, sys\n"
     f"heavy = {HEAVY!r}\n"
+    f"slow = {SLOW!r}\n"
     "atexit.register(lambda: print('IMPORTED=' + ','.join(sorted({m.split('.')[0] for m in "
     "sys.modules if m.split('.')[0] in heavy})), file=sys.stderr))\n"
+    "atexit.register(lambda: print('LOADED=' + ','.join(sorted(m for m in sys.modules "
+    "if m in slow)), file=sys.stderr))\n"
     "from agentcall.cli.main import main\n"
     "sys.exit(main(sys.argv[1:]))\n"
 )
@@ -62,6 +79,12 @@ def imported(done: subprocess.CompletedProcess[str]) -> set[str]:
     """Which of :data:`HEAVY` a :func:`run_probed` process had loaded when it exited."""
     line = [ln for ln in done.stderr.splitlines() if ln.startswith("IMPORTED=")][-1]
     return {name for name in line.removeprefix("IMPORTED=").split(",") if name}
+
+
+def loaded(done: subprocess.CompletedProcess[str]) -> set[str]:
+    """Which of :data:`SLOW` a :func:`run_probed` process had loaded when it exited."""
+    line = [ln for ln in done.stderr.splitlines() if ln.startswith("LOADED=")][-1]
+    return {name for name in line.removeprefix("LOADED=").split(",") if name}
 
 
 @contextlib.contextmanager

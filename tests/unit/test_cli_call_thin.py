@@ -21,7 +21,7 @@ from agentcall.local.home import Home
 from agentcall.wire import codec
 from agentcall.wire.local import LocalStatus
 from tests.unit.cli_helpers import install, isolate, run_with_clock
-from tests.unit.localstub import imported, run_probed, serve_lines, serving
+from tests.unit.localstub import imported, loaded, run_probed, serve_lines, serving
 from tests.unit.test_cli_call import CALL_ID, FakeFlow, failed, reply, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -198,6 +198,9 @@ def test_the_thin_path_imports_no_twisted_autobahn_or_crypto(
     assert done.stdout == "fine\n"
     assert stub.requests, "the call did not go through the stub service"
     assert imported(done) == set()
+    # Nor attrs, cattrs, the codec or the relay's frames (the lines read and write themselves),
+    # nor what only minting ids or writing files needs.
+    assert loaded(done) == set()
 
 
 def test_a_relay_named_for_this_run_bypasses_the_service(

@@ -94,3 +94,55 @@ def test_help_and_version_load_no_twisted_or_crypto() -> None:
         env={"PYTHONPATH": str(REPO), "HOME": str(REPO)},
     )
     assert "HEAVY []" in done.stdout
+
+
+def _subcommands(parser: object) -> set[str]:
+    import argparse
+
+    assert isinstance(parser, argparse.ArgumentParser)
+    (sub,) = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return set(sub.choices)
+
+
+def test_running_one_command_builds_only_its_parser() -> None:
+    """`agentcall call …` (every thin call) pays for one subparser, not one per command; the
+    whole list is built only for the top-level help."""
+    from agentcall.cli.main import build_parser
+
+    assert _subcommands(build_parser("call")) == {"call"}
+    assert _subcommands(build_parser()) == set(COMMANDS)
+
+
+def test_a_command_s_own_errors_still_name_it(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        main(["call", "ken"])  # no MESSAGE
+    assert exited.value.code == 2
+    assert "usage: agentcall call" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("environ", "width"),
+    [({"COLUMNS": "60"}, 58), ({"COLUMNS": "200"}, 198), ({"COLUMNS": "x"}, None), ({}, None)],
+)
+def test_help_wraps_to_the_width_argparse_would_choose(
+    environ: dict[str, str], width: int | None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """COLUMNS (less 2) as argparse has it, else the terminal, else 80 - 2; without shutil."""
+    import shutil
+
+    from agentcall.cli.main import help_width
+
+    monkeypatch.delenv("COLUMNS", raising=False)
+    expected = width if width is not None else shutil.get_terminal_size().columns - 2
+    assert help_width(environ) == expected
+
+
+def test_the_call_help_is_wrapped_to_columns(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    monkeypatch.setenv("COLUMNS", "50")
+    with pytest.raises(SystemExit):
+        main(["call", "--help"])
+    lines = capsys.readouterr().out.splitlines()
+    options = lines[lines.index("options:") : lines.index("examples:")]  # the epilog is raw
+    assert options and max(len(line) for line in options) <= 48

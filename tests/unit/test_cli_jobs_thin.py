@@ -25,7 +25,7 @@ from agentcall.cli import viaservice
 from agentcall.client.api import RelayUnreachable
 from agentcall.local import unixsocket
 from agentcall.local.home import Home
-from agentcall.wire import codec
+from agentcall.wire import codec, local
 from agentcall.wire.http import JobFailureReason, JobInfo, JobState
 from agentcall.wire.local import TO_SERVICE, LocalEnded, LocalJobs, LocalProgress
 from agentcall.wire.payloads import CallFailure, Reply
@@ -61,7 +61,7 @@ class JobsStub:
         return [codec.encode(out) for out in self._answer(line)]
 
     def _answer(self, line: bytes) -> list[object]:
-        request = codec.decode_local(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
+        request = local.decode_line(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
         assert isinstance(request, LocalJobs)
         home, config = call_cli.load_installation()
         relay = self.world.relay

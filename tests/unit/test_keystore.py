@@ -319,3 +319,60 @@ def test_readable_by_others_is_refused(home: Home, keys: LocalKeys) -> None:
     os.chmod(home.keys_path, 0o640)
     with pytest.raises(PrivateFileError, match="chmod 600"):
         load_keys(home)
+
+
+# --- the same bytes are verified once per process -------------------------------------------
+
+
+@pytest.fixture
+def checks(monkeypatch: pytest.MonkeyPatch) -> list[LocalKeys]:
+    """Every full check load_keys runs (the parse and every signature)."""
+    from agentcall.local import keystore
+
+    seen: list[LocalKeys] = []
+    real = keystore._check
+
+    def counting(keys: LocalKeys) -> None:
+        seen.append(keys)
+        real(keys)
+
+    monkeypatch.setattr(keystore, "_check", counting)
+    monkeypatch.setattr(keystore, "_last_verified", [])
+    return seen
+
+
+def test_unchanged_keys_are_verified_once(home: Home, keys: LocalKeys, checks: list[Any]) -> None:
+    first = load_keys(home)
+    assert load_keys(home) is first
+    assert rotate_if_needed(home, keys, NOW) is None  # reads the file again, under the lock
+    assert len(checks) == 1
+
+
+def test_changed_bytes_are_verified_again(home: Home, keys: LocalKeys, checks: list[Any]) -> None:
+    load_keys(home)
+    now = keys.current_record.record.not_after - limits.KEY_ROTATE_BEFORE_S + 1
+    rotated = rotate_if_needed(home, keys, now)
+    assert rotated is not None
+    assert [e.key_id for e in load_keys(home).epochs] == [e.key_id for e in rotated.epochs]
+    # The first load, the rotation's check of what it writes, then the new bytes read back.
+    assert len(checks) >= 3
+
+
+def test_tampering_after_a_good_load_is_still_refused(
+    home: Home, keys: LocalKeys, checks: list[Any]
+) -> None:
+    load_keys(home)
+    body = read_json(home)
+    tamper_seed(body)
+    write_json(home, body)
+    with pytest.raises(KeyStoreError):
+        load_keys(home)
+
+
+def test_a_file_others_may_read_is_refused_though_its_bytes_were_verified(
+    home: Home, keys: LocalKeys, checks: list[Any]
+) -> None:
+    load_keys(home)
+    home.keys_path.chmod(0o644)
+    with pytest.raises(PrivateFileError):
+        load_keys(home)

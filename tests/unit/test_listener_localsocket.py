@@ -22,7 +22,7 @@ from agentcall.cli import viaservice
 from agentcall.listener.localsocket import EventSink, LocalSession, LocalSocketService
 from agentcall.local import unixsocket
 from agentcall.local.unixsocket import PeerCredentials
-from agentcall.wire import codec
+from agentcall.wire import codec, local
 from agentcall.wire.local import (
     FROM_SERVICE,
     EndKind,
@@ -76,7 +76,7 @@ class Client(protocol.Protocol):
 
     def events(self) -> list[object]:
         return [
-            codec.decode_local(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+            local.decode_line(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
             for line in self.data.splitlines()
         ]
 
@@ -384,7 +384,7 @@ def test_an_oversize_request_is_refused_without_reading_on() -> None:
         proto.dataReceived(chunk)
         sent += len(chunk)
     [line] = transport.value().splitlines()
-    refusal = codec.decode_local(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+    refusal = local.decode_line(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
     assert isinstance(refusal, LocalEnded) and refusal.code == "bad_request"
     assert transport.disconnecting and handler.calls == []
 
@@ -394,7 +394,7 @@ def test_a_handler_that_breaks_is_a_local_error_not_a_hang() -> None:
     proto.dataReceived(codec.encode(REQUEST) + b"\n")
     handler.calls[0][2].errback(RuntimeError("boom"))
     [line] = transport.value().splitlines()
-    refusal = codec.decode_local(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+    refusal = local.decode_line(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
     assert isinstance(refusal, LocalEnded) and refusal.code == "local_error"
     assert "boom" not in line.decode()
     assert transport.disconnecting

@@ -14,7 +14,7 @@ from twisted.internet.task import Clock
 from agentcall import limits
 from agentcall.listener.localsocket import EventSink, Handlers, LocalSession, LocalSocketService
 from agentcall.local.unixsocket import PeerCredentials
-from agentcall.wire import codec
+from agentcall.wire import codec, local
 from agentcall.wire.local import (
     FROM_SERVICE_JOBS,
     EndKind,
@@ -67,7 +67,7 @@ def session(
 
 def lines(transport: MemoryTransport) -> list[object]:
     return [
-        codec.decode_local(line, FROM_SERVICE_JOBS, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+        local.decode_line(line, FROM_SERVICE_JOBS, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
         for line in transport.value().splitlines()
     ]
 

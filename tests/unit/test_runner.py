@@ -30,12 +30,15 @@ from agentcall import limits
 from agentcall.listener.agents.claude import ClaudeParser
 from agentcall.listener.runner import (
     RUN_ID_ENV,
+    TRAMPOLINE,
     AgentProcess,
     AgentRun,
     RunHandle,
     RunResult,
     run_agent,
+    session_argv,
     sweep_marked,
+    trusted_setsid,
 )
 
 reactor: Any = _reactor
@@ -436,7 +439,8 @@ async def test_logs_carry_sizes_and_ids_never_text(workdir: Path) -> None:
 @pytest.mark.slow
 @twisted_test
 async def test_missing_binary_exits_127(workdir: Path) -> None:
-    """An agent binary that does not exist: exit 127 with a short reason on stderr."""
+    """An agent binary that does not exist: exit 127 with a short reason on stderr (the
+    trampoline's words, or setsid(1)'s, which name the program)."""
     run = AgentRun(
         argv=(str(workdir / "no-such-agent"),),
         cwd=str(workdir),
@@ -446,7 +450,9 @@ async def test_missing_binary_exits_127(workdir: Path) -> None:
     )
     result = await run_agent(reactor, run)[0]
     assert result.exit_code == 127
-    assert b"cannot execute the agent" in result.stderr
+    assert b"cannot execute the agent" in result.stderr or (
+        b"no-such-agent" in result.stderr and b"setsid" in result.stderr
+    )
 
 
 @pytest.mark.slow
@@ -683,3 +689,70 @@ def test_caps_on_the_clock() -> None:
     result = rig.results[0]
     assert (result.stdout, result.stdout_truncated) == (b"abcde", True)
     assert (result.stderr, result.stderr_truncated) == (b"4567", True)
+
+
+# --- how a run gets its own session: setsid(1) when trusted, else the trampoline ----------------
+
+
+def _executable(path: Path, mode: int = 0o755) -> Path:
+    path.write_text("#!/bin/sh\n")
+    path.chmod(mode)
+    return path
+
+
+def test_a_trusted_setsid_is_found(tmp_path: Path) -> None:
+    tmp_path.chmod(0o755)
+    good = _executable(tmp_path / "setsid")
+    missing = str(tmp_path / "absent")
+    assert trusted_setsid([missing, str(good)], owner_uid=os.getuid()) == str(good)
+
+
+@pytest.mark.parametrize(
+    "problem",
+    ["group-writable", "other-writable", "not-executable", "directory", "other-owner", "dir-open"],
+)
+def test_an_untrusted_setsid_is_not_used(tmp_path: Path, problem: str) -> None:
+    tmp_path.chmod(0o777 if problem == "dir-open" else 0o755)
+    path = tmp_path / "setsid"
+    owner = os.getuid()
+    if problem == "directory":
+        path.mkdir()
+    else:
+        mode = {"group-writable": 0o775, "other-writable": 0o757, "not-executable": 0o644}
+        _executable(path, mode.get(problem, 0o755))
+    if problem == "other-owner":
+        owner += 1
+    assert trusted_setsid([str(path)], owner_uid=owner) is None
+
+
+def test_the_run_is_spawned_through_setsid_when_there_is_one() -> None:
+    argv = session_argv(["/usr/bin/agent", "-p"], find_setsid=lambda: "/usr/bin/setsid")
+    assert argv == ["/usr/bin/setsid", "--", "/usr/bin/agent", "-p"]
+
+
+def test_without_setsid_the_trampoline_starts_the_run() -> None:
+    argv = session_argv(["/usr/bin/agent", "-p"], find_setsid=lambda: None)
+    assert argv == [sys.executable, "-I", "-S", "-c", TRAMPOLINE, "/usr/bin/agent", "-p"]
+
+
+class SpawnRecorder(Clock):
+    """A reactor that records what it was asked to spawn and starts nothing."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.spawned: list[tuple[str, list[str]]] = []
+
+    def spawnProcess(self, _proto: object, executable: str, args: list[str], **_kw: Any) -> None:
+        self.spawned.append((executable, list(args)))
+
+
+def test_run_agent_spawns_what_session_argv_says(monkeypatch: pytest.MonkeyPatch) -> None:
+    from agentcall.listener import runner
+
+    monkeypatch.setattr(runner, "_system_setsid", lambda: "/opt/test/setsid")
+    recorder = SpawnRecorder()
+    run_agent(recorder, AgentRun(argv=("/bin/agent",), cwd="/", env={}, stdin=b"", timeout_s=5))
+    assert recorder.spawned == [("/opt/test/setsid", ["/opt/test/setsid", "--", "/bin/agent"])]
+    monkeypatch.setattr(runner, "_system_setsid", lambda: None)
+    run_agent(recorder, AgentRun(argv=("/bin/agent",), cwd="/", env={}, stdin=b"", timeout_s=5))
+    assert recorder.spawned[1] == (sys.executable, session_argv(["/bin/agent"], lambda: None))

@@ -9,7 +9,7 @@ import pytest
 
 from agentcall import limits
 from agentcall.errors import MalformedFrame
-from agentcall.wire import codec
+from agentcall.wire import codec, local
 from agentcall.wire.local import (
     FROM_SERVICE,
     TO_SERVICE,
@@ -40,13 +40,13 @@ def request(**changes: Any) -> dict[str, Any]:
 
 
 def decode_request(body: object) -> object:
-    return codec.decode_local(
+    return local.decode_line(
         json.dumps(body).encode(), TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES
     )
 
 
 def decode_event(body: object) -> object:
-    return codec.decode_local(
+    return local.decode_line(
         json.dumps(body).encode(), FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES
     )
 
@@ -77,7 +77,7 @@ def test_every_shape_round_trips(value: object) -> None:
     accept = TO_SERVICE if isinstance(value, LocalCall) else FROM_SERVICE
     data = codec.encode(value)
     assert b"\n" not in data  # one line each
-    assert codec.decode_local(data, accept, max_bytes=limits.MAX_LOCAL_EVENT_BYTES) == value
+    assert local.decode_line(data, accept, max_bytes=limits.MAX_LOCAL_EVENT_BYTES) == value
 
 
 def test_the_local_states_are_the_relays_call_states() -> None:
@@ -137,7 +137,7 @@ def test_a_bad_request_is_malformed(body: object) -> None:
 )
 def test_bytes_that_are_not_a_line_of_json_are_malformed(data: bytes) -> None:
     with pytest.raises(MalformedFrame):
-        codec.decode_local(data, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
+        local.decode_line(data, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
 
 
 def ended(**changes: Any) -> dict[str, Any]:
@@ -176,3 +176,50 @@ def ended(**changes: Any) -> dict[str, Any]:
 def test_a_bad_event_is_malformed(body: object) -> None:
     with pytest.raises(MalformedFrame):
         decode_event(body)
+
+
+def test_the_lines_are_written_as_before() -> None:
+    """The wire form did not change when the lines stopped being attrs classes: every field,
+    in order, ``continue`` renamed, tuples as lists (a service and a CLI of either version
+    read each other)."""
+    from agentcall.wire.local import encode_line
+
+    assert encode_line(LocalCall(target="ken", message="hi", continue_=True)) == (
+        b'{"type":"call","target":"ken","message":"hi","task":null,"continue":true,'
+        b'"context_id":null,"queue":true,"timeout_ms":420000}'
+    )
+    failed = LocalEnded(EndKind.FAILED, "@acme/ken", CALL_ID, code="busy", offered=("ask",))
+    assert json.loads(encode_line(failed)) == {
+        "type": "ended",
+        "kind": "failed",
+        "address": "@acme/ken",
+        "call_id": CALL_ID,
+        "text": None,
+        "task": None,
+        "context_id": None,
+        "job_id": None,
+        "expires_at": None,
+        "code": "busy",
+        "detail": None,
+        "offered": ["ask"],
+        "message": None,
+        "ended": False,
+        "conversation_note": None,
+    }
+    assert codec.encode(failed) == encode_line(failed)
+
+
+def test_a_line_cannot_be_changed_once_made() -> None:
+    line = LocalStatus("working", CALL_ID)
+    with pytest.raises(AttributeError):
+        line.state = "ringing"
+    assert line == LocalStatus("working", CALL_ID)
+
+
+def test_made_lines_are_checked_like_decoded_ones() -> None:
+    with pytest.raises(ValueError):
+        LocalCall(target="ken", message="hi", continue_=True, context_id=CONTEXT_ID)
+    with pytest.raises(ValueError):
+        LocalEnded(EndKind.ANSWER, "@acme/ken", CALL_ID)  # an answer without text
+    with pytest.raises(ValueError):
+        LocalStatus("dancing", CALL_ID)

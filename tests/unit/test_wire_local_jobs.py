@@ -9,7 +9,7 @@ import pytest
 
 from agentcall import limits
 from agentcall.errors import MalformedFrame
-from agentcall.wire import codec
+from agentcall.wire import codec, local
 from agentcall.wire.local import (
     FROM_SERVICE,
     FROM_SERVICE_JOBS,
@@ -27,11 +27,11 @@ ANSWER = LocalEnded(EndKind.ANSWER, KEN, JOB_ID, text="because")
 
 
 def decode_request(raw: dict[str, Any]) -> object:
-    return codec.decode_local(json.dumps(raw), TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
+    return local.decode_line(json.dumps(raw), TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES)
 
 
 def decode_event(raw: dict[str, Any]) -> object:
-    return codec.decode_local(
+    return local.decode_line(
         json.dumps(raw), FROM_SERVICE_JOBS, max_bytes=limits.MAX_LOCAL_EVENT_BYTES
     )
 
@@ -48,7 +48,7 @@ def decode_event(raw: dict[str, Any]) -> object:
 def test_requests_round_trip(value: LocalJobs) -> None:
     line = codec.encode(value)
     assert json.loads(line)["type"] == "jobs"
-    assert codec.decode_local(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES) == value
+    assert local.decode_line(line, TO_SERVICE, max_bytes=limits.MAX_LOCAL_REQUEST_BYTES) == value
 
 
 @pytest.mark.parametrize(
@@ -63,7 +63,7 @@ def test_requests_round_trip(value: LocalJobs) -> None:
 )
 def test_service_lines_round_trip(value: object) -> None:
     line = codec.encode(value)
-    assert codec.decode_local(line, FROM_SERVICE_JOBS, max_bytes=limits.MAX_LOCAL_EVENT_BYTES) == (
+    assert local.decode_line(line, FROM_SERVICE_JOBS, max_bytes=limits.MAX_LOCAL_EVENT_BYTES) == (
         value
     )
 
@@ -155,4 +155,4 @@ def test_too_many_jobs_are_refused() -> None:
 def test_a_call_client_does_not_accept_jobs_lines() -> None:
     line = codec.encode(LocalJobsEnded(NOW, jobs=()))
     with pytest.raises(MalformedFrame):
-        codec.decode_local(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+        local.decode_line(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
