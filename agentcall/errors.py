@@ -93,6 +93,7 @@ class ApiErrorCode(enum.StrEnum):
     LAST_ADMIN = "last_admin"  # the change would leave the organisation without an admin
     HANDLE_BUSY = "handle_busy"  # a release while the relay still keeps jobs of the handle
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
+    CARD_NOT_NEWER = "card_not_newer"  # a card dated no later than the one the relay keeps
     INTERNAL = "internal"
 
 
@@ -110,6 +111,11 @@ class CryptoError(AgentCallError):
 
 class KeyRecordInvalid(CryptoError):
     """A published key record is malformed, badly signed, or outside its validity."""
+
+
+class CardInvalid(CryptoError):
+    """A published card is badly signed, names another address, relay or key, or is older
+    than one already seen: it must not be shown as what its owner published."""
 
 
 class EnvelopeInvalid(CryptoError):

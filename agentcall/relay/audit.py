@@ -35,6 +35,7 @@ MEMBER_ROLE = "member.role"
 MEMBER_OFFLINE_DELIVERY = "member.offline_delivery"
 KEYS_IDENTITY_PUBLISH = "keys.identity.publish"
 KEYS_ENCRYPTION_PUBLISH = "keys.encryption.publish"
+CARD_PUBLISH = "card.publish"
 CALL_SUBMIT = "call.submit"
 CALL_ACCEPT = "call.accept"
 CALL_COMPLETE = "call.complete"
@@ -67,6 +68,7 @@ EVENTS = frozenset(
         MEMBER_OFFLINE_DELIVERY,
         KEYS_IDENTITY_PUBLISH,
         KEYS_ENCRYPTION_PUBLISH,
+        CARD_PUBLISH,
         CALL_SUBMIT,
         CALL_ACCEPT,
         CALL_COMPLETE,

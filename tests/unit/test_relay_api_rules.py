@@ -54,6 +54,8 @@ ROUTES = {
     ("GET", "/v1/members"): RouteMatch(Route.LIST_MEMBERS),
     ("POST", "/v1/members/ken/remove"): RouteMatch(Route.REMOVE_MEMBER, "ken"),
     ("PUT", "/v1/members/ken-lee/role"): RouteMatch(Route.SET_MEMBER_ROLE, "ken-lee"),
+    ("PUT", "/v1/card"): RouteMatch(Route.PUBLISH_CARD),
+    ("GET", "/v1/cards/ken-lee"): RouteMatch(Route.FETCH_CARD, "ken-lee"),
 }
 FIXED_PATHS = {
     "/v1/status",
@@ -66,6 +68,7 @@ FIXED_PATHS = {
     "/v1/me/offline-delivery",
     "/v1/jobs",
     "/v1/members",
+    "/v1/card",
 }
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 PATHS = sorted(
@@ -96,6 +99,11 @@ PATHS = sorted(
         "/v1/members/KEN/role",
         "/v1/members/../remove",
         "/v1/members/ken/remove/more",
+        "/v1/cards",
+        "/v1/cards/ken--lee",
+        "/v1/cards/KEN",
+        "/v1/cards/ken/more",
+        "/v1/cards/" + "k" * 32,
     }
 )
 
