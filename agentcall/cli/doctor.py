@@ -198,6 +198,10 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
     checks += owned
     if not config.caller_only:
         checks.append(_limits(config, shell))
+    if keys is not None and facts.status_error is None and not facts.token_refused:
+        from agentcall.cli.card import doctor_check
+
+        checks.append(doctor_check(home, config, keys, deps))
     return checks, notes
 
 

@@ -1,4 +1,5 @@
-"""`agentcall card`: the address, agent and default menu callers meet, computed locally."""
+"""`agentcall card`: the address, agent and default menu callers meet, computed locally, and
+`--publish` against a fake relay."""
 
 from __future__ import annotations
 
@@ -76,11 +77,12 @@ def test_default_card_offers_ask(machine: Machine, capsys: pytest.CaptureFixture
     assert body["published"] is False
 
 
-def test_offered_tasks_show_their_details_and_grants_do_not(
+def test_offered_tasks_show_their_summary_and_grants_do_not(
     machine: Machine, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Only the default offer is on the card, with name, description, keywords, examples;
-    a task granted to one caller, or stopped by the admin ceiling, is not."""
+    """Only the default offer is on the card, each task as id, name and the first line of its
+    description; a task granted to one caller, or stopped by the admin ceiling, is not, and
+    nothing else of a task (keywords, examples, tools, workdir) is either."""
     machine.task("review", REVIEW)
     machine.task("deploy")
     machine.task("secret")
@@ -93,20 +95,17 @@ def test_offered_tasks_show_their_details_and_grants_do_not(
     )
     machine.ceiling_path.write_text(json.dumps({"version": 1, "allowed_tasks": ["ask", "review"]}))
     machine.ceiling_path.chmod(0o644)
-    body = json.loads(card(capsys, "--json")[1])
+    code, out, _err = card(capsys, "--json")
+    body = json.loads(out)
     assert [task["id"] for task in body["tasks"]] == ["ask", "review"]
-    assert body["tasks"][1] == {
-        "id": "review",
-        "name": "Code review",
-        "description": "Review a diff",
-        "keywords": ["review", "diff"],
-        "examples": ["Review my change to parser.py"],
-    }
+    assert body["tasks"][1] == {"id": "review", "name": "Code review", "summary": "Review a diff"}
+    for hidden in ("deploy", "secret", "ana", "parser.py", "keywords", "tools", "workdir"):
+        assert hidden not in out
     code, out, _err = card(capsys)
     assert code == 0
-    assert "  review — Code review" in out and "    keywords: review, diff" in out
-    assert "    example: Review my change to parser.py" in out
-    assert "not published" in out.splitlines()[-1]
+    assert "  review — Code review" in out and "    Review a diff" in out
+    assert "keywords" not in out and "parser.py" not in out
+    assert "agentcall card --publish" in out.splitlines()[-1]
 
 
 def test_blocked_by_default_offers_nothing(
@@ -114,7 +113,7 @@ def test_blocked_by_default_offers_nothing(
 ) -> None:
     machine.policy({"version": 2, "default_access": "blocked"})
     code, out, _err = card(capsys)
-    assert code == 0 and "default access: blocked" in out and "tasks: none" in out
+    assert code == 0 and "tasks: none" in out and "allowed individually" in out
 
 
 def test_caller_only_answers_nothing(machine: Machine, capsys: pytest.CaptureFixture[str]) -> None:
@@ -147,10 +146,10 @@ def test_hostile_task_text_is_made_terminal_safe(
     assert "\x1b" not in out and "\u202e" not in out
 
 
-def test_help_says_there_is_no_relay_card_yet(capsys: pytest.CaptureFixture[str]) -> None:
+def test_help_names_publishing_and_inspect(capsys: pytest.CaptureFixture[str]) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["card", "--help"])
     out = " ".join(capsys.readouterr().out.split())
     assert exited.value.code == 0
-    assert "the relay has no card endpoint yet" in out
-    assert "agentcall card --json" in out.split("examples:")[1]
+    assert "--publish" in out and "agentcall inspect" in out
+    assert "agentcall card --publish" in out.split("examples:")[1]
