@@ -147,8 +147,6 @@ def verified_own(signed: SignedCardRecord | None, keys: LocalKeys) -> CardRecord
 
 def _publish(home: Home, config: Config, offer: CardOffer) -> bool:
     """Sign and publish; False when the relay already had this very card."""
-    import time
-
     from agentcall.cli.call import relay_api, run_on_reactor
     from agentcall.cli.main import CommandError
     from agentcall.client.api import RelayUnreachable
@@ -167,7 +165,7 @@ def _publish(home: Home, config: Config, offer: CardOffer) -> bool:
         if kept is not None and offer_of(kept) == offer:
             return False
         # Never dated before the kept card: the relay keeps only a newer one.
-        now = max(reactor.seconds(), time.time() if kept is None else kept.issued_at + 1)
+        now = reactor.seconds() if kept is None else max(reactor.seconds(), kept.issued_at + 1)
         await api.put_card(
             sign_offer(offer, keys.identity, config.relay_origin, config.address, now)
         )

@@ -9,13 +9,20 @@ from typing import Any
 
 import attrs
 import pytest
+from twisted.internet import defer
 
+from agentcall.cli import call as call_cli
 from agentcall.cli import owner
 from agentcall.cli.main import main
+from agentcall.crypto.card import verify_card
+from agentcall.errors import ApiError, ApiErrorCode
+from agentcall.listener.card import CardOffer, sign_offer
 from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
 from agentcall.local.config import load_config, save_config
 from agentcall.local.home import Home
-from tests.unit.cli_helpers import install, isolate
+from agentcall.local.keystore import load_keys
+from agentcall.wire.http import SignedCardRecord
+from tests.unit.cli_helpers import NOW, ORIGIN, install, isolate, run_with_clock
 
 REVIEW = (
     'description: "Review a diff"\n'
@@ -153,3 +160,76 @@ def test_help_names_publishing_and_inspect(capsys: pytest.CaptureFixture[str]) -
     assert exited.value.code == 0
     assert "--publish" in out and "agentcall inspect" in out
     assert "agentcall card --publish" in out.split("examples:")[1]
+
+
+@attrs.define
+class FakeApi:
+    kept: SignedCardRecord | None = None
+    sent: list[SignedCardRecord] = attrs.field(factory=list)
+    failure: Exception | None = None
+
+    def get_card(self, handle: str) -> defer.Deferred[SignedCardRecord]:
+        assert handle == "ann"
+        if self.kept is None:
+            return defer.fail(ApiError(404, ApiErrorCode.NOT_FOUND, "no card"))
+        return defer.succeed(self.kept)
+
+    def put_card(self, card: SignedCardRecord) -> defer.Deferred[SignedCardRecord]:
+        if self.failure is not None:
+            return defer.fail(self.failure)
+        self.sent.append(card)
+        self.kept = card
+        return defer.succeed(card)
+
+
+@pytest.fixture
+def relay(monkeypatch: pytest.MonkeyPatch, machine: Machine) -> FakeApi:
+    fake = FakeApi()
+    monkeypatch.setattr(call_cli, "relay_api", lambda _reactor, _config: fake)
+    monkeypatch.setattr(call_cli, "run_on_reactor", run_with_clock)
+    return fake
+
+
+def test_publish_signs_the_card_and_sends_it_once(
+    machine: Machine, relay: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    machine.task("review", REVIEW)
+    machine.policy({"version": 2, "default_offer": ["ask", "review"]})
+    code, out, _err = card(capsys, "--publish", "--json")
+    assert code == 0
+    body = json.loads(out)
+    assert (body["published"], body["changed"]) == (True, True)
+    [sent] = relay.sent
+    keys = load_keys(machine.state)
+    verify_card(
+        sent, address="@acme/ann", relay_origin=ORIGIN, identity_pub=keys.identity.public_b64
+    )
+    assert [t.id for t in sent.record.tasks] == ["ask", "review"]
+    # The same card again: nothing is sent.
+    code, out, _err = card(capsys, "--publish")
+    assert code == 0 and len(relay.sent) == 1 and "published on the relay" in out
+    # A change is published, dated after the kept card even when the clock is behind it.
+    later = sign_offer(CardOffer(agent_kind=None), keys.identity, ORIGIN, "@acme/ann", NOW + 500)
+    relay.kept = later
+    machine.policy({"version": 2, "default_offer": ["ask"]})
+    assert card(capsys, "--publish")[0] == 0
+    assert len(relay.sent) == 2 and relay.sent[1].record.issued_at == int(NOW) + 501
+    assert [t.id for t in relay.sent[1].record.tasks] == ["ask"]
+
+
+def test_a_kept_card_that_does_not_verify_is_replaced(
+    machine: Machine, relay: FakeApi, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    other = install(tmp_path / "other")[2]
+    relay.kept = sign_offer(CardOffer(agent_kind=None), other.identity, ORIGIN, "@acme/ann", NOW)
+    assert card(capsys, "--publish")[0] == 0
+    assert len(relay.sent) == 1
+
+
+def test_a_refused_publish_is_one_line(
+    machine: Machine, relay: FakeApi, capsys: pytest.CaptureFixture[str]
+) -> None:
+    relay.failure = ApiError(409, ApiErrorCode.CARD_NOT_NEWER, "a card dated no later is refused")
+    code, out, err = card(capsys, "--publish")
+    assert (code, out) == (1, "")
+    assert "cannot publish the card" in err and len(err.strip().splitlines()) == 1
