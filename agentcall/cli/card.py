@@ -13,7 +13,7 @@ import argparse
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from agentcall.cli.doctor_checks import Check, DoctorDeps
+    from agentcall.cli.doctor_checks import Check, DoctorDeps, RelayFacts
     from agentcall.listener.card import CardOffer
     from agentcall.local.config import Config
     from agentcall.local.home import Home
@@ -195,28 +195,36 @@ def run(args: argparse.Namespace) -> int:
     return 0
 
 
-def doctor_check(home: Home, config: Config, keys: LocalKeys, deps: DoctorDeps) -> Check:
+async def doctor_fetch(reactor: Any, deps: DoctorDeps, config: Config, facts: RelayFacts) -> object:
+    """The published card for :func:`doctor_check`: the card, None (none published), the
+    exception that stopped the fetch, or None unasked when the relay was not reachable."""
+    if facts.status_error is not None or facts.token_refused:
+        return None
+    try:
+        return await published_card(deps.make_api(reactor, config), config)
+    except Exception as exc:
+        return exc
+
+
+def doctor_check(home: Home, config: Config, keys: LocalKeys, fetched: object) -> Check:
     """``agentcall doctor``'s card line: is the published card the one the local files make?"""
     from agentcall.cli import doctor_checks as dc
     from agentcall.cli.main import CommandError
+    from agentcall.cli.render import safe_cell
     from agentcall.listener.card import drift
+    from agentcall.wire.http import SignedCardRecord
 
     fix = "start the listener (it publishes the card), or run `agentcall card --publish`"
     try:
         offer = local_offer(home, config, "check the card")
     except CommandError:
         return dc.Check("card", dc.WARN, "not compared: the local files cannot be read", None)
-
-    async def work(reactor: Any) -> SignedCardRecord | None:
-        return await published_card(deps.make_api(reactor, config), config)
-
-    try:
-        signed = deps.run_network(work)
-    except Exception as exc:
-        return dc.Check("card", dc.WARN, f"the published card could not be fetched ({exc})", None)
-    if signed is None:
+    if isinstance(fetched, Exception):
+        problem = safe_cell(str(fetched)) or type(fetched).__name__
+        return dc.Check("card", dc.WARN, f"the published card could not be fetched ({problem})")
+    if not isinstance(fetched, SignedCardRecord):
         return dc.Check("card", dc.WARN, "no card is published: callers cannot see your tasks", fix)
-    record = verified_own(signed, keys)
+    record = verified_own(fetched, keys)
     if record is None:
         return dc.Check(
             "card",
@@ -229,6 +237,5 @@ def doctor_check(home: Home, config: Config, keys: LocalKeys, deps: DoctorDeps) 
         return dc.Check(
             "card", dc.WARN, "the published card differs: " + "; ".join(differences), fix
         )
-    return dc.Check(
-        "card", dc.OK, f"the published card matches the local files ({len(offer.tasks)} task(s))"
-    )
+    tasks = len(offer.tasks)
+    return dc.Check("card", dc.OK, f"the published card matches the local files ({tasks} task(s))")

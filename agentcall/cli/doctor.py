@@ -180,10 +180,13 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
 
         checks.append(key_expiry(keys, deps.clock(), caller_only=config.caller_only))
 
-    async def work(reactor: Any) -> dc.RelayFacts:
-        return await dc.ask_relay(reactor, deps, config, presence=not config.caller_only)
+    from agentcall.cli.card import doctor_fetch
 
-    facts = deps.run_network(work)
+    async def work(reactor: Any) -> tuple[dc.RelayFacts, object]:
+        facts = await dc.ask_relay(reactor, deps, config, presence=not config.caller_only)
+        return facts, await doctor_fetch(reactor, deps, config, facts)
+
+    facts, card = deps.run_network(work)
     checks += dc.relay(facts, config, keys)
     checks.append(dc.offline_delivery(facts, config))
     notes: list[str] = []
@@ -201,7 +204,7 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
     if keys is not None and facts.status_error is None and not facts.token_refused:
         from agentcall.cli.card import doctor_check
 
-        checks.append(doctor_check(home, config, keys, deps))
+        checks.append(doctor_check(home, config, keys, card))
     return checks, notes
 
 
