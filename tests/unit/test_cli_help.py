@@ -23,6 +23,8 @@ PERSON_COMMANDS = [
     ["members", "list"],
     ["members", "remove"],
     ["members", "role"],
+    ["inspect"],
+    ["card"],
     ["block"],
     ["unblock"],
     ["access"],
