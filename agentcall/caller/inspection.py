@@ -8,8 +8,9 @@ looking, and the one command that would change trust is only named (:attr:`Inspe
 Trust for the card follows the pin: a card is ``verified`` only against a key this
 installation already trusts (its pin, or its own key for its own address); against the key
 the relay serves for an address never called it is ``unpinned`` (shown, and said to be
-unconfirmed); when the identity changed, or the card does not verify, it is ``refused`` and
-its contents are never shown as the owner's.
+unconfirmed); when the identity changed, or the card does not verify, or it is older than a
+card verified before (a replay), it is ``refused`` and its contents are never shown as the
+owner's.
 """
 
 from __future__ import annotations
@@ -68,6 +69,8 @@ class Facts:
     contact_name: str | None = None
     note: str | None = None
     online: bool | None = None  # own address only
+    # The issue time of the newest card of this address verified before (a replay is older).
+    card_seen: int | None = None
 
 
 @attrs.frozen
@@ -135,7 +138,11 @@ def _card(
         return CardView.REFUSED, None, "no identity key to check the card against"
     try:
         verify_card(
-            facts.card, address=facts.address, relay_origin=facts.relay_origin, identity_pub=trusted
+            facts.card,
+            address=facts.address,
+            relay_origin=facts.relay_origin,
+            identity_pub=trusted,
+            newer_than=facts.card_seen,
         )
     except CardInvalid as exc:
         return CardView.REFUSED, None, str(exc)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from agentcall.caller.inspection import Inspection
+    from agentcall.local.home import Home
 
 DESCRIPTION = """\
 Show what you can know about ADDRESS (an @org/handle, a contact name, or a handle in your
@@ -19,11 +20,13 @@ organisation) before calling it: the fingerprint of the identity key the relay s
 it stands with your pin (unseen: never called; pinned: the key you pinned; changed: not the
 key you pinned, so calls are refused), your contact note, its published card (the agent and
 the tasks it offers everyone, checked against your pin: `verified`, or `unpinned` while you
-have not pinned the key yet; a card that does not verify is never shown), and presence:
+have not pinned the key yet; a card that does not verify, or is older than one you saw
+verified, is never shown), and presence:
 online or offline for your own address, `undisclosed` for anyone else (presence is private).
 
-Inspecting changes nothing: no pin is created or replaced. When a command would, it is
-printed: a first call for an unseen identity, `agentcall trust --reset` for a changed one."""
+Inspecting never creates or replaces a pin (it only remembers the date of a verified card, so
+that an older one served later is refused). When a command would change trust, it is printed:
+a first call for an unseen identity, `agentcall trust --reset` for a changed one."""
 
 EPILOG = """\
 examples:
@@ -108,9 +111,25 @@ def render(seen: Inspection) -> str:
     return "\n".join(lines)
 
 
+def _saw(home: Home, relay_origin: str, address: str, issued_at: int) -> None:
+    """Remember a verified card's date (not a pin: only a later replay is refused by it)."""
+    from agentcall.cli.main import CommandError
+    from agentcall.errors import AgentCallError
+    from agentcall.local.statedb import StateDb
+
+    try:
+        db = StateDb.open(home)
+        try:
+            db.seen_cards(relay_origin).saw(address, issued_at)
+        finally:
+            db.close()
+    except AgentCallError as exc:
+        raise CommandError(str(exc)) from None
+
+
 def run(args: argparse.Namespace) -> int:
     from agentcall import ids
-    from agentcall.caller.inspection import Facts, inspect
+    from agentcall.caller.inspection import CardView, Facts, inspect
     from agentcall.cli.call import load_installation, relay_api, run_on_reactor
     from agentcall.cli.main import CommandError
     from agentcall.cli.render import safe_json
@@ -131,6 +150,7 @@ def run(args: argparse.Namespace) -> int:
         db = StateDb.open(home)
         try:
             pin = db.pins.get(config.relay_origin, address)
+            card_seen = db.seen_cards(config.relay_origin).newest(address)
         finally:
             db.close()
     except (AgentCallError, ValueError) as exc:
@@ -170,6 +190,7 @@ def run(args: argparse.Namespace) -> int:
             contact_name=None if contact is None else contact.name,
             note=None if contact is None else contact.note,
             online=online,
+            card_seen=card_seen,
         )
 
     try:
@@ -179,5 +200,7 @@ def run(args: argparse.Namespace) -> int:
     except AgentCallError as exc:
         raise CommandError(str(exc)) from None
     seen = inspect(facts)
+    if seen.card is CardView.VERIFIED and seen.card_record is not None:
+        _saw(home, config.relay_origin, address, seen.card_record.issued_at)
     print(safe_json(to_json(seen)) if args.json else render(seen))
     return 0

@@ -226,3 +226,24 @@ def test_an_unreachable_relay_is_one_line_and_another_org_is_refused(
 def test_the_pin_states_are_the_documented_ones() -> None:
     """unseen, pinned, changed and own; `recovered` is added with recovery."""
     assert {str(view) for view in PinView} == {"unseen", "pinned", "changed", "own"}
+
+
+def test_an_older_card_after_a_newer_one_was_verified_is_a_replay(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A relay that serves an older (genuinely signed) card after ann saw a newer one verified
+    is caught; an unpinned card's date is not remembered."""
+    old = card_for(world.ken.identity_key, world.ken.address, at=int(NOW) - 600)
+    new = card_for(world.ken.identity_key, world.ken.address, at=int(NOW))
+    world.api.cards["ken"] = new
+    assert as_json(capsys, "@acme/ken")["card_state"] == "unpinned"
+    world.api.cards["ken"] = old
+    assert as_json(capsys, "@acme/ken")["card_state"] == "unpinned"  # nothing remembered yet
+    world.pin_ken()
+    world.api.cards["ken"] = new
+    assert as_json(capsys, "@acme/ken")["card_state"] == "verified"
+    world.api.cards["ken"] = old
+    replayed = as_json(capsys, "@acme/ken")
+    assert (replayed["card_state"], replayed["card"]) == ("refused", None)
+    assert "older than one already seen" in replayed["card_problem"]
+    assert world.pinned() == world.ken.identity_pub  # and still no pin was touched
