@@ -104,7 +104,9 @@ def render(card: dict[str, Any]) -> str:
     lines = [f"address: {card['address']}", *render_tasks(card)]
     if not card["tasks"] and card["answers_calls"]:
         lines.append("(callers you allowed individually still get what you granted them)")
-    if card["published"]:
+    if card["published"] and card.get("changed") is False:
+        lines.append("the relay already has this card: nothing to publish")
+    elif card["published"]:
         lines.append("published on the relay: callers see this card")
     else:
         lines.append(
