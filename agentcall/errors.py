@@ -92,6 +92,9 @@ class ApiErrorCode(enum.StrEnum):
     UPGRADE_REQUIRED = "upgrade_required"
     LAST_ADMIN = "last_admin"  # the change would leave the organisation without an admin
     HANDLE_BUSY = "handle_busy"  # a release while the relay still keeps jobs of the handle
+    # One refusal for every reason a recovery fails (unknown handle, no recovery key, a bad
+    # code), so the unauthenticated route tells a guesser nothing.
+    RECOVERY_REFUSED = "recovery_refused"
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
     CARD_NOT_NEWER = "card_not_newer"  # a card dated no later than the one the relay keeps
     INTERNAL = "internal"

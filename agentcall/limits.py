@@ -80,6 +80,12 @@ MAX_ACTIVE_INVITES_PER_ORG = 100
 MAX_INVITE_DESCRIPTION_CHARS = 100
 MAX_INVITES_LISTED = 200
 
+# Recoveries of one address the relay keeps (and serves with its keys) so that a caller who
+# pinned any earlier identity can walk to the current one.
+MAX_RECOVERY_LINKS = 16
+# A recovery statement is accepted this long either side of the relay's clock.
+RECOVERY_STATEMENT_SKEW_S = 600
+
 # Members: `GET /v1/members` answers a page at a time (sorted by handle).
 MAX_MEMBERS_LISTED = 500
 # Last-seen times wait in memory and are written in batches: this often, or at this many.

@@ -136,9 +136,23 @@ def _invite_info() -> http.InviteInfo:
     )
 
 
-def _identity(address: str = KEN) -> http.SignedIdentityRecord:
-    record = http.IdentityRecord(v=1, relay_origin=ORIGIN, address=address, identity_pub=PUB)
+def _identity(address: str = KEN, *, recovery: bool = False) -> http.SignedIdentityRecord:
+    record = http.IdentityRecord(
+        v=1,
+        relay_origin=ORIGIN,
+        address=address,
+        identity_pub=PUB,
+        recovery_pub=PUB if recovery else None,
+        recovery_issued_at=1_750_000_000 if recovery else None,
+    )
     return http.SignedIdentityRecord(record=record, signature=SIGNATURE)
+
+
+def _statement() -> http.SignedRecoveryStatement:
+    statement = http.RecoveryStatement(
+        v=1, relay_origin=ORIGIN, address=KEN, recovery_pub=PUB, new_identity_pub=PUB, at=1
+    )
+    return http.SignedRecoveryStatement(statement=statement, signature=SIGNATURE)
 
 
 def _encryption(address: str = KEN) -> http.SignedEncryptionKeyRecord:
@@ -235,6 +249,8 @@ def http_bodies() -> dict[type[Any], list[Any]]:
             http.InviteCreated(invite=f"https://{ORIGIN}/join/acme#{TOKEN}", info=info)
         ],
         http.InviteList: [http.InviteList(invites=(info, info))],
+        http.TokenRotateRequest: [http.TokenRotateRequest(token=TOKEN)],
+        http.TokenRotated: [http.TokenRotated(rotated_at=1_750_000_000)],
         http.MemberInfo: [member],
         http.MemberList: [
             http.MemberList(members=(member, removed), next_after="ken"),
@@ -242,7 +258,15 @@ def http_bodies() -> dict[type[Any], list[Any]]:
         ],
         http.MemberRemoveRequest: [http.MemberRemoveRequest(), http.MemberRemoveRequest(True)],
         http.MemberRoleRequest: [http.MemberRoleRequest(http.MemberRole.ADMIN)],
-        http.IdentityRecord: [_identity().record],
+        http.IdentityRecord: [_identity().record, _identity(recovery=True).record],
+        http.RecoveryStatement: [_statement().statement],
+        http.SignedRecoveryStatement: [_statement()],
+        http.RecoveryLink: [http.RecoveryLink(_identity(recovery=True), _statement())],
+        http.RecoverRequest: [
+            http.RecoverRequest(
+                org="acme", handle="ken", identity=_identity(), statement=_statement()
+            )
+        ],
         http.SignedIdentityRecord: [_identity()],
         http.EncryptionKeyRecord: [_encryption().record],
         http.SignedEncryptionKeyRecord: [_encryption()],

@@ -29,7 +29,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import attrs
@@ -66,6 +66,7 @@ from agentcall.wire.frames import (
     SealedEnvelope,
 )
 from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
+from agentcall.wire.keyrecords import RecoveryLink
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 
 
@@ -154,11 +155,17 @@ async def ensure_published(api: KeyDirectory, keys: LocalKeys, now: float) -> li
     if served is None:
         await api.put_identity_key(keys.identity_record)
         done.append("identity key")
-    elif served.identity.record != keys.identity_record.record:
+    elif served.identity.record.identity_pub != keys.identity_record.record.identity_pub:
         raise KeysConflict(
             f"the relay already holds a different identity key for {keys.address}; "
             "this installation cannot replace it (ask an admin to reset the enrolment)"
         )
+    elif (keys.identity_record.record.recovery_issued_at or 0) > (
+        served.identity.record.recovery_issued_at or 0
+    ):
+        # Re-signed here to name a newer recovery key, and not yet taken by the relay.
+        await api.put_identity_key(keys.identity_record)
+        done.append("recovery key")
     highest = 0 if served is None or served.encryption is None else served.encryption.record.epoch
     for entry in keys.epochs:
         # An epoch whose window has ended would be refused, and is useless to callers anyway.
@@ -250,6 +257,9 @@ def _pin(
     identity: SignedIdentityRecord,
     encryption: SignedEncryptionKeyRecord,
     now: float,
+    *,
+    recovered: Sequence[RecoveryLink] = (),
+    on_note: Callable[[str], None] | None = None,
 ) -> Pin:
     if address == config.address and identity.record.identity_pub != keys.identity.public_b64:
         raise CallRefused(
@@ -259,7 +269,13 @@ def _pin(
         )
     try:
         return pins.check_and_pin(
-            address, identity, encryption, now, relay_origin=config.relay_origin
+            address,
+            identity,
+            encryption,
+            now,
+            relay_origin=config.relay_origin,
+            recovered=recovered,
+            on_recovered=None if on_note is None else _tell_recovered(on_note),
         )
     except IdentityChanged as exc:
         raise CallRefused("identity_changed", str(exc)) from None
@@ -269,6 +285,17 @@ def _pin(
         raise CallRefused(
             "keys_rejected", f"the keys the relay served for {address} were rejected: {exc}"
         ) from None
+
+
+def _tell_recovered(on_note: Callable[[str], None]) -> Callable[[str, int], None]:
+    def told(address: str, at: int) -> None:
+        when = time.strftime("%Y-%m-%d", time.gmtime(at))
+        on_note(
+            f"{address} recovered their identity on {when}: their new key is vouched for by "
+            "the recovery key their old one published, so it is now the one pinned"
+        )
+
+    return told
 
 
 class _Unfetched(Exception):
@@ -300,6 +327,7 @@ async def _callee_keys(
     handle: str,
     *,
     kept: bool = True,
+    on_note: Callable[[str], None] | None = None,
 ) -> _Believed:
     """The callee's records, believed: the kept ones when :func:`keycache.decide` allows
     (``kept``) and they still match the pin, else fetched, pinned and kept for next time.
@@ -345,7 +373,17 @@ async def _callee_keys(
         if encryption is None:  # pragma: no cover - _fetch refuses records without one
             raise _Unfetched(CallErrorCode.UNKNOWN_HANDLE, "no encryption key")
         now = reactor.seconds()
-        pin = _pin(pins, config, keys, address, served.identity, encryption, now)
+        pin = _pin(
+            pins,
+            config,
+            keys,
+            address,
+            served.identity,
+            encryption,
+            now,
+            recovered=served.recovered,
+            on_note=on_note,
+        )
         with contextlib.suppress(StoreError):
             # Only believed records are kept; a failure here costs the next call a fetch.
             store.keep(address, served, now)
@@ -446,7 +484,9 @@ async def place(
     keys = await _fresh_keys(home, api, keys, reactor.seconds(), on_note or (lambda _text: None))
 
     try:
-        believed = await _callee_keys(reactor, home, api, config, keys, target_address, handle)
+        believed = await _callee_keys(
+            reactor, home, api, config, keys, target_address, handle, on_note=on_note
+        )
     except _Unfetched as exc:
         return failed(exc.code, exc.detail)
 
@@ -520,7 +560,15 @@ async def place(
         # records that changed are worth a second request (a new request id), and only one.
         try:
             fresh = await _callee_keys(
-                reactor, home, api, config, keys, target_address, handle, kept=False
+                reactor,
+                home,
+                api,
+                config,
+                keys,
+                target_address,
+                handle,
+                kept=False,
+                on_note=on_note,
             )
         except _Unfetched:
             fresh = None

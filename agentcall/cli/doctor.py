@@ -22,7 +22,8 @@ if TYPE_CHECKING:
 DESCRIPTION = """\
 Check this installation, in order: the installed program, private-file permissions, config,
 keys and when the current encryption key expires (! when fewer than 6 days remain: nothing
-has renewed it; ✗ once expired), the relay and the keys it publishes for you, whether the
+has renewed it; ✗ once expired; the identity key does not expire), whether a recovery code
+was issued (! when none was), the relay and the keys it publishes for you, whether the
 relay keeps calls for you while you are offline or busy (offline delivery), the listener
 (systemd user service, and whether the relay sees it connected), the agent CLI (on PATH,
 logged in), the tool guard (the real guard program is run on two sample tool calls: a read of
@@ -179,6 +180,9 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
         from agentcall.cli.doctor_keys import key_expiry
 
         checks.append(key_expiry(keys, deps.clock(), caller_only=config.caller_only))
+    from agentcall.cli.doctor_keys import recovery_code
+
+    checks.append(recovery_code(home))
 
     from agentcall.cli.card import doctor_fetch
 

@@ -1,5 +1,6 @@
-"""``agentcall doctor``'s key expiry line: when the current encryption key expires, and whether
-anything is renewing it. Pure: the keys and ``now`` are passed in.
+"""``agentcall doctor``'s key lines: when the current encryption key expires, and whether
+anything is renewing it (pure: the keys and ``now`` are passed in); and whether a recovery
+code was issued (from the marker file ``recovery.json`` in the state directory).
 
 Keys last 30 days. The listener renews its key at start and, checking every 6 hours, once
 fewer than 7 days remain; every ``agentcall call`` renews it too. So a key with fewer than
@@ -17,6 +18,7 @@ from agentcall import limits
 from agentcall.cli.doctor_checks import FAIL, OK, WARN, Check
 
 if TYPE_CHECKING:
+    from agentcall.local.home import Home
     from agentcall.local.keystore import LocalKeys
 
 NAME: Final = "key expiry"
@@ -59,3 +61,39 @@ def key_expiry(keys: LocalKeys, now: float, *, caller_only: bool) -> Check:
         why = "; nothing has renewed it (a running listener renews it 7 days before)"
         return Check(NAME, WARN, detail + why, renewer)
     return Check(NAME, OK, detail + "; renewed automatically while the listener runs")
+
+
+# --- the recovery code -----------------------------------------------------------------------
+
+RECOVERY_NAME: Final = "recovery code"
+# Written by `agentcall recovery issue` beside config.json: {"issued_at": <unix seconds>, …}.
+MAX_RECOVERY_BYTES: Final = 4096
+NO_RECOVERY: Final = "no recovery code issued: `agentcall recovery issue` makes one"
+RECOVERY_HINT: Final = (
+    "without one, a lost ~/.agentcall loses this address for good; `agentcall recovery issue` "
+    "makes one (keep it offline)"
+)
+
+
+def recovery_code(home: Home) -> Check:
+    """Whether a recovery code was issued, from the marker file only (it holds no secret, and
+    none of its other fields is shown)."""
+    from agentcall.errors import MalformedFrame
+    from agentcall.local.home import LocalStateError
+    from agentcall.wire import codec
+
+    path = home.recovery_marker_path
+    try:
+        data = home.read_private(path)
+    except FileNotFoundError:
+        return Check(RECOVERY_NAME, WARN, NO_RECOVERY, RECOVERY_HINT)
+    except LocalStateError as exc:
+        return Check(RECOVERY_NAME, WARN, f"unproven: {exc}")
+    try:
+        raw = codec.parse_json(data, max_bytes=MAX_RECOVERY_BYTES)
+    except MalformedFrame:
+        return Check(RECOVERY_NAME, WARN, f"unproven: {path} is not valid JSON")
+    issued = raw.get("issued_at") if isinstance(raw, dict) else None
+    if type(issued) is not int or not 0 < issued < 2**40:
+        return Check(RECOVERY_NAME, WARN, f"unproven: {path} has no valid issued_at")
+    return Check(RECOVERY_NAME, OK, f"issued on {_date(issued)}; keep it somewhere offline")

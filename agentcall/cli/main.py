@@ -26,10 +26,23 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "agentcall.cli.setup",
         "Enrol this machine with an invite, publish its keys and start the listener.",
     ),
+    "config": (
+        "agentcall.cli.config",
+        "Show or change the agent, CA file and workdir after setup.",
+    ),
+    "uninstall": (
+        "agentcall.cli.uninstall",
+        "Stop and remove the listener service, then (asked first) the keys and state.",
+    ),
     "call": ("agentcall.cli.call", "Call a coworker's agent and print its answer."),
     "jobs": ("agentcall.cli.jobs", "List, fetch or cancel calls the relay kept as jobs."),
     "listen": ("agentcall.cli.listen", "Answer calls here (the listener, in the foreground)."),
     "invite": ("agentcall.cli.invite", "Create, list or revoke invites (organisation admins)."),
+    "token": ("agentcall.cli.token", "Replace this installation's bearer token."),
+    "recovery": (
+        "agentcall.cli.recovery",
+        "Make a recovery code, or reclaim your address with one on a new machine.",
+    ),
     "members": (
         "agentcall.cli.members",
         "List, remove or change the role of members (organisation admins).",

@@ -30,9 +30,23 @@ if TYPE_CHECKING:
     from agentcall.local.config import Config
     from agentcall.local.home import Home
     from agentcall.local.keystore import LocalKeys
-    from agentcall.wire.http import AgentKind
+    from agentcall.relayurl import RelayUrl
+    from agentcall.wire.http import AgentKind, RegisterResponse
 
 INVITE_ENV = "AGENTCALL_INVITE"
+# What an installed machine can do instead of a second enrolment.
+INSTALLED_HINT = (
+    "change its agent, CA file or workdir with `agentcall config set KEY VALUE` (`agentcall "
+    "config get` shows them); finish an interrupted setup with `agentcall setup --resume`; "
+    "start over with `agentcall uninstall`; for a second identity set AGENTCALL_HOME to a new "
+    "directory"
+)
+# The setup flags that became `agentcall config` settings once installed.
+CONFIG_FLAGS = {
+    "--agent": "agent",
+    "--agent-command": "agent-command",
+    "--ca-file": "ca-file",
+}
 AUTO_DETECT = ("claude", "codex")
 
 DESCRIPTION = """\
@@ -47,7 +61,8 @@ to yourself checks the whole path unless --no-verify.
 
 If setup stops after enrolling, run `agentcall setup --resume` to finish it. The invite may
 also be given in the AGENTCALL_INVITE environment variable, which keeps it out of the
-process list."""
+process list. Once set up, the agent, the CA file and the workdir are changed with
+`agentcall config set`; `agentcall uninstall` removes the installation."""
 
 EPILOG = """\
 examples:
@@ -180,6 +195,23 @@ def resolve_agent(
     )
 
 
+def ca_file_path(text: str) -> str:
+    """The CA file to trust, as an absolute path; ValueError when it is not a readable file of
+    PEM certificates (found now, not at the first connection that would fail over it).
+
+    Shared with ``agentcall config set ca-file`` so both accept exactly the same files."""
+    from agentcall.client.tls import CaFileError, load_ca_certificates
+
+    path = os.path.abspath(os.path.expanduser(text))
+    if not os.path.isfile(path):
+        raise ValueError(f"{path} is not a file")
+    try:
+        load_ca_certificates(path)
+    except CaFileError as exc:
+        raise ValueError(str(exc)) from None
+    return path
+
+
 def _agent_of(config: Config, which: Callable[[str], str | None]) -> str | None:
     """The agent executable of an existing installation, for the unit's PATH."""
     if config.agent_command is not None:
@@ -215,10 +247,24 @@ def run(args: argparse.Namespace) -> int:
             )
             if value
         ]
+        if extra and not args.resume:
+            settable = [flag for flag in extra if flag in CONFIG_FLAGS]
+            if settable:
+                # An installed machine asked for another agent or CA: that is a setting now.
+                raise CommandError(
+                    f"already set up here ({home.config_path} exists): {settable[0]} is "
+                    f"changed with `agentcall config set {CONFIG_FLAGS[settable[0]]} VALUE` "
+                    "(`agentcall config get` shows the settings)",
+                    2,
+                )
+            raise CommandError(
+                f"already set up here ({home.config_path} exists); " + INSTALLED_HINT, 2
+            )
         if extra:
             raise CommandError(
                 f"--resume finishes the existing setup and takes no {extra[0]}; "
-                "it accepts only --skip-service and --no-verify",
+                "it accepts only --skip-service and --no-verify; settings are changed with "
+                "`agentcall config set KEY VALUE`",
                 2,
             )
         return _resume(args, home, deps)
@@ -274,10 +320,7 @@ def _enrol(args: argparse.Namespace, home: Home, deps: SetupDeps, invite_text: s
             who = f"{config.address} on {config.relay_url}"
         except LocalStateError:
             who = f"someone ({home.config_path} exists but cannot be read)"
-        raise CommandError(
-            f"already set up as {who}; to finish an interrupted setup run `agentcall setup "
-            "--resume`; for another identity set AGENTCALL_HOME to a new directory"
-        )
+        raise CommandError(f"already set up as {who}; " + INSTALLED_HINT)
     try:
         invite = parse_invite_url(invite_text)
     except InviteLinkError as exc:
@@ -285,9 +328,10 @@ def _enrol(args: argparse.Namespace, home: Home, deps: SetupDeps, invite_text: s
     agent = resolve_agent(args.agent, args.agent_command, args.caller_only, deps.which)
     ca_file = None
     if args.ca_file:
-        ca_file = os.path.abspath(os.path.expanduser(args.ca_file))
-        if not os.path.isfile(ca_file):
-            raise CommandError(f"--ca-file: {ca_file} is not a file")
+        try:
+            ca_file = ca_file_path(args.ca_file)
+        except ValueError as exc:
+            raise CommandError(f"--ca-file: {exc}") from None
     address = ids.format_address(invite.org, args.handle)
     relay = RelayUrl.parse(invite.relay_url)
 
@@ -330,7 +374,6 @@ async def _register(
     from agentcall.cli.main import CommandError
     from agentcall.client.api import RelayUnreachable
     from agentcall.errors import AgentCallError, ApiError
-    from agentcall.local.config import Config, save_config
     from agentcall.relayurl import RelayUrl
     from agentcall.wire.http import RegisterRequest
 
@@ -364,6 +407,19 @@ async def _register(
             f"the relay enrolled {registered.address} at {registered.relay_origin}, not "
             f"{address} at {status.relay_origin}; not saving this enrolment"
         )
+    return save_enrolment(home, relay, registered, agent, ca_file), keys
+
+
+def save_enrolment(
+    home: Home,
+    relay: RelayUrl,
+    registered: RegisterResponse,
+    agent: AgentChoice,
+    ca_file: str | None,
+) -> Config:
+    """config.json for an identity the relay just enrolled (or a recovery just reclaimed)."""
+    from agentcall.local.config import Config, save_config
+
     config = Config(
         relay_url=str(relay),
         relay_origin=registered.relay_origin,
@@ -377,4 +433,4 @@ async def _register(
         read_roots=(str(home.user_home),),
     )
     save_config(home, config)
-    return config, keys
+    return config

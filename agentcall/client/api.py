@@ -52,12 +52,15 @@ from agentcall.wire.http import (
     MemberRoleRequest,
     OfflineDelivery,
     PresenceResponse,
+    RecoverRequest,
     RegisterRequest,
     RegisterResponse,
     SignedCardRecord,
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
     StatusResponse,
+    TokenRotated,
+    TokenRotateRequest,
     WhoAmIResponse,
 )
 
@@ -298,6 +301,14 @@ class RelayApi:
         if ids.HEX64_RE.match(invite_id) is None:
             return defer.fail(ValueError("an invite id is 64 lowercase hex characters"))
         return self._call(b"POST", f"/v1/invites/{invite_id}/revoke", None, InviteInfo)
+
+    def recover(self, request: RecoverRequest) -> defer.Deferred[RegisterResponse]:
+        """Reclaim an address with a recovery code's statement (no credentials needed)."""
+        return self._call(b"POST", "/v1/recover", request, RegisterResponse, auth=False)
+
+    def rotate_token(self, token: str) -> defer.Deferred[TokenRotated]:
+        """Make ``token`` this member's bearer token; the one these credentials hold dies."""
+        return self._call(b"POST", "/v1/me/token", TokenRotateRequest(token=token), TokenRotated)
 
     def list_members(self, after: str = "") -> defer.Deferred[MemberList]:
         """One page of the organisation's members (admins only), from the handle after

@@ -8,6 +8,7 @@ user checks the fingerprint out of band and resets the pin, and encryption epoch
 from __future__ import annotations
 
 import enum
+from collections.abc import Callable, Sequence
 
 import attrs
 from zope.interface import Interface, implementer
@@ -16,14 +17,18 @@ from agentcall import ids
 from agentcall.errors import EpochRollback, IdentityChanged, KeyRecordInvalid
 from agentcall.wire import fields as f
 from agentcall.wire.http import SignedEncryptionKeyRecord, SignedIdentityRecord
+from agentcall.wire.keyrecords import RecoveryLink
 
-from . import keys, records
+from . import keys, records, recovery
 
 
 class PinState(enum.StrEnum):
     UNSEEN = "unseen"
     MATCHED = "matched"
     CHANGED = "changed"
+    # Another key than the pinned one, which the pinned one vouched for through its recovery
+    # key: the next contact moves the pin by itself (and says so once).
+    RECOVERED = "recovered"
 
 
 @attrs.frozen
@@ -85,10 +90,14 @@ class PinBook:
         now: float,
         *,
         relay_origin: str | None = None,
+        recovered: Sequence[RecoveryLink] = (),
+        on_recovered: Callable[[str, int], None] | None = None,
     ) -> Pin:
         """Believe a peer's served records, or raise; on success the pin is stored.
 
-        ``relay_origin``, when given, is the relay we asked; the records must name it.
+        ``relay_origin``, when given, is the relay we asked; the records must name it. A new
+        identity key that ``recovered`` shows the pinned one vouched for (through its recovery
+        key) replaces the pin, and ``on_recovered(address, when)`` is told, this once.
         """
         served = identity.record
         if served.address != requested_address:
@@ -104,9 +113,23 @@ class PinBook:
         # A changed identity is reported before the checks that depend on which key signed:
         # they would fail too, with an error that hides what actually happened.
         if pin is not None and pin.identity_pub != served.identity_pub:
-            raise IdentityChanged(
-                _changed_message(requested_address, pin.fingerprint, keys.fingerprint(served))
+            moved_at = self._recovered_at(pin, identity, recovered)
+            if moved_at is None:
+                raise IdentityChanged(
+                    _changed_message(requested_address, pin.fingerprint, keys.fingerprint(served))
+                )
+            # A new identity starts its own epochs: the old ones were the old key's.
+            pin = attrs.evolve(
+                pin,
+                identity_pub=served.identity_pub,
+                fingerprint=keys.fingerprint(served),
+                highest_epoch=encryption.record.epoch,
             )
+            records.verify_encryption_record(encryption, pin.identity_pub, now=now)
+            self._storage.put(pin)
+            if on_recovered is not None:
+                on_recovered(requested_address, moved_at)
+            return pin
         # A rollback before expiry: a relay replaying an old epoch that has since expired must
         # be reported as the attack it is, not blamed on the callee as "offline too long".
         if pin is not None and encryption.record.epoch < pin.highest_epoch:
@@ -130,15 +153,40 @@ class PinBook:
         self._storage.put(pin)
         return pin
 
+    @staticmethod
+    def _recovered_at(
+        pin: Pin, identity: SignedIdentityRecord, links: Sequence[RecoveryLink]
+    ) -> int | None:
+        if not links:
+            return None
+        try:
+            return recovery.walk(pin.identity_pub, identity, links)
+        except KeyRecordInvalid:
+            return None
+
     def reset(self, relay_origin: str, address: str) -> bool:
         """Forget a pin after out-of-band checking; the next contact pins afresh."""
         return self._storage.remove(relay_origin, address)
 
-    def peek_state(self, relay_origin: str, address: str, identity_pub: str) -> PinState:
-        """Compare a served identity key with the pin, changing nothing."""
+    def peek_state(
+        self,
+        relay_origin: str,
+        address: str,
+        identity_pub: str,
+        *,
+        served: SignedIdentityRecord | None = None,
+        recovered: Sequence[RecoveryLink] = (),
+    ) -> PinState:
+        """Compare a served identity key with the pin, changing nothing. Given the served
+        record and its recovery links, a changed key they vouch for is ``RECOVERED``."""
         pin = self._storage.get(relay_origin, address)
         if pin is None:
             return PinState.UNSEEN
         if pin.identity_pub == identity_pub:
             return PinState.MATCHED
-        return PinState.CHANGED
+        vouched = (
+            served is not None
+            and served.record.identity_pub == identity_pub
+            and self._recovered_at(pin, served, recovered) is not None
+        )
+        return PinState.RECOVERED if vouched else PinState.CHANGED

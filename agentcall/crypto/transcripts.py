@@ -17,9 +17,12 @@ from agentcall.wire.http import (
     IdentityRecord,
     SignedEncryptionKeyRecord,
 )
+from agentcall.wire.keyrecords import RecoveryStatement
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload, ResponsePayload
 
 IDENTITY_DOMAIN = "agentcall/identity/v1"
+RECOVERY_KEY_TAG = "recovery-key"
+RECOVERY_DOMAIN = "agentcall/recovery/v1"
 ENCRYPTION_KEY_DOMAIN = "agentcall/encryption-key/v1"
 HPKE_INFO_DOMAIN = "agentcall/hpke-info/v1"
 REQUEST_DOMAIN = "agentcall/request/v1"
@@ -47,7 +50,29 @@ class RouteHeader(Protocol):
 
 
 def identity_transcript(record: IdentityRecord) -> list[Item]:
-    return [IDENTITY_DOMAIN, record.v, record.relay_origin, record.address, record.identity_pub]
+    items: list[Item] = [
+        IDENTITY_DOMAIN,
+        record.v,
+        record.relay_origin,
+        record.address,
+        record.identity_pub,
+    ]
+    if record.recovery_pub is not None:
+        # Appended, so a record without one signs exactly the bytes it always signed.
+        items += [RECOVERY_KEY_TAG, record.recovery_pub, record.recovery_issued_at]
+    return items
+
+
+def recovery_transcript(statement: RecoveryStatement) -> list[Item]:
+    return [
+        RECOVERY_DOMAIN,
+        statement.v,
+        statement.relay_origin,
+        statement.address,
+        statement.recovery_pub,
+        statement.new_identity_pub,
+        statement.at,
+    ]
 
 
 def encryption_key_transcript(record: EncryptionKeyRecord) -> list[Item]:

@@ -45,6 +45,7 @@ from agentcall.wire import codec
 from agentcall.wire.closecodes import (
     CLOSE_NORMAL,
     CLOSE_PROTOCOL_ERROR,
+    CLOSE_RECOVERED,
     CLOSE_REMOVED,
     CLOSE_REPLACED,
 )
@@ -58,6 +59,10 @@ RECONNECT_FACTOR = 1.5
 REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
     "and does not reconnect (restart it to answer calls here again)"
+)
+RECOVERED_DETAIL = (
+    "this identity was recovered with its recovery code on another machine, which answers its "
+    "calls now; this listener stops and does not reconnect (its token no longer works)"
 )
 REMOVED_DETAIL = (
     "an organisation admin removed this member; its token no longer works, so this listener "
@@ -237,8 +242,9 @@ class _ListenerProtocol(WebSocketClientProtocol):
 
     @property
     def removed(self) -> bool:
-        """The relay's own close frame said an admin removed this member."""
-        return bool(self.remoteCloseCode == CLOSE_REMOVED)
+        """The relay's own close frame said an admin removed this member, or the identity was
+        recovered on another machine: either way this installation's token is dead."""
+        return self.remoteCloseCode in (CLOSE_REMOVED, CLOSE_RECOVERED)
 
     # --- frames in ------------------------------------------------------------------------
 
@@ -529,14 +535,16 @@ class RelayConnection(service.MultiService):
                 _log.failure("relay_lost_handler_failed")
         stopped_by_relay = protocol.replaced or protocol.removed
         if stopped_by_relay and protocol is self._factory.latest and self.running:
-            self._replaced_elsewhere(removed=protocol.removed)
+            self._replaced_elsewhere(
+                removed=protocol.removed, recovered=protocol.remoteCloseCode == CLOSE_RECOVERED
+            )
             return
         if protocol.counted:
             self._lost = (code, reason)
             if not self.running:
                 _log.info("relay_disconnected", code=code, reason=reason, retry_in_s=None)
 
-    def _replaced_elsewhere(self, *, removed: bool = False) -> None:
+    def _replaced_elsewhere(self, *, removed: bool = False, recovered: bool = False) -> None:
         """Another listener for this identity holds the relay session now (or the member was
         removed): stop redialling.
 
@@ -548,12 +556,12 @@ class RelayConnection(service.MultiService):
         if self.replaced:
             return
         self.replaced = True
-        _log.error(
-            "listener_removed" if removed else "listener_replaced",
-            address=self._factory.expected_address,
-            relay=self.netloc,
-            detail=REMOVED_DETAIL if removed else REPLACED_DETAIL,
-        )
+        event, detail = "listener_replaced", REPLACED_DETAIL
+        if recovered:
+            event, detail = "listener_recovered_elsewhere", RECOVERED_DETAIL
+        elif removed:
+            event, detail = "listener_removed", REMOVED_DETAIL
+        _log.error(event, address=self._factory.expected_address, relay=self.netloc, detail=detail)
         self.client.stopService()
         try:
             self._on_replaced()

@@ -153,6 +153,8 @@ async def open_envelope(
             served.encryption,
             now,
             relay_origin=keys.relay_origin,
+            # A caller who recovered their identity elsewhere is believed the same way.
+            recovered=served.recovered,
         )
     except CryptoError as exc:
         raise EnvelopeRejected(f"caller_keys_untrusted:{type(exc).__name__}") from None

@@ -113,6 +113,17 @@ class Home:
         return self.state_dir / "keys.json"
 
     @property
+    def recovery_marker_path(self) -> Path:
+        """When this installation last issued a recovery code (never the code itself)."""
+        return self.state_dir / "recovery.json"
+
+    @property
+    def pending_token_path(self) -> Path:
+        """The next bearer token while ``agentcall token rotate`` is asking the relay to take
+        it; gone once config.json holds it."""
+        return self.state_dir / "token.next"
+
+    @property
     def policy_path(self) -> Path:
         return self.state_dir / "policy.json"
 
@@ -153,6 +164,8 @@ class Home:
         return (
             self.config_path,
             self.keys_path,
+            self.pending_token_path,
+            self.recovery_marker_path,
             self.contacts_path,
             db,
             db.with_name(db.name + "-wal"),

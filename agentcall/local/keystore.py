@@ -316,5 +316,18 @@ def rotate_if_needed(home: Home, keys: LocalKeys, now: float) -> LocalKeys | Non
     return None
 
 
+def replace_identity_record(home: Home, record: SignedIdentityRecord) -> LocalKeys:
+    """Keep ``record`` (the same identity key, re-signed: it names a new recovery key) in
+    keys.json, under the lock; the keys now on disk."""
+    with _locked(home):
+        on_disk = load_keys(home)
+        if record.record.identity_pub != on_disk.identity.public_b64:
+            raise KeyStoreError("the record names another identity key than keys.json holds")
+        updated = attrs.evolve(on_disk, identity_record=record)
+        _check(updated)
+        home.write_private(home.keys_path, _to_json(updated))
+    return updated
+
+
 def _epoch_ids(keys: LocalKeys) -> tuple[tuple[int, str], ...]:
     return tuple((entry.epoch, entry.key_id) for entry in keys.epochs)

@@ -31,6 +31,12 @@ MEMBER_REMOVE = "member.remove"
 MEMBER_RELEASE = "member.release"
 # An admin changed a member's role; detail "member->admin" or "admin->member".
 MEMBER_ROLE = "member.role"
+# The member replaced its bearer token; the old one no longer authenticates.
+MEMBER_CREDENTIALS_ROTATED = "member.token_rotate"
+# The member published a recovery key (`agentcall recovery issue`); an older one is retired.
+RECOVERY_ISSUE = "recovery.issue"
+# A recovery code moved the member to a new identity key (and a new token).
+RECOVERY_REDEEM = "recovery.redeem"
 # The member turned the offline mailbox on or off; detail "on" or "off".
 MEMBER_OFFLINE_DELIVERY = "member.offline_delivery"
 KEYS_IDENTITY_PUBLISH = "keys.identity.publish"
@@ -65,7 +71,10 @@ EVENTS = frozenset(
         MEMBER_REMOVE,
         MEMBER_RELEASE,
         MEMBER_ROLE,
+        MEMBER_CREDENTIALS_ROTATED,
         MEMBER_OFFLINE_DELIVERY,
+        RECOVERY_ISSUE,
+        RECOVERY_REDEEM,
         KEYS_IDENTITY_PUBLISH,
         KEYS_ENCRYPTION_PUBLISH,
         CARD_PUBLISH,

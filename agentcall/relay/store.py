@@ -59,6 +59,7 @@ from agentcall.wire.http import (
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
 )
+from agentcall.wire.keyrecords import SignedRecoveryStatement
 
 __all__ = [
     "RELAY_SCHEMA",
@@ -374,6 +375,46 @@ class SqliteRegistry:
             )
         return attrs.evolve(info, role=role)
 
+    def recover(
+        self,
+        org: str,
+        handle: str,
+        previous: SignedIdentityRecord,
+        statement: SignedRecoveryStatement,
+        new_identity: SignedIdentityRecord,
+        now: float,
+    ) -> str:
+        """Move an active member to ``new_identity`` with a fresh token (returned); the
+        statement was checked against ``previous`` (:func:`agentcall.relay.api_rules.
+        check_recovery`). Audited. 403 ``recovery_refused`` for a removed or unknown member."""
+        self._keys.pop((org, handle), None)
+        token = ids.mint_token()
+        with transaction(self._conn):
+            if self.get_member(org, handle) is None:
+                raise ApiError(403, ApiErrorCode.RECOVERY_REFUSED, "recovery refused")
+            store_keys.recover(self._conn, org, handle, previous, statement, new_identity, now)
+            self._conn.execute(
+                "UPDATE members SET token_hash = ? WHERE org = ? AND handle = ?",
+                (hash_secret(token), org, handle),
+            )
+            self._audit(audit.RECOVERY_REDEEM, org, actor=handle, target=handle, at=now)
+        return token
+
+    def rotate_token(self, org: str, handle: str, token: str, now: float) -> None:
+        """Replace an active member's token hash with ``token``'s; audited. The old token no
+        longer authenticates once this returns. 404 ``not_found`` for anyone else."""
+        if ids.TOKEN_RE.match(token) is None:
+            raise ApiError(400, ApiErrorCode.BAD_REQUEST, "not a valid token")
+        with transaction(self._conn):
+            cursor = self._conn.execute(
+                "UPDATE members SET token_hash = ? WHERE org = ? AND handle = ?"
+                " AND removed_at IS NULL",
+                (hash_secret(token), org, handle),
+            )
+            if cursor.rowcount != 1:
+                raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such member")
+            self._audit(audit.MEMBER_CREDENTIALS_ROTATED, org, actor=handle, target=handle, at=now)
+
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> None:
         """Raise the last-seen time of each ``(org, handle, at)``, in one transaction."""
         if not seen:
@@ -562,8 +603,11 @@ class SqliteRegistry:
     ) -> None:
         self._keys.pop((org, handle), None)
         with transaction(self._conn):
-            if store_keys.insert_identity(self._conn, org, handle, signed, now):
+            done = store_keys.insert_identity(self._conn, org, handle, signed, now)
+            if done is store_keys.Published.NEW:
                 self._audit(audit.KEYS_IDENTITY_PUBLISH, org, actor=handle, target=handle, at=now)
+            elif done is store_keys.Published.RECOVERY_KEY:
+                self._audit(audit.RECOVERY_ISSUE, org, actor=handle, target=handle, at=now)
 
     def publish_encryption(
         self, org: str, handle: str, signed: SignedEncryptionKeyRecord, now: float
@@ -811,6 +855,22 @@ class SqliteRelayStore:
 
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> Deferred[None]:
         return defer.execute(self.registry.record_seen, seen)
+
+    def rotate_token(self, org: str, handle: str, token: str, now: float) -> Deferred[None]:
+        return defer.execute(self.registry.rotate_token, org, handle, token, now)
+
+    def recover(
+        self,
+        org: str,
+        handle: str,
+        previous: SignedIdentityRecord,
+        statement: SignedRecoveryStatement,
+        new_identity: SignedIdentityRecord,
+        now: float,
+    ) -> Deferred[str]:
+        return defer.execute(
+            self.registry.recover, org, handle, previous, statement, new_identity, now
+        )
 
     def create_invite(
         self,

@@ -39,6 +39,7 @@ from agentcall.wire.http import (
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
 )
+from agentcall.wire.keyrecords import SignedRecoveryStatement
 
 
 @attrs.frozen
@@ -280,6 +281,23 @@ class RelayStore(Directory, KeySource, AuditSink, AuditLog, SubmissionLog, JobSt
         self, org: str, handle: str, role: MemberRole, *, actor: str, now: float
     ) -> Deferred[MemberInfo]:
         """Change an active member's role; audited. 404 ``not_found``; 409 ``last_admin``."""
+        ...
+
+    def recover(
+        self,
+        org: str,
+        handle: str,
+        previous: SignedIdentityRecord,
+        statement: SignedRecoveryStatement,
+        new_identity: SignedIdentityRecord,
+        now: float,
+    ) -> Deferred[str]:
+        """Move a member to a new identity key, keeping the link; a fresh token. The statement
+        was verified against ``previous``, which must still be the stored record (409)."""
+        ...
+
+    def rotate_token(self, org: str, handle: str, token: str, now: float) -> Deferred[None]:
+        """Make ``token`` the member's only valid bearer token (its hash kept); audited."""
         ...
 
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> Deferred[None]:

@@ -1,5 +1,6 @@
-"""The published-key half of the relay store: identity keys (once, never replaced),
-encryption keys (epochs only go up) and each member's signed card (the newest only).
+"""The published-key half of the relay store: identity keys (never replaced but by a
+recovery, which keeps a link), encryption keys (epochs only go up), recovery links, and each
+member's signed card (the newest only).
 
 Functions here run inside a transaction opened by :class:`~agentcall.relay.store.SqliteRelayStore`,
 which also writes the audit rows. The relay distributes these records but is not trusted for
@@ -9,10 +10,11 @@ before anything reaches this module.
 
 from __future__ import annotations
 
+import enum
 import sqlite3
 from typing import TypeVar
 
-from agentcall import ids
+from agentcall import ids, limits
 from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame, StoreError
 from agentcall.wire import codec
 from agentcall.wire.http import (
@@ -21,6 +23,7 @@ from agentcall.wire.http import (
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
 )
+from agentcall.wire.keyrecords import RecoveryLink, SignedRecoveryStatement
 
 T = TypeVar("T")
 
@@ -43,17 +46,41 @@ def _dump(value: object) -> str:
     return codec.encode(value).decode("utf-8")
 
 
+class Published(enum.Enum):
+    """What :func:`insert_identity` did."""
+
+    NOTHING = "nothing"  # the very same record was already there
+    NEW = "new"  # the member's first identity record
+    RECOVERY_KEY = "recovery_key"  # the same identity key, re-signed to name a newer recovery key
+
+
 def insert_identity(
     conn: sqlite3.Connection, org: str, handle: str, signed: SignedIdentityRecord, now: float
-) -> bool:
-    """Store a member's identity record; False when the very same record is already there."""
+) -> Published:
+    """Store a member's identity record (its signature already verified).
+
+    The identity key is never replaced; the record may be, by one that the same key signed and
+    that names a recovery key issued later than the one stored (a new code retires the old).
+    """
     _check_address(org, handle, signed.record.address)
     row = conn.execute(
         "SELECT record_json FROM identity_keys WHERE org = ? AND handle = ?", (org, handle)
     ).fetchone()
     if row is not None:
-        if _load(row[0], SignedIdentityRecord).record == signed.record:
-            return False
+        stored = _load(row[0], SignedIdentityRecord).record
+        if stored == signed.record:
+            return Published.NOTHING
+        new = signed.record
+        if (
+            new.identity_pub == stored.identity_pub
+            and new.recovery_issued_at is not None
+            and new.recovery_issued_at > (stored.recovery_issued_at or 0)
+        ):
+            conn.execute(
+                "UPDATE identity_keys SET record_json = ? WHERE org = ? AND handle = ?",
+                (_dump(signed), org, handle),
+            )
+            return Published.RECOVERY_KEY
         raise ApiError(
             409,
             ApiErrorCode.IDENTITY_KEY_EXISTS,
@@ -69,7 +96,52 @@ def insert_identity(
         " VALUES (?, ?, ?, ?, ?)",
         (org, handle, _dump(signed), signed.record.identity_pub, now),
     )
-    return True
+    return Published.NEW
+
+
+def recover(
+    conn: sqlite3.Connection,
+    org: str,
+    handle: str,
+    previous: SignedIdentityRecord,
+    statement: SignedRecoveryStatement,
+    new_identity: SignedIdentityRecord,
+    now: float,
+) -> None:
+    """Move the member to ``new_identity`` (inside the caller's transaction): the link is
+    kept, the old encryption keys go (they were the old key's), the new record takes the row.
+
+    ``previous`` is the record the statement was checked against; if another request changed
+    it meanwhile, nothing is done (409).
+    """
+    row = conn.execute(
+        "SELECT record_json FROM identity_keys WHERE org = ? AND handle = ?", (org, handle)
+    ).fetchone()
+    if row is None or _load(row[0], SignedIdentityRecord) != previous:
+        raise ApiError(409, ApiErrorCode.RECOVERY_REFUSED, "the identity changed meanwhile")
+    (seq,) = conn.execute(
+        "SELECT COALESCE(MAX(seq), 0) + 1 FROM recovery_links WHERE org = ? AND handle = ?",
+        (org, handle),
+    ).fetchone()
+    conn.execute(
+        "INSERT INTO recovery_links (org, handle, seq, previous_json, statement_json, created_at)"
+        " VALUES (?, ?, ?, ?, ?, ?)",
+        (org, handle, seq, _dump(previous), _dump(statement), now),
+    )
+    # Only the newest links are served; a caller pinned further back is told of a change.
+    conn.execute(
+        "DELETE FROM recovery_links WHERE org = ? AND handle = ? AND seq <= ?",
+        (org, handle, seq - limits.MAX_RECOVERY_LINKS),
+    )
+    # The card was signed by the old key; the new identity's listener publishes its own.
+    conn.execute("DELETE FROM cards WHERE org = ? AND handle = ?", (org, handle))
+    conn.execute("DELETE FROM encryption_keys WHERE org = ? AND handle = ?", (org, handle))
+    conn.execute("DELETE FROM identity_keys WHERE org = ? AND handle = ?", (org, handle))
+    conn.execute(
+        "INSERT INTO identity_keys (org, handle, record_json, identity_pub, created_at)"
+        " VALUES (?, ?, ?, ?, ?)",
+        (org, handle, _dump(new_identity), new_identity.record.identity_pub, now),
+    )
 
 
 def insert_encryption(
@@ -120,9 +192,21 @@ def fetch_keys(conn: sqlite3.Connection, org: str, handle: str) -> KeysResponse 
         " ORDER BY epoch DESC LIMIT 1",
         (org, handle),
     ).fetchone()
+    links = conn.execute(
+        "SELECT previous_json, statement_json FROM recovery_links WHERE org = ? AND handle = ?"
+        " ORDER BY seq",
+        (org, handle),
+    ).fetchall()
     return KeysResponse(
         identity=_load(identity[0], SignedIdentityRecord),
         encryption=None if newest is None else _load(newest[0], SignedEncryptionKeyRecord),
+        recovered=tuple(
+            RecoveryLink(
+                previous=_load(previous, SignedIdentityRecord),
+                statement=_load(statement, SignedRecoveryStatement),
+            )
+            for previous, statement in links
+        ),
     )
 
 
@@ -179,5 +263,6 @@ def withdraw(conn: sqlite3.Connection, org: str, handle: str) -> None:
     whose owner is gone, and a later owner of the handle publishes an identity of their own.
     """
     conn.execute("DELETE FROM cards WHERE org = ? AND handle = ?", (org, handle))
+    conn.execute("DELETE FROM recovery_links WHERE org = ? AND handle = ?", (org, handle))
     conn.execute("DELETE FROM encryption_keys WHERE org = ? AND handle = ?", (org, handle))
     conn.execute("DELETE FROM identity_keys WHERE org = ? AND handle = ?", (org, handle))

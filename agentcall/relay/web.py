@@ -43,7 +43,7 @@ from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
-from agentcall.wire.closecodes import CLOSE_REMOVED
+from agentcall.wire.closecodes import CLOSE_CREDENTIALS_CHANGED, CLOSE_RECOVERED, CLOSE_REMOVED
 
 _log = Logger(namespace="agentcall.relay.web")
 
@@ -140,6 +140,9 @@ class RelayApi(resource.Resource):
         if found.route is Route.REGISTER:
             self._door.check_register(source_of(request.getClientAddress()))
             return await self._register(request)
+        if found.route is Route.RECOVER:
+            self._door.check_register(source_of(request.getClientAddress()))
+            return await self._recover(request)
         member = await self._authenticated(request)
         rules.authorize(found.route, member)
         return await self._as_member(found, request, member, gone)
@@ -220,6 +223,18 @@ class RelayApi(resource.Resource):
                 rules.check_encryption_record(member, encryption, current, self._origin, now)
                 await self._store.publish_encryption(member.org, member.handle, encryption, now)
                 return rules.published(await self._store.fetch_keys(member.org, member.handle))
+            case Route.ROTATE_CREDENTIALS:
+                wanted = _body(request, http.TokenRotateRequest)
+                await self._store.rotate_token(member.org, member.handle, wanted.token, now)
+                # Sockets opened with the old token end too (it may have leaked); the
+                # listener reconnects with the new one, which it reads from config.json.
+                closed = self._switchboard.close_member(
+                    member.org, member.handle, CLOSE_CREDENTIALS_CHANGED, "token rotated"
+                )
+                _log.info(
+                    "token_rotated", org=member.org, handle=member.handle, sockets_closed=closed
+                )
+                return http.TokenRotated(rotated_at=int(now))
             case Route.LIST_MEMBERS:
                 after = rules.members_after(request.args.get(b"after"))
                 limit = limits.MAX_MEMBERS_LISTED
@@ -312,6 +327,32 @@ class RelayApi(resource.Resource):
             self._door.auth_failed(source)
             raise ApiError(401, ApiErrorCode.UNAUTHORIZED, "missing or invalid credentials")
         return member
+
+    async def _recover(self, request: server.Request) -> http.RegisterResponse:
+        body = _body(request, http.RecoverRequest)
+        now = self._clock.seconds()
+        current = await self._store.fetch_keys(body.org, body.handle)
+        rules.check_recovery(body, current, self._origin, now)
+        assert current is not None  # check_recovery refuses without one
+        token = await self._store.recover(
+            body.org, body.handle, current.identity, body.statement, body.identity, now
+        )
+        member = await self._store.get_member(body.org, body.handle)
+        if member is None:  # pragma: no cover - removed in the instant since
+            raise ApiError(403, ApiErrorCode.RECOVERY_REFUSED, "recovery refused")
+        # The old installation (a lost laptop, perhaps) is cut off, for good.
+        closed = self._switchboard.close_member(
+            body.org, body.handle, CLOSE_RECOVERED, "recovered on another machine"
+        )
+        _log.info("member_recovered", org=body.org, handle=body.handle, sockets_closed=closed)
+        return http.RegisterResponse(
+            org=member.org,
+            handle=member.handle,
+            address=member.address,
+            role=member.role,
+            token=token,
+            relay_origin=self._origin,
+        )
 
     async def _register(self, request: server.Request) -> http.RegisterResponse:
         body = _body(request, http.RegisterRequest)

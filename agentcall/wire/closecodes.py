@@ -16,6 +16,10 @@ CLOSE_REPLACED: Final = 4000
 CLOSE_UNAUTHORIZED: Final = 4001
 # An admin removed this member from the organisation: its token no longer works.
 CLOSE_REMOVED: Final = 4004
+# The member rotated its token: reconnect with the new one (the listener re-reads config.json).
+CLOSE_CREDENTIALS_CHANGED: Final = 4005
+# The member's identity was recovered on another machine: this installation is cut off for good.
+CLOSE_RECOVERED: Final = 4006
 CLOSE_PROTOCOL_ERROR: Final = 4002
 CLOSE_BAD_REQUEST: Final = 4003
 # Over a front-door cap (too many caller sockets for one identity); 4029 echoes HTTP 429.

@@ -20,6 +20,10 @@ Routes (all under the relay's public URL):
                                            (admins; ``release`` frees the handle too)
 - ``PUT  /v1/members/<handle>/role``       :class:`MemberRoleRequest` → :class:`MemberInfo`
                                            (admins; an organisation keeps one admin)
+- ``POST /v1/recover``                     :class:`RecoverRequest` → :class:`RegisterResponse`
+                                           (no credentials: the recovery code's signature)
+- ``POST /v1/me/token``                    :class:`TokenRotateRequest` → :class:`TokenRotated`
+                                           (the old token dies; the member's sockets close)
 - ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only)
 - ``PUT  /v1/me/offline-delivery``         :class:`OfflineDelivery` → :class:`OfflineDelivery`
 - ``GET  /v1/jobs``                        → :class:`JobList` (jobs the asker sent or receives)
@@ -49,8 +53,11 @@ from agentcall.wire.keyrecords import (
     EncryptionKeyRecord,
     IdentityRecord,
     KeysResponse,
+    RecoveryLink,
+    RecoveryStatement,
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
+    SignedRecoveryStatement,
 )
 
 # Public names, the key records among them (defined in agentcall.wire.keyrecords).
@@ -82,12 +89,18 @@ __all__ = [
     "MemberStatus",
     "OfflineDelivery",
     "PresenceResponse",
+    "RecoverRequest",
+    "RecoveryLink",
+    "RecoveryStatement",
     "RegisterRequest",
     "RegisterResponse",
     "SignedCardRecord",
     "SignedEncryptionKeyRecord",
     "SignedIdentityRecord",
+    "SignedRecoveryStatement",
     "StatusResponse",
+    "TokenRotateRequest",
+    "TokenRotated",
     "WhoAmIResponse",
 ]
 
@@ -130,6 +143,20 @@ class RegisterRequest:
     org: str = attrs.field(validator=f.org)
     invite: str = attrs.field(validator=f.token)  # the secret after '#' in the invite URL
     handle: str = attrs.field(validator=f.text(64))  # checked against the grammar by the relay
+    agent_kind: AgentKind | None = attrs.field(
+        default=None, converter=attrs.converters.optional(AgentKind)
+    )
+
+
+@attrs.frozen
+class RecoverRequest:
+    """Reclaim ``@org/handle`` on a new machine: its new identity record, and the statement the
+    recovery code's key signed moving the address to that identity key."""
+
+    org: str = attrs.field(validator=f.org)
+    handle: str = attrs.field(validator=f.handle)
+    identity: SignedIdentityRecord
+    statement: SignedRecoveryStatement
     agent_kind: AgentKind | None = attrs.field(
         default=None, converter=attrs.converters.optional(AgentKind)
     )
@@ -328,6 +355,20 @@ class MemberRemoveRequest:
 @attrs.frozen
 class MemberRoleRequest:
     role: MemberRole = attrs.field(converter=MemberRole)
+
+
+@attrs.frozen
+class TokenRotateRequest:
+    """The installation's next bearer token, minted by the client: it is written down locally
+    before the relay is asked, so a crash in between loses nothing (the caller then finishes the
+    rotation with whichever token the relay accepts)."""
+
+    token: str = attrs.field(repr=False, validator=f.token)
+
+
+@attrs.frozen
+class TokenRotated:
+    rotated_at: int = attrs.field(validator=f.timestamp)
 
 
 @attrs.frozen

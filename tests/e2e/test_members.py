@@ -6,15 +6,34 @@ everything through the `agentcall` command line.
 
 from __future__ import annotations
 
+import http.client
 import json
 import sqlite3
+import ssl
 from pathlib import Path
 
 import pytest
 
 from tests.e2e.installs import AgentGate, Install, two_people
+from tests.e2e.processes import RelayProcess
 
 pytestmark = pytest.mark.e2e
+
+
+def _me_status(relay: RelayProcess, token: str) -> int:
+    """``GET /v1/me`` as @acme/ken with ``token``: the relay's verdict on it."""
+    conn = http.client.HTTPSConnection(
+        "localhost", relay.url.port, context=ssl.create_default_context(cafile=relay.ca_file)
+    )
+    headers = {
+        "Authorization": f"Bearer {token}",
+        "X-AgentCall-Org": "acme",
+        "X-AgentCall-Handle": "ken",
+    }
+    conn.request("GET", "/v1/me", headers=headers)
+    status = conn.getresponse().status
+    conn.close()
+    return status
 
 
 def test_a_removed_member_is_cut_off_mid_call_and_a_new_owner_is_a_changed_identity(
@@ -75,3 +94,30 @@ def test_a_removed_member_is_cut_off_mid_call_and_a_new_owner_is_a_changed_ident
                 " WHERE event IN ('member.remove', 'member.release') ORDER BY id"
             ).fetchall()
         assert rows == [("member.remove", "ann", "ken"), ("member.release", "ann", "ken")]
+
+
+def test_a_rotated_token_is_picked_up_by_the_running_listener(tmp_path: Path) -> None:
+    with two_people(tmp_path / "world") as world:
+        ken = world.ken
+        listener = ken.start_listener()
+        old = json.loads((ken.state_dir / "config.json").read_text())["token"]
+        mark = listener.log.mark()
+
+        rotated = ken.cli("token", "rotate")
+
+        assert rotated.returncode == 0, rotated.stderr
+        new = json.loads((ken.state_dir / "config.json").read_text())["token"]
+        assert new != old and new not in rotated.stdout + rotated.stderr
+        # The relay closed the old socket; the listener came back with the new token, alone.
+        listener.log.wait_for(r"listener_settings_reloaded", since=mark)
+        listener.log.wait_for(r"relay_connected", since=mark)
+        assert listener.process.poll() is None
+        answered = world.ann.cli("call", "@acme/ken", "still there?")
+        assert answered.returncode == 0, answered.stderr
+        assert _me_status(world.relay, old) == 401 and _me_status(world.relay, new) == 200
+        with sqlite3.connect(world.relay.database) as db:
+            (count,) = db.execute(
+                "SELECT COUNT(*) FROM audit WHERE event = 'member.token_rotate' AND actor = 'ken'"
+            ).fetchone()
+        assert count == 1
+        assert old not in listener.log.text() and new not in listener.log.text()

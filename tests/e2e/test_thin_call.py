@@ -246,3 +246,26 @@ def test_a_queued_jobs_answer_is_fetched_through_the_service(world: World, bob: 
         assert (direct.returncode, direct.stdout) == (0, done.stdout)
     finally:
         uma.stop()
+
+
+def test_a_queued_job_is_cancelled_through_the_service(world: World, bob: Install) -> None:
+    """`jobs cancel --wait` goes through bob's service too, and says how the job ended."""
+    vic = Install("vic", world.root / "vic", world.relay.ca_file)
+    vic.setup(world.invite(), "vic", "--agent", "claude")
+    enabled = vic.cli("access", "--offline", "enabled")
+    assert enabled.returncode == 0, enabled.stderr
+    assert bob.listener is not None
+    queued = bob.cli("call", "@acme/vic", "never mind", "--json")
+    assert queued.returncode == 0, queued.stderr
+    job_id = json.loads(queued.stdout)["job_id"]
+
+    mark = bob.listener.log.mark()
+    cancelled = _probe(bob, "jobs", "cancel", "vic", job_id, "--wait", "30", "--json")
+
+    assert cancelled.returncode == 0, cancelled.stderr
+    ended = json.loads(cancelled.stdout)
+    assert (ended["ok"], ended["state"], ended["job_id"]) == (True, "cancelled", job_id)
+    assert imported(cancelled) == set()
+    bob.listener.log.wait_for(r"local_jobs_ended .*command='cancel'", since=mark)
+    again = bob.cli("jobs", "cancel", "vic", job_id)
+    assert again.returncode == 1  # it had already ended

@@ -41,6 +41,7 @@ ALL_CHECKS = [
     "config",
     "keys",
     "key expiry",
+    "recovery code",
     "relay",
     "published keys",
     "offline delivery",
@@ -172,6 +173,13 @@ class World:
         path.write_text(f"---\n{front}\n---\nDo it.\n")
         return path
 
+    def recovery(self, document: dict[str, Any] | str, mode: int = 0o600) -> Path:
+        """The marker `agentcall recovery issue` leaves in the state directory."""
+        path = self.state.state_dir / "recovery.json"
+        path.write_text(document if isinstance(document, str) else json.dumps(document))
+        path.chmod(mode)
+        return path
+
     def policy(self, document: dict[str, Any] | str) -> None:
         text = document if isinstance(document, str) else json.dumps(document)
         path = self.state.policy_path
@@ -196,6 +204,7 @@ def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> World:
     monkeypatch.setattr(owner, "ceiling_path", lambda: str(ceiling_path))
     made = World(home, keys, api, runner, ceiling_path, tmp_path / "managed-settings.json")
     api.card = lambda: local_card(made)
+    made.recovery({"issued_at": int(NOW)})  # a healthy installation has a recovery code
     monkeypatch.setattr(doctor, "DEPS", None)
     return made
 
@@ -764,6 +773,75 @@ def test_offline_delivery_is_unproven_when_the_relay_cannot_say(
     check = one(report, "offline delivery")
     assert check["status"] == "warn"
     assert check["detail"] == "unproven: no answer from relay.example within 10 s"
+
+
+# --- the recovery code ---------------------------------------------------------------------------
+
+
+def test_the_recovery_code_is_reported_with_its_date(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """recovery.json's issued_at is shown as a date; nothing else of the file is."""
+    world.recovery({"issued_at": 1_764_633_600, "code_id": "do-not-show-me"})
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "recovery code")
+    assert code == 0 and check["status"] == "pass"
+    assert check["detail"].startswith("issued on 2025-12-02 00:00 UTC")
+    assert "do-not-show-me" not in json.dumps(report)
+
+
+def test_no_recovery_code_is_a_warning_naming_the_command(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Absent marker: worth knowing (a lost state directory loses the address), not a failure."""
+    (world.state.state_dir / "recovery.json").unlink()
+    code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "recovery code")
+    assert code == 0 and check["status"] == "warn"
+    assert check["detail"] == "no recovery code issued: `agentcall recovery issue` makes one"
+
+
+@pytest.mark.parametrize(
+    ("document", "mode", "said"),
+    [
+        ("{not json", 0o600, "is not valid JSON"),
+        ({"issued_at": "yesterday"}, 0o600, "has no valid issued_at"),
+        ({"issued_at": True}, 0o600, "has no valid issued_at"),
+        ([1], 0o600, "has no valid issued_at"),
+        ({"issued_at": 1_764_633_600}, 0o666, "accessible by group or others"),
+    ],
+)
+def test_a_recovery_marker_that_cannot_be_trusted_is_unproven(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    document: Any,
+    mode: int,
+    said: str,
+) -> None:
+    """A malformed marker, or one others could have written, proves nothing either way."""
+    world.recovery(document if isinstance(document, (dict, str)) else json.dumps(document), mode)
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "recovery code")
+    assert check["status"] == "warn" and check["detail"].startswith("unproven: ")
+    assert said in check["detail"]
+
+
+def test_a_symlinked_recovery_marker_is_not_followed(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    planted = tmp_path / "planted.json"
+    planted.write_text(json.dumps({"issued_at": 1_764_633_600}))
+    planted.chmod(0o600)
+    marker = world.state.state_dir / "recovery.json"
+    marker.unlink()
+    marker.symlink_to(planted)
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    check = one(report, "recovery code")
+    assert check["status"] == "warn" and "symbolic link" in check["detail"]
 
 
 # --- the published card ---------------------------------------------------------------------------

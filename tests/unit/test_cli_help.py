@@ -13,6 +13,11 @@ from agentcall.cli.main import COMMANDS, main
 REPO = Path(__file__).resolve().parents[2]
 PERSON_COMMANDS = [
     ["setup"],
+    ["config"],
+    ["config", "get"],
+    ["config", "set"],
+    ["config", "unset"],
+    ["uninstall"],
     ["call"],
     ["listen"],
     ["invite"],

@@ -274,6 +274,29 @@ def test_a_second_setup_is_refused_naming_the_identity(
     code, _out, err = setup(capsys, "--invite", INVITE, "--handle", "other")
     assert code == 1
     assert "already set up as @acme/ken" in err and "--resume" in err
+    assert "agentcall config set KEY VALUE" in err and "agentcall uninstall" in err
+
+
+@pytest.mark.parametrize(
+    ("argv", "needle"),
+    [
+        (["--agent", "codex"], "--agent is changed with `agentcall config set agent VALUE`"),
+        (["--agent-command", "x"], "`agentcall config set agent-command VALUE`"),
+        (["--ca-file", "/x.pem"], "`agentcall config set ca-file VALUE`"),
+        (["--handle", "bob"], "agentcall config set KEY VALUE"),
+    ],
+)
+def test_setup_flags_on_an_installed_machine_point_at_config(
+    world: World, capsys: pytest.CaptureFixture[str], argv: list[str], needle: str
+) -> None:
+    """Changing the agent or CA with setup's flags once installed is shown the setting that
+    does it, and changes nothing."""
+    setup(capsys, *ENROL, "--skip-service")
+    before = world.state.config_path.read_bytes()
+    world.relay.log.clear()
+    code, _out, err = setup(capsys, *argv)
+    assert code == 2 and needle in err
+    assert world.state.config_path.read_bytes() == before and world.relay.log == []
 
 
 def test_a_refused_registration_leaves_nothing_behind(
@@ -432,3 +455,23 @@ def test_usage_errors_exit_two(argv: list[str], world: World) -> None:
     with pytest.raises(SystemExit) as exited:
         main(["setup", *argv])
     assert exited.value.code == 2
+
+
+def test_a_caller_only_install_given_an_agent_by_config_is_finished_by_resume(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`config set agent` on a caller-only machine says to resume; resume then installs and
+    starts the listener that answers with it."""
+    from agentcall.cli import config as config_cli
+
+    world.systemctl.available = True
+    assert setup(capsys, *ENROL, "--caller-only")[0] == 0
+    deps = config_cli.ConfigDeps(which=PATHS.get, environ={"HOME": str(world.home)})
+    monkeypatch.setattr(config_cli, "DEPS", deps)
+    assert main(["config", "set", "agent", "claude"]) == 0
+    assert "agentcall setup --resume" in capsys.readouterr().out
+    assert world.systemctl.calls == []
+    assert setup(capsys, "--resume", "--no-verify")[0] == 0
+    assert ("restart", "agentcall-listener.service") in world.systemctl.calls
+    unit = world.home / ".config" / "systemd" / "user" / "agentcall-listener.service"
+    assert "/opt/claude/bin" in unit.read_text()

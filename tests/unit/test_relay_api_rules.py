@@ -36,6 +36,7 @@ def refusal(exc: pytest.ExceptionInfo[ApiError]) -> tuple[int, ApiErrorCode]:
 ROUTES = {
     ("GET", "/v1/status"): RouteMatch(Route.STATUS),
     ("POST", "/v1/register"): RouteMatch(Route.REGISTER),
+    ("POST", "/v1/recover"): RouteMatch(Route.RECOVER),
     ("GET", "/v1/me"): RouteMatch(Route.ME),
     ("GET", "/v1/presence"): RouteMatch(Route.PRESENCE),
     ("POST", "/v1/invites"): RouteMatch(Route.CREATE_INVITE),
@@ -52,6 +53,7 @@ ROUTES = {
     ("GET", f"/v1/jobs/{JOB_ID}"): RouteMatch(Route.GET_JOB, JOB_ID),
     ("POST", f"/v1/jobs/{JOB_ID}/cancel"): RouteMatch(Route.CANCEL_JOB, JOB_ID),
     ("GET", "/v1/members"): RouteMatch(Route.LIST_MEMBERS),
+    ("POST", "/v1/me/token"): RouteMatch(Route.ROTATE_CREDENTIALS),
     ("POST", "/v1/members/ken/remove"): RouteMatch(Route.REMOVE_MEMBER, "ken"),
     ("PUT", "/v1/members/ken-lee/role"): RouteMatch(Route.SET_MEMBER_ROLE, "ken-lee"),
     ("PUT", "/v1/card"): RouteMatch(Route.PUBLISH_CARD),
@@ -60,6 +62,7 @@ ROUTES = {
 FIXED_PATHS = {
     "/v1/status",
     "/v1/register",
+    "/v1/recover",
     "/v1/me",
     "/v1/presence",
     "/v1/invites",
@@ -69,6 +72,7 @@ FIXED_PATHS = {
     "/v1/jobs",
     "/v1/members",
     "/v1/card",
+    "/v1/me/token",
 }
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 PATHS = sorted(
@@ -153,7 +157,7 @@ def test_only_invite_and_member_routes_are_for_admins_and_status_register_for_an
         Route.REMOVE_MEMBER,
         Route.SET_MEMBER_ROLE,
     }
-    assert by_access[Access.ANYONE] == {Route.STATUS, Route.REGISTER}
+    assert by_access[Access.ANYONE] == {Route.STATUS, Route.REGISTER, Route.RECOVER}
     assert RouteMatch(Route.ME).access is Access.MEMBER
 
 

@@ -205,3 +205,21 @@ def test_last_seen_only_moves_forward_and_skips_removed_members(store: Fired) ->
     seen = {m.handle: m.last_seen for m in store.list_members("acme", limit=10)}
     assert seen == {"ada": int(T0 + 50), "ken": int(T0 + 60)}
     store.record_seen([])
+
+
+def test_a_rotated_token_replaces_the_old_one_at_once(store: Fired) -> None:
+    old = enrol(store, "ken")
+    new = "n" * 43
+    store.rotate_token("acme", "ken", new, T0 + 5)
+    assert store.authenticate("acme", "ken", old) is None
+    assert store.authenticate("acme", "ken", new) is not None
+    assert events(store, audit.MEMBER_CREDENTIALS_ROTATED) == [("ken", "ken", None)]
+    with pytest.raises(ApiError) as exc:
+        store.rotate_token("acme", "ken", "too-short", T0 + 6)
+    assert refusal(exc) == (400, ApiErrorCode.BAD_REQUEST)
+    enrol(store, "ada", MemberRole.ADMIN)
+    store.remove_member("acme", "ken", release=False, actor="ada", now=T0 + 7)
+    with pytest.raises(ApiError) as exc:
+        store.rotate_token("acme", "ken", "m" * 43, T0 + 8)
+    assert refusal(exc) == (404, ApiErrorCode.NOT_FOUND)
+    assert store.authenticate("acme", "ken", "m" * 43) is None

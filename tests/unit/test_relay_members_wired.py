@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 
 from agentcall.errors import CallErrorCode
-from agentcall.wire.closecodes import CLOSE_REMOVED
+from agentcall.wire.closecodes import CLOSE_CREDENTIALS_CHANGED, CLOSE_REMOVED
 from agentcall.wire.frames import CallError, CallQueued, CallRequest, CallStatus, CancelCall
 from agentcall.wire.http import MemberRole
 from tests.unit.relay_helpers import fired
@@ -157,3 +157,29 @@ def test_a_removed_callees_queued_jobs_end_revoked_and_the_handle_waits_for_them
         "POST", "/v1/members/ken/remove", body=body, token=ada, handle="ada"
     )
     assert (busy.status, busy.json()["error"]) == (409, "handle_busy")
+
+
+def test_rotating_a_token_closes_the_members_sockets_and_only_the_new_one_works(
+    switch: Switch,
+) -> None:
+    ken_token = switch.tokens["ken"]
+    ken = switch.connect("role=listen", "ken")
+    other = switch.connect("role=listen", "ann")
+    new = "N" * 43
+    rotated = switch.relay.request(
+        "POST", "/v1/me/token", body=json.dumps({"token": new}).encode(), token=ken_token,
+        handle="ken",
+    )  # fmt: skip
+    switch.flush()
+    assert rotated.status == 200 and "rotated_at" in rotated.json()
+    assert new not in rotated.body.decode()  # the answer never echoes a token
+    assert ken.close_code == CLOSE_CREDENTIALS_CHANGED and other.close_code is None
+    old = switch.relay.request("GET", "/v1/me", token=ken_token, handle="ken")
+    assert old.status == 401
+    assert switch.relay.request("GET", "/v1/me", token=new, handle="ken").status == 200
+    again = switch.connect("role=listen", "ken", token=new)
+    assert again.frames and switch.relay.relay.switchboard.is_online("acme", "ken")
+    bad = switch.relay.request(
+        "POST", "/v1/me/token", body=b'{"token": "short"}', token=new, handle="ken"
+    )
+    assert bad.status == 400

@@ -522,7 +522,7 @@ def test_audit_rows_page_by_id_and_cap_details(store: Fired) -> None:
 
 
 def test_audit_events_vocabulary() -> None:
-    """The fixed vocabulary is exactly the twenty-five named events."""
+    """The fixed vocabulary is exactly the twenty-eight named events."""
     assert {
         "invite.issue",
         "invite.redeem",
@@ -531,6 +531,9 @@ def test_audit_events_vocabulary() -> None:
         "member.remove",
         "member.release",
         "member.role",
+        "member.token_rotate",
+        "recovery.issue",
+        "recovery.redeem",
         "member.offline_delivery",
         "keys.identity.publish",
         "keys.encryption.publish",

@@ -262,13 +262,19 @@ member_infos = st.builds(
     removed_by=_optional(handles),
 )
 
-identity_records = st.builds(
-    http.IdentityRecord,
-    v=st.just(1),
-    relay_origin=relay_origins,
-    address=addresses,
-    identity_pub=public_keys,
-)
+
+@st.composite
+def identity_records(draw: st.DrawFn) -> http.IdentityRecord:
+    """With or without a recovery key (which always comes with its issue time)."""
+    recovery = draw(st.booleans())
+    return http.IdentityRecord(
+        v=1,
+        relay_origin=draw(relay_origins),
+        address=draw(addresses),
+        identity_pub=draw(public_keys),
+        recovery_pub=draw(public_keys) if recovery else None,
+        recovery_issued_at=draw(timestamps) if recovery else None,
+    )
 
 
 @st.composite
@@ -314,7 +320,22 @@ def card_records(draw: st.DrawFn) -> http.CardRecord:
 
 
 signed_identity_records = st.builds(
-    http.SignedIdentityRecord, record=identity_records, signature=signatures
+    http.SignedIdentityRecord, record=identity_records(), signature=signatures
+)
+recovery_statements = st.builds(
+    http.RecoveryStatement,
+    v=st.just(1),
+    relay_origin=relay_origins,
+    address=addresses,
+    recovery_pub=public_keys,
+    new_identity_pub=public_keys,
+    at=timestamps,
+)
+signed_recovery_statements = st.builds(
+    http.SignedRecoveryStatement, statement=recovery_statements, signature=signatures
+)
+recovery_links = st.builds(
+    http.RecoveryLink, previous=signed_identity_records, statement=signed_recovery_statements
 )
 signed_encryption_key_records = st.builds(
     http.SignedEncryptionKeyRecord, record=encryption_key_records(), signature=signatures
@@ -346,6 +367,7 @@ keys_responses: st.SearchStrategy[http.KeysResponse] = st.builds(
     http.KeysResponse,
     identity=signed_identity_records,
     encryption=_optional(signed_encryption_key_records),
+    recovered=st.lists(recovery_links, max_size=2).map(tuple),
 )
 
 HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
@@ -394,6 +416,8 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.InviteList: st.builds(
         http.InviteList, invites=st.lists(invite_infos, max_size=3).map(tuple)
     ),
+    http.TokenRotateRequest: st.builds(http.TokenRotateRequest, token=tokens),
+    http.TokenRotated: st.builds(http.TokenRotated, rotated_at=timestamps),
     http.MemberInfo: member_infos,
     http.MemberList: st.builds(
         http.MemberList,
@@ -404,7 +428,18 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.MemberRoleRequest: st.builds(
         http.MemberRoleRequest, role=st.sampled_from(http.MemberRole)
     ),
-    http.IdentityRecord: identity_records,
+    http.IdentityRecord: identity_records(),
+    http.RecoveryStatement: recovery_statements,
+    http.SignedRecoveryStatement: signed_recovery_statements,
+    http.RecoveryLink: recovery_links,
+    http.RecoverRequest: st.builds(
+        http.RecoverRequest,
+        org=orgs,
+        handle=handles,
+        identity=signed_identity_records,
+        statement=signed_recovery_statements,
+        agent_kind=_optional(st.sampled_from(http.AgentKind)),
+    ),
     http.SignedIdentityRecord: signed_identity_records,
     http.EncryptionKeyRecord: encryption_key_records(),
     http.SignedEncryptionKeyRecord: signed_encryption_key_records,

@@ -1,5 +1,5 @@
--- The relay's registry, version 5: version 4 plus members' signed cards. Times are
--- seconds since the Unix epoch.
+-- The relay's registry, version 5: version 4 plus recovery (an identity record may be re-signed
+-- to name a recovery key; recovery_links). Times are seconds since the Unix epoch.
 -- The engine adds the version table; agentcall/relay/store.py holds every query.
 
 CREATE TABLE orgs (
@@ -45,7 +45,8 @@ CREATE TABLE invites (
 
 CREATE INDEX invites_by_org ON invites (org, created_at);
 
--- The identity key of a member is published once and never replaced.
+-- The identity key of a member. Its record may be re-signed by the same key (to name a new
+-- recovery key), never changed to another key: only a recovery replaces the row, with a link.
 CREATE TABLE identity_keys (
     org TEXT NOT NULL,
     handle TEXT NOT NULL,
@@ -56,10 +57,25 @@ CREATE TABLE identity_keys (
     FOREIGN KEY (org, handle) REFERENCES members (org, handle)
 );
 
-CREATE TRIGGER identity_keys_never_replaced BEFORE UPDATE ON identity_keys
+CREATE TRIGGER identity_pub_never_changes BEFORE UPDATE ON identity_keys
+WHEN NEW.identity_pub != OLD.identity_pub
 BEGIN
     SELECT RAISE(ABORT, 'identity keys are never replaced');
 END;
+
+-- Each recovery of a member, oldest first: the old identity's last record (naming the recovery
+-- key) and the statement that key signed. Served with the keys, so a caller who pinned an
+-- earlier identity can walk to the current one. Deleted with the keys when a member goes.
+CREATE TABLE recovery_links (
+    org TEXT NOT NULL,
+    handle TEXT NOT NULL,
+    seq INTEGER NOT NULL CHECK (seq >= 1),
+    previous_json TEXT NOT NULL,
+    statement_json TEXT NOT NULL,
+    created_at REAL NOT NULL,
+    PRIMARY KEY (org, handle, seq),
+    FOREIGN KEY (org, handle) REFERENCES members (org, handle)
+);
 
 -- Encryption keys by epoch; a new epoch must be above every stored one (clients pin epochs).
 CREATE TABLE encryption_keys (
@@ -149,17 +165,4 @@ CREATE TABLE job_sealed (
     terminal TEXT CHECK (terminal IS NULL OR terminal IN ('completed', 'failed')),
     CHECK ((answer IS NULL) = (terminal IS NULL)),
     CHECK (request IS NOT NULL OR answer IS NOT NULL)
-);
-
--- Each member's signed card (agentcall.wire.http.SignedCardRecord), the newest only: what the
--- organisation sees of their installation. Verified against the published identity before it
--- is stored; withdrawn with the keys when the member is removed.
-CREATE TABLE cards (
-    org TEXT NOT NULL,
-    handle TEXT NOT NULL,
-    record_json TEXT NOT NULL,
-    issued_at INTEGER NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (org, handle),
-    FOREIGN KEY (org, handle) REFERENCES identity_keys (org, handle)
 );
