@@ -6,7 +6,8 @@ relay serves, the local pin, the contact, this installation's own presence — a
 looking, and the one command that would change trust is only named (:attr:`Inspection.next`).
 
 Trust for the card follows the pin: a card is ``verified`` only against a key this
-installation already trusts (its pin, or its own key for its own address); against the key
+installation already trusts (its pin, a key the pin vouched for by a recovery, or its own key
+for its own address); against the key
 the relay serves for an address never called it is ``unpinned`` (shown, and said to be
 unconfirmed); when the identity changed, or the card does not verify, or it is older than a
 card verified before (a replay), it is ``refused`` and its contents are never shown as the
@@ -19,7 +20,7 @@ import enum
 
 import attrs
 
-from agentcall.crypto import keys, records
+from agentcall.crypto import keys, records, recovery
 from agentcall.crypto.card import verify_card
 from agentcall.crypto.pins import Pin
 from agentcall.errors import CardInvalid, CryptoError
@@ -32,10 +33,10 @@ class PinView(enum.StrEnum):
     UNSEEN = "unseen"  # never pinned: a first call would pin the served key
     PINNED = "pinned"  # the served key is the pinned one
     CHANGED = "changed"  # the served key differs from the pin: calls fail until a reset
+    # The served key differs from the pin, but the recovery key pinned with the old identity
+    # vouched for it (crypto/recovery.walk): the next call moves the pin by itself.
+    RECOVERED = "recovered"
     OWN = "own"  # this installation's own address, checked against its own key
-    # RECOVERED — the integrator's hook: an identity that changed but whose new key is signed
-    # by the recovery key pinned with the old one. Add the member here and decide it in
-    # pin_view() (the one place that compares the pin with what is served).
 
 
 class CardView(enum.StrEnum):
@@ -77,6 +78,7 @@ class Facts:
 class Inspection:
     address: str
     pin: PinView
+    recovered_at: int | None  # when the identity was recovered (the recovered view only)
     fingerprint: str | None  # of the identity the relay serves
     pinned_fingerprint: str | None
     card: CardView
@@ -91,17 +93,22 @@ class Inspection:
     next_why: str | None
 
 
-def pin_view(facts: Facts, served_pub: str | None) -> PinView:
-    """Compare the pin (or, for one's own address, the own key) with the served key."""
+def pin_view(facts: Facts, served_pub: str | None) -> tuple[PinView, int | None]:
+    """Compare the pin (or, for one's own address, the own key) with the served key; for a
+    recovered identity, also when it was recovered."""
     if facts.address == facts.own_address:
-        return PinView.OWN if served_pub in (None, facts.own_identity_pub) else PinView.CHANGED
+        own = served_pub in (None, facts.own_identity_pub)
+        return (PinView.OWN if own else PinView.CHANGED), None
     if facts.pin is None:
-        return PinView.UNSEEN
+        return PinView.UNSEEN, None
     if served_pub is None or served_pub == facts.pin.identity_pub:
-        return PinView.PINNED
-    # RECOVERED hook: before calling it changed, the integrator checks here whether the served
-    # identity is signed by the recovery key pinned with the old one.
-    return PinView.CHANGED
+        return PinView.PINNED, None
+    assert facts.served is not None  # served_pub came from it
+    try:
+        at = recovery.walk(facts.pin.identity_pub, facts.served.identity, facts.served.recovered)
+    except CryptoError:
+        return PinView.CHANGED, None
+    return PinView.RECOVERED, at
 
 
 def _served_identity(facts: Facts) -> tuple[str | None, str | None, str | None]:
@@ -132,6 +139,9 @@ def _card(
         trusted, shown = facts.own_identity_pub, CardView.VERIFIED
     elif view is PinView.PINNED and facts.pin is not None:
         trusted, shown = facts.pin.identity_pub, CardView.VERIFIED
+    elif view is PinView.RECOVERED and served_pub is not None:
+        # The pinned identity vouched for this key through its recovery key.
+        trusted, shown = served_pub, CardView.VERIFIED
     elif served_pub is not None:
         trusted, shown = served_pub, CardView.UNPINNED
     else:
@@ -157,6 +167,12 @@ def _next(facts: Facts, view: PinView, served_pub: str | None) -> tuple[str | No
             "forgets the old pin after you checked the new fingerprint with its owner out of "
             "band; the next call then pins the new key",
         )
+    if view is PinView.RECOVERED:
+        return (
+            f'agentcall call {target} "hello"',
+            "the next call moves the pin to the recovered identity by itself (the recovery key "
+            "pinned with the old one signed the move) and says so once",
+        )
     if view is PinView.UNSEEN and served_pub is not None:
         return (
             f'agentcall call {target} "hello"',
@@ -168,7 +184,7 @@ def _next(facts: Facts, view: PinView, served_pub: str | None) -> tuple[str | No
 
 def inspect(facts: Facts) -> Inspection:
     served_pub, fingerprint, keys_problem = _served_identity(facts)
-    view = pin_view(facts, served_pub)
+    view, recovered_at = pin_view(facts, served_pub)
     card_view, card_record, card_problem = _card(facts, view, served_pub)
     command, why = _next(facts, view, served_pub)
     if facts.address != facts.own_address:
@@ -180,6 +196,7 @@ def inspect(facts: Facts) -> Inspection:
     return Inspection(
         address=facts.address,
         pin=view,
+        recovered_at=recovered_at,
         fingerprint=fingerprint,
         pinned_fingerprint=None if facts.pin is None else facts.pin.fingerprint,
         card=card_view,

@@ -17,12 +17,13 @@ if TYPE_CHECKING:
 DESCRIPTION = """\
 Show what you can know about ADDRESS (an @org/handle, a contact name, or a handle in your
 organisation) before calling it: the fingerprint of the identity key the relay serves and how
-it stands with your pin (unseen: never called; pinned: the key you pinned; changed: not the
-key you pinned, so calls are refused), your contact note, its published card (the agent and
-the tasks it offers everyone, checked against your pin: `verified`, or `unpinned` while you
-have not pinned the key yet; a card that does not verify, or is older than one you saw
-verified, is never shown), and presence:
-online or offline for your own address, `undisclosed` for anyone else (presence is private).
+it stands with your pin (unseen: never called; pinned: the key you pinned; recovered: a new key
+the recovery key pinned with the old one vouched for, which the next call pins by itself;
+changed: not the key you pinned, so calls are refused), your contact note, its published card
+(the agent and the tasks it offers everyone, checked against your pin: `verified`, or
+`unpinned` while you have not pinned the key yet; a card that does not verify, or is older
+than one you saw verified, is never shown), and presence: online or offline for your own
+address, `undisclosed` for anyone else (presence is private).
 
 Inspecting never creates or replaces a pin (it only remembers the date of a verified card, so
 that an older one served later is refused). When a command would change trust, it is printed:
@@ -48,6 +49,7 @@ def to_json(seen: Inspection) -> dict[str, Any]:
         "contact": seen.contact_name,
         "note": seen.note,
         "pin": str(seen.pin),
+        "recovered_at": seen.recovered_at,
         "fingerprint": seen.fingerprint,
         "pinned_fingerprint": seen.pinned_fingerprint,
         "keys_problem": seen.keys_problem,
@@ -66,6 +68,7 @@ _PIN_WORDS = {
     "unseen": "unseen (never called: not pinned yet)",
     "pinned": "pinned (the key you pinned)",
     "changed": "CHANGED (not the key you pinned: calls are refused)",
+    "recovered": "recovered (a new key, vouched for by the recovery key you pinned with the old)",
     "own": "your own",
 }
 _CARD_WORDS = {
@@ -88,6 +91,8 @@ def render(seen: Inspection) -> str:
     if seen.note is not None:
         lines.append(f"note: {safe_cell(seen.note)}")
     lines.append(f"identity: {_PIN_WORDS[str(seen.pin)]}")
+    if seen.recovered_at is not None:
+        lines.append(f"  {seen.address} recovered their identity on {when(seen.recovered_at)}")
     if seen.fingerprint is not None:
         lines.append(f"  fingerprint: {seen.fingerprint}")
     if seen.pinned_fingerprint is not None and seen.pinned_fingerprint != seen.fingerprint:

@@ -224,8 +224,35 @@ def test_an_unreachable_relay_is_one_line_and_another_org_is_refused(
 
 
 def test_the_pin_states_are_the_documented_ones() -> None:
-    """unseen, pinned, changed and own; `recovered` is added with recovery."""
-    assert {str(view) for view in PinView} == {"unseen", "pinned", "changed", "own"}
+    assert {str(view) for view in PinView} == {"unseen", "pinned", "changed", "recovered", "own"}
+
+
+def test_a_recovered_identity_is_named_and_its_card_verified_and_no_pin_moves(
+    world: World, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Ken issued a recovery code, then recovered on a new machine: ann's pin of the old key
+    vouches for the new one through the chain, so inspect says recovered (with the date),
+    verifies the new card against the new key, and leaves the pin where it was. A stranger
+    with the same links but another key is still a changed identity."""
+    from tests.unit.test_crypto_recovery import recover, with_code
+
+    old, recovery_key = with_code(world.ken)
+    world.pin_ken(old)
+    new, link = recover(old, recovery_key, at=int(NOW) + 3600)
+    world.api.keys["ken"] = KeysResponse(new.identity, new.encryption, recovered=(link,))
+    world.api.cards["ken"] = card_for(new.identity_key, new.address, at=int(NOW) + 4000)
+    body = as_json(capsys, "@acme/ken")
+    assert (body["pin"], body["card_state"]) == ("recovered", "verified")
+    assert body["recovered_at"] == int(NOW) + 3600
+    assert body["next"] == 'agentcall call @acme/ken "hello"'
+    assert world.pinned() == old.identity_pub
+    out = inspect(capsys, "@acme/ken")[1]
+    assert "@acme/ken recovered their identity on" in out and "Code review" in out
+    stranger = make_party("@acme/ken")
+    world.api.keys["ken"] = KeysResponse(stranger.identity, stranger.encryption, recovered=(link,))
+    world.api.cards["ken"] = card_for(stranger.identity_key, stranger.address, at=int(NOW) + 5000)
+    body = as_json(capsys, "@acme/ken")
+    assert (body["pin"], body["card_state"], body["card"]) == ("changed", "refused", None)
 
 
 def test_an_older_card_after_a_newer_one_was_verified_is_a_replay(
