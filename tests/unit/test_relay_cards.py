@@ -139,3 +139,23 @@ def test_removing_a_member_withdraws_their_card(relay: MemoryRelay) -> None:
     gone = relay.request("GET", "/v1/cards/ken", token=admin, handle="ada")
     assert (gone.status, gone.json()["error"]) == (404, "not_found")
     assert fired(relay.store.fetch_card("acme", "ken")) is None
+
+
+def test_a_recovery_drops_the_old_keys_card_and_the_new_key_publishes_its_own(
+    relay: MemoryRelay,
+) -> None:
+    """The card was signed by the identity a recovery replaces: it goes with it, and a card of
+    the new identity is accepted (the old one would not be)."""
+    from tests.unit.test_crypto_recovery import recover, with_code
+
+    token, ken = published(relay, "ken")
+    old, recovery_key = with_code(ken)
+    fired(relay.store.publish_identity("acme", "ken", old.identity, NOW))  # names the key
+    assert put(relay, token, "ken", card_of(ken)) == (200, "")
+    new, link = recover(old, recovery_key)
+    new_token = fired(
+        relay.store.recover("acme", "ken", link.previous, link.statement, new.identity, NOW)
+    )
+    assert fired(relay.store.fetch_card("acme", "ken")) is None
+    assert put(relay, new_token, "ken", card_of(ken, at=NOW + 1)) == (400, "signature_invalid")
+    assert put(relay, new_token, "ken", card_of(new, at=NOW + 1)) == (200, "")
