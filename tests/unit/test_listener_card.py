@@ -7,6 +7,8 @@ from typing import Any
 
 import attrs
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 from twisted.internet import defer
 
 from agentcall import limits
@@ -29,6 +31,7 @@ from agentcall.wire.http import AgentKind, CardTask, SignedCardRecord
 from tests.unit.crypto_helpers import NOW, ORIGIN
 
 CLAUDE = AgentKind.CLAUDE
+KEY = IdentityKey.generate()
 
 
 def task(task_id: str, description: str = "d", **changes: Any) -> Task:
@@ -204,3 +207,18 @@ def test_unreadable_files_leave_the_card_as_it_was() -> None:
     publisher = world.publisher()
     publisher.check()
     assert world.api.sent == [] and publisher.published is None
+
+
+@given(
+    name=st.text(st.characters() | st.integers(0x80, 0x9F).map(chr), max_size=300),
+    description=st.text(st.characters() | st.sampled_from("\x1b\x9b\u202e\r\n\t "), max_size=1500),
+)
+def test_any_task_text_makes_a_card_that_can_be_signed(name: str, description: str) -> None:
+    """Whatever an owner writes in a task's name and description, the card entry made of it
+    passes the wire's own validators (one clean line, within its byte limits)."""
+    odd = task("odd", description, name=name)
+    offer = card_offer(CLAUDE, Policy(default_offer=("odd",)), None, tasks(odd))
+    [entry] = [t for t in offer.tasks if t.id == "odd"]
+    assert "\n" not in entry.summary and "\x1b" not in entry.name + entry.summary
+    assert len(entry.summary.encode()) <= limits.MAX_CARD_SUMMARY_BYTES
+    sign_offer(offer, KEY, ORIGIN, "@acme/ken", NOW)
