@@ -97,6 +97,7 @@ class ApiErrorCode(enum.StrEnum):
     RECOVERY_REFUSED = "recovery_refused"
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
     CARD_NOT_NEWER = "card_not_newer"  # a card dated no later than the one the relay keeps
+    TOO_MANY_HOLDS = "too_many_holds"  # past limits.MAX_AUDIT_HOLDS legal holds
     INTERNAL = "internal"
 
 

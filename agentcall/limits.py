@@ -173,6 +173,18 @@ LOCAL_MAX_CLIENTS = 32  # connections the service serves at once; more are close
 LOCAL_CONNECT_TIMEOUT_S = 2.0  # the CLI gives up on a service that does not accept
 # The CLI waits this much beyond its --timeout for the service to report how the call ended.
 LOCAL_RESULT_MARGIN_S = 30.0
-# Audit rows the relay batches per reactor turn (agentcall.relay.audit.BatchingAuditSink).
+# Audit rows the relay batches (agentcall.relay.audit.BatchingAuditSink): a batch is written
+# this long after its first row, or at the next reactor turn once it holds AUDIT_BATCH_ROWS.
+AUDIT_WINDOW_S = 0.01
+AUDIT_BATCH_ROWS = 256
 AUDIT_MAX_PENDING = 10_000  # rows kept while the database refuses them; older ones are dropped
 AUDIT_RETRY_S = 5.0  # a failed batch is tried again this much later
+# Retention (agentcall.relay.retention): audit rows and ended invites older than this are
+# pruned once a day (the relay option --audit-retention-days), except what a legal hold covers.
+AUDIT_RETENTION_DAYS = 365
+AUDIT_RETENTION_MAX_DAYS = 36_500
+RETENTION_EVERY_S = 86_400.0
+RETENTION_BATCH_ROWS = 5_000  # rows deleted per transaction; the reactor runs in between
+AUDIT_EXPORT_PAGE = 500  # rows an export reads from the store at a time
+MAX_AUDIT_HOLDS = 1_000  # legal holds per organisation
+MAX_HOLD_NOTE_CHARS = 200

@@ -27,7 +27,7 @@ from typing import Any
 
 import txaio
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
-from loadgen import CALL_TIMEOUT_S, Env, Probe, Target, now, seal_to
+from loadgen import CALL_TIMEOUT_S, Env, Presealed, Probe, Target, now, seal_to
 from seeding import Identity
 from twisted.internet import defer
 from twisted.internet.endpoints import TCP4ClientEndpoint
@@ -115,13 +115,25 @@ class PersistentCaller:
             self._end(frame.correlation_id, frame)
         # incoming_call and the rest: this socket's identity is never called in the bench
 
-    async def call(self, target: Target, message: str, timeout_s: float) -> Probe:
+    async def call(
+        self,
+        target: Target,
+        message: str,
+        timeout_s: float,
+        presealed: Presealed | None = None,
+    ) -> Probe:
+        """One call; with ``presealed`` its envelopes were sealed beforehand and the answer is
+        checked to be the one sealed instead of being opened."""
         env, caller = self.env, self.me
         socket = self.socket
         if socket is None or not socket.is_open:
             raise RuntimeError("the persistent socket is not open")
         probe = Probe(start=now())
-        sealed, request, correlation = seal_to(env, caller, target, message)
+        if presealed is None:
+            sealed, request, correlation = seal_to(env, caller, target, message)
+        else:
+            sealed, request, correlation = presealed.request, None, presealed.correlation_id
+            env.presealed[correlation] = presealed
         terminal: defer.Deferred[frames.Frame] = defer.Deferred()
         self._pending[correlation] = (probe, terminal)
         env.probes[correlation] = probe
@@ -144,12 +156,19 @@ class PersistentCaller:
                 raise
         finally:
             del env.probes[correlation]
+            env.presealed.pop(correlation, None)
             self._pending.pop(correlation, None)
         if isinstance(result, frames.CallError):
             raise RuntimeError(f"call_error {result.code}")
         if isinstance(result, frames.CallQueued):
             raise RuntimeError("call_queued (this bench never asks to queue)")
         assert isinstance(result, frames.CallOutcome)
+        if presealed is not None:
+            if result.envelope != presealed.answer:
+                raise RuntimeError("the answer is not the one the listener sealed")
+            probe.done = now()
+            return probe
+        assert request is not None
         response = envelope.open_response(
             result.envelope,
             my_key=caller.encryption,
@@ -192,10 +211,14 @@ def persistent_placer(
     persistent: dict[str, PersistentCaller],
     pairs: Sequence[tuple[Identity, Target]],
     message: str,
+    presealed: Sequence[Presealed] | None = None,
 ) -> Callable[[int], Any]:
+    """Call n from pair n % K; with ``presealed``, call n is ``presealed[n]``."""
+
     async def place(n: int) -> Probe:
         caller, target = pairs[n % len(pairs)]
-        return await persistent[caller.handle].call(target, message, CALL_TIMEOUT_S)
+        sealed = None if presealed is None else presealed[n]
+        return await persistent[caller.handle].call(target, message, CALL_TIMEOUT_S, sealed)
 
     return place
 

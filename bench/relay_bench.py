@@ -94,6 +94,12 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     )
     p.add_argument("--quick", action="store_true", help="small numbers: a smoke run in ~20 s")
     p.add_argument("--message-bytes", type=int, default=200, help="request text size (200)")
+    p.add_argument(
+        "--seal-inline",
+        action="store_true",
+        help="persistent loaded phase: seal and open every call in the loop (default: sealed"
+        " beforehand, so the bench's crypto is not what limits calls/s)",
+    )
     p.add_argument("--open-window", type=int, default=64, help="idle sockets dialling at once")
     p.add_argument("--phase-budget", type=float, default=300.0, help="seconds per phase (300)")
     p.add_argument("--results-dir", type=Path, default=BENCH / "results")
@@ -301,8 +307,12 @@ class Bench:
         relay_name: str,
         path: str,
         place: Any,
+        loaded_place: Any = None,
     ) -> list[dict[str, Any]]:
-        """The serial and the loaded phase of one relay and one path."""
+        """The serial and the loaded phase of one relay and one path.
+
+        ``loaded_place(total)``, if given, makes the loaded phase's placer (before its
+        counters start)."""
         args = self.args
         pid = self.relay.pid if relay_name == "agentcall" else self.bare.pid  # type: ignore[union-attr]
         phases = []
@@ -312,12 +322,15 @@ class Bench:
         ):
             if total == 0:
                 continue
+            phase_place = place
+            if name == "loaded" and loaded_place is not None:
+                phase_place = loaded_place(total)
             self.check_relay()
             relay_cpu, bench_cpu = relayproc.proc_cpu_s(pid), relayproc.self_cpu_s()
             lag = loadgen.LoopLag(self.reactor)
             lag.start()
             run = await loadgen.run_calls(
-                env, targets, total, concurrency, args.phase_budget, message, place
+                env, targets, total, concurrency, args.phase_budget, message, phase_place
             )
             lags = lag.stop()
             relay_cpu = relayproc.proc_cpu_s(pid) - relay_cpu
@@ -325,6 +338,7 @@ class Bench:
             phase = call_phase_result(name, concurrency, run, relay_cpu, bench_cpu)
             phase["relay"] = relay_name
             phase["path"] = path
+            phase["presealed"] = phase_place is not place
             phase["bench_loop_lag_ms"] = summary_ms(lags)
             phases.append(phase)
             added = phase["relay_added_ms"] or {}
@@ -365,7 +379,20 @@ class Bench:
             )
             if warm.failed:
                 raise BenchError(f"persistent warm-up failed: {dict(env.errors)}")
-            phases = await self.call_phases(env, targets, message, "agentcall", "persistent", place)
+
+            def presealed_placer(total: int) -> Any:
+                sealed = loadgen.preseal(env, targets, total, message)
+                return callpaths.persistent_placer(persistent, targets, message, sealed)
+
+            phases = await self.call_phases(
+                env,
+                targets,
+                message,
+                "agentcall",
+                "persistent",
+                place,
+                None if self.args.seal_inline else presealed_placer,
+            )
             status["unexpected_frames"] = sum(p.unexpected for p in persistent.values())
             return phases
         finally:
@@ -627,6 +654,7 @@ def main(argv: Sequence[str] | None = None) -> int:
                     "tls": args.tls,
                     "path": args.path,
                     "bare": args.bare,
+                    "seal_inline": args.seal_inline,
                 },
                 "seeded_identities": len(identities),
                 "seed_s": round(seed_s, 2),

@@ -208,6 +208,10 @@ def http_bodies() -> dict[type[Any], list[Any]]:
         removed_at=1_750_090_000,
         removed_by="ann",
     )
+    hold = http.AuditHold(
+        http.HoldScope.HANDLE, "ken", set_at=1_750_100_000, set_by="ann", note="case 2026-14"
+    )
+    org_hold = http.AuditHold(http.HoldScope.ORGANISATION, None, 1_750_100_000, "ann")
     return {
         http.ApiErrorBody: [http.ApiErrorBody(ApiErrorCode.BAD_REQUEST, "malformed body")],
         http.StatusResponse: [http.StatusResponse(ok=True, version="1", relay_origin=ORIGIN)],
@@ -278,6 +282,26 @@ def http_bodies() -> dict[type[Any], list[Any]]:
         http.CardTask: [_card().record.tasks[0]],
         http.CardRecord: [_card().record, _card(kind=None).record],
         http.SignedCardRecord: [_card()],
+        http.AuditEvent: [
+            http.AuditEvent(
+                id=1,
+                at_ms=1_700_000_000_250,
+                event="member.role",
+                actor="ada",
+                target="ann",
+                detail="member->admin",
+            ),
+            http.AuditEvent(
+                id=2**40, at_ms=0, event="presence.refused", actor="ann", target="@other/ken"
+            ),
+        ],
+        http.AuditExportEnd: [http.AuditExportEnd(complete=True, events=2)],
+        http.AuditHoldRequest: [
+            http.AuditHoldRequest(),
+            http.AuditHoldRequest(handle="ken", note="case 2026-14"),
+        ],
+        http.AuditHold: [hold, org_hold],
+        http.AuditHoldList: [http.AuditHoldList(holds=(org_hold, hold)), http.AuditHoldList(())],
     }
 
 

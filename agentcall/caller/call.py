@@ -28,18 +28,20 @@ answer with :func:`open_answer`, exactly as a live call's.
 from __future__ import annotations
 
 import contextlib
+import functools
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 import attrs
 from twisted.internet import defer
+from twisted.internet.task import deferLater
 
 from agentcall import ids, limits
 from agentcall.caller import keycache
 from agentcall.caller.jobstore import SentJob
-from agentcall.client.api import Credentials, RelayApi, RelayUnreachable
-from agentcall.client.ws import CallAborted, SocketRefused, place_call
+from agentcall.client.common import Credentials, RelayUnreachable
+from agentcall.client.ws import CallAborted, RelayBusy, SocketRefused, place_call
 from agentcall.crypto import envelope
 from agentcall.crypto.pins import Pin, PinBook, PinState
 from agentcall.errors import (
@@ -69,6 +71,10 @@ from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedI
 from agentcall.wire.keyrecords import RecoveryLink
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 
+if TYPE_CHECKING:
+    from agentcall.client.api import RelayApi
+    from agentcall.client.tls import RelayTlsPolicy
+
 
 class KeyDirectory(Protocol):
     """The relay routes the caller needs; :class:`~agentcall.client.api.RelayApi` is one."""
@@ -85,6 +91,13 @@ class KeyDirectory(Protocol):
 # Same shape as agentcall.client.ws.place_call, which is the default.
 Dial = Callable[..., "defer.Deferred[CallOutcome | CallError | CallQueued]"]
 StatusHandler = Callable[[CallStatus], None]
+
+
+# A relay that turns the upgrade away busy (503 with a Retry-After, during a reconnect storm)
+# is dialled again after the wait it names: at most this many times, and only for waits up to
+# the longest it sends (UPGRADE_RETRY_MAX_S); a longer one ends the call at once, saying so.
+BUSY_RETRIES = 2
+BUSY_WAIT_MAX_S = float(limits.UPGRADE_RETRY_MAX_S)
 
 
 class CallRefused(AgentCallError):
@@ -173,6 +186,52 @@ async def ensure_published(api: KeyDirectory, keys: LocalKeys, now: float) -> li
             await api.put_encryption_key(entry.record)
             done.append(f"encryption key epoch {entry.epoch}")
     return done
+
+
+def _tls_policy(config: Config) -> RelayTlsPolicy | None:
+    """The TLS trust for an https relay (the CA file read now), None for plain http."""
+    if not config.relay.secure:
+        return None
+    from agentcall.client.tls import RelayTlsPolicy
+
+    return RelayTlsPolicy(config.ca_file)
+
+
+class _ApiOnDemand:
+    """The relay's HTTP API, made on first use. A call sealed with kept keys asks the relay
+    nothing over HTTP, so it never loads Twisted's web client (tens of milliseconds of a
+    short-lived CLI's start)."""
+
+    def __init__(
+        self,
+        reactor: Any,
+        config: Config,
+        credentials: Credentials,
+        tls: RelayTlsPolicy | None,
+    ) -> None:
+        self._reactor = reactor
+        self._config = config
+        self._credentials = credentials
+        self._tls = tls
+        self._api: RelayApi | None = None
+
+    def _made(self) -> RelayApi:
+        if self._api is None:
+            from agentcall.client.api import RelayApi
+
+            self._api = RelayApi(
+                self._reactor, self._config.relay, self._credentials, tls_policy=self._tls
+            )
+        return self._api
+
+    def get_keys(self, handle: str) -> defer.Deferred[KeysResponse]:
+        return self._made().get_keys(handle)
+
+    def put_identity_key(self, record: SignedIdentityRecord) -> defer.Deferred[KeysResponse]:
+        return self._made().put_identity_key(record)
+
+    def put_encryption_key(self, record: SignedEncryptionKeyRecord) -> defer.Deferred[KeysResponse]:
+        return self._made().put_encryption_key(record)
 
 
 def _api_failure(exc: ApiError) -> tuple[CallErrorCode, str]:
@@ -476,12 +535,19 @@ async def place(
             f"{size} bytes; the limit is {limits.MAX_MESSAGE_BYTES}",
         )
     credentials = Credentials(config.org, config.handle, config.token)
-    if api is None:
+    if dial is None or api is None:
+        # The CA file is read once, here, for the socket and any HTTP fetch alike; a bad one
+        # is the user's to fix before anything is sent.
         try:
-            api = RelayApi(reactor, config.relay, credentials, config.ca_file)
+            tls = _tls_policy(config)
         except AgentCallError as exc:
             raise CallRefused("local_error", str(exc)) from None
-    keys = await _fresh_keys(home, api, keys, reactor.seconds(), on_note or (lambda _text: None))
+        if dial is None:
+            dial = functools.partial(place_call, tls=tls)
+        if api is None:
+            api = _ApiOnDemand(reactor, config, credentials, tls)
+    note = on_note or (lambda _text: None)
+    keys = await _fresh_keys(home, api, keys, reactor.seconds(), note)
 
     try:
         believed = await _callee_keys(
@@ -526,30 +592,51 @@ async def place(
         except (ValueError, CryptoError) as exc:
             raise CallRefused("keys_rejected", f"cannot seal to {target_address}: {exc}") from None
         frame = CallRequest(envelope=sealed, correlation_id=ids.mint_correlation_id(), queue=queue)
-        try:
-            terminal = await (dial or place_call)(
-                reactor,
-                config.relay,
-                credentials,
-                handle,
-                frame,
-                ca_file=config.ca_file,
-                on_status=status,
-                # A retry has what is left of the caller's time.
-                timeout_s=timeout_s - (reactor.seconds() - start) if retry else timeout_s,
-            )
-        except CallAborted as exc:
-            call_id = seen_call_id[0] if seen_call_id else None
-            if reactor.seconds() - start >= timeout_s:
-                return request, failed(
-                    CallErrorCode.TIMEOUT, f"no answer within {timeout_s:g} s", call_id
+        busy_waits = 0
+        while True:
+            try:
+                terminal = await dial(
+                    reactor,
+                    config.relay,
+                    credentials,
+                    handle,
+                    frame,
+                    ca_file=config.ca_file,
+                    on_status=status,
+                    # A retry has what is left of the caller's time.
+                    timeout_s=timeout_s - (reactor.seconds() - start)
+                    if retry or busy_waits
+                    else timeout_s,
                 )
-            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc), call_id)
-        except (RelayUnreachable, SocketRefused) as exc:
-            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
-        except AgentCallError as exc:
-            # Local TLS trouble (an unreadable CA file) surfaces only when dialling.
-            return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+            except RelayBusy as exc:
+                # Turned away before the socket was usable: nothing was sent, and the same
+                # frame may go again once the relay's Retry-After has passed, a bounded number
+                # of times and only inside the caller's timeout.
+                wait = exc.retry_after_s
+                left = timeout_s - (reactor.seconds() - start)
+                if busy_waits >= BUSY_RETRIES:
+                    detail = f"{exc}; tried {busy_waits + 1} times, try again in a minute"
+                    return request, failed(CallErrorCode.CONNECTION_FAILED, detail)
+                if wait > BUSY_WAIT_MAX_S or wait >= left:
+                    detail = f"{exc}, longer than this call waits; try again later"
+                    return request, failed(CallErrorCode.CONNECTION_FAILED, detail)
+                busy_waits += 1
+                note(f"the relay is busy; dialling it again in {wait:g} s (it asked for that)")
+                await deferLater(reactor, wait)
+                continue
+            except CallAborted as exc:
+                call_id = seen_call_id[0] if seen_call_id else None
+                if reactor.seconds() - start >= timeout_s:
+                    return request, failed(
+                        CallErrorCode.TIMEOUT, f"no answer within {timeout_s:g} s", call_id
+                    )
+                return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc), call_id)
+            except (RelayUnreachable, SocketRefused) as exc:
+                return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+            except AgentCallError as exc:
+                # Local TLS trouble (an unreadable CA file) surfaces only when dialling.
+                return request, failed(CallErrorCode.CONNECTION_FAILED, str(exc))
+            break
         return request, terminal
 
     request, terminal = await attempt(believed)

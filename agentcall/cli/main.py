@@ -47,6 +47,10 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "agentcall.cli.members",
         "List, remove or change the role of members (organisation admins).",
     ),
+    "audit": (
+        "agentcall.cli.audit",
+        "Export the audit trail or set legal holds (organisation admins).",
+    ),
     "block": ("agentcall.cli.access", "Refuse calls from one person."),
     "unblock": ("agentcall.cli.access", "Take back a block."),
     "access": ("agentcall.cli.access", "Show or change who may call you by default."),

@@ -14,14 +14,10 @@ reprs or logs.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Coroutine
 from typing import Any, TypeVar, cast
 
-import attrs
-from OpenSSL import SSL
-from service_identity import VerificationError
-from twisted.internet import defer, error
+from twisted.internet import defer
 from twisted.internet.interfaces import IConsumer, IPushProducer, IReactorTime
 from twisted.internet.protocol import Protocol, connectionDone
 from twisted.python.failure import Failure
@@ -31,13 +27,19 @@ from twisted.web.http_headers import Headers
 from twisted.web.iweb import IBodyProducer, IPolicyForHTTPS, IResponse
 from zope.interface import implementer
 
-from agentcall import __version__, ids, limits
+from agentcall import ids, limits
+from agentcall.client.common import USER_AGENT, Credentials, RelayUnreachable, describe_failure
 from agentcall.client.tls import RelayTlsPolicy
 from agentcall.errors import AgentCallError, ApiError, ApiErrorCode, MalformedFrame
 from agentcall.relayurl import RelayUrl
 from agentcall.wire import codec
 from agentcall.wire.http import (
     ApiErrorBody,
+    AuditEvent,
+    AuditExportEnd,
+    AuditHold,
+    AuditHoldList,
+    AuditHoldRequest,
     InviteCreated,
     InviteCreateRequest,
     InviteInfo,
@@ -72,113 +74,35 @@ T = TypeVar("T")
 MAX_RESPONSE_BODY_BYTES = 1_048_576
 # One job may carry its sealed answer, as large as the largest call_outcome frame.
 MAX_JOB_BODY_BYTES = limits.MAX_RESPONSE_FRAME_BYTES + 4_096
-USER_AGENT = f"agentcall/{__version__}"
-
-
-class RelayUnreachable(AgentCallError):
-    """No answer from the relay: the message says what failed, never with a credential."""
 
 
 class MissingCredentials(AgentCallError):
     """An authenticated route was called on an API built without credentials."""
 
 
-def _hidden(_value: str) -> str:
-    return "'<hidden>'"
+# Defined in agentcall.client.common (shared with the sockets); importable from here as before.
+__all__ = [
+    "MAX_JOB_BODY_BYTES",
+    "MAX_RESPONSE_BODY_BYTES",
+    "USER_AGENT",
+    "Credentials",
+    "MissingCredentials",
+    "RelayApi",
+    "RelayUnreachable",
+    "describe_failure",
+]
 
 
-def _check_token(_inst: object, _attribute: attrs.Attribute[str], value: str) -> None:
-    # The message must not echo the value: it is a secret.
-    if not isinstance(value, str) or ids.TOKEN_RE.match(value) is None:
-        raise ValueError("token: not a valid bearer token")
+class ExportIncomplete(AgentCallError):
+    """An audit export stopped before its end line: what arrived is not the whole export."""
+
+    def __init__(self, message: str, events: int) -> None:
+        super().__init__(message)
+        self.events = events
 
 
-def _check(
-    regex: re.Pattern[str], what: str
-) -> Callable[[object, attrs.Attribute[str], str], None]:
-    def check(_inst: object, _attribute: attrs.Attribute[str], value: str) -> None:
-        if not isinstance(value, str) or regex.match(value) is None:
-            raise ValueError(f"not a valid {what}: {value!r}")
-
-    return check
-
-
-@attrs.frozen
-class Credentials:
-    """Who we are at the relay. Validated so nothing odd can reach a header line."""
-
-    org: str = attrs.field(validator=_check(ids.ORG_RE, "organisation"))
-    handle: str = attrs.field(validator=_check(ids.HANDLE_RE, "handle"))
-    token: str = attrs.field(repr=_hidden, validator=_check_token)
-
-    def headers(self) -> dict[bytes, bytes]:
-        return {
-            b"Authorization": b"Bearer " + self.token.encode("ascii"),
-            b"X-AgentCall-Org": self.org.encode("ascii"),
-            b"X-AgentCall-Handle": self.handle.encode("ascii"),
-        }
-
-
-# --- why a connection failed, in words ----------------------------------------------------------
-
-
-def _leaves(exc: BaseException) -> list[BaseException]:
-    """Twisted wraps transport failures (ResponseNeverReceived and friends); unwrap them."""
-    reasons = getattr(exc, "reasons", None)
-    if not isinstance(reasons, list) or not reasons:
-        return [exc]
-    found: list[BaseException] = []
-    for reason in reasons:
-        inner = reason.value if isinstance(reason, Failure) else reason
-        if isinstance(inner, BaseException):
-            found.extend(_leaves(inner))
-    return found or [exc]
-
-
-def _ssl_detail(exc: SSL.Error) -> str:
-    parts = [
-        str(item[2])
-        for item in (exc.args[0] if exc.args and isinstance(exc.args[0], list) else [])
-        if isinstance(item, tuple) and len(item) == 3 and item[2]
-    ]
-    return "; ".join(parts) or "handshake failed"
-
-
-def describe_failure(
-    failure: Failure | BaseException, relay_url: RelayUrl, timeout_s: float | None = None
-) -> str:
-    """A one-line reason why talking to the relay failed, safe to show and to log."""
-    value = failure.value if isinstance(failure, Failure) else failure
-    top = value if value is not None else Exception()
-    leaves = _leaves(top)
-    where = relay_url.netloc
-    # Most specific first: a TLS verdict explains the connection loss that follows it.
-    for exc in leaves:
-        if isinstance(exc, VerificationError):
-            return f"the TLS certificate of {where} is not valid for {relay_url.host}"
-        if isinstance(exc, SSL.Error):
-            detail = _ssl_detail(exc)
-            if "certificate verify failed" in detail:
-                return (
-                    f"the TLS certificate of {where} is not trusted ({detail}); "
-                    "a private relay needs --ca-file or SSL_CERT_FILE"
-                )
-            return f"TLS handshake with {where} failed ({detail})"
-    for exc in leaves:
-        if isinstance(exc, error.ConnectionRefusedError):
-            return f"{where} refused the connection"
-        if isinstance(exc, error.DNSLookupError):
-            return f"cannot resolve {relay_url.host}"
-        if isinstance(exc, (defer.TimeoutError, error.TimeoutError, error.TCPTimedOutError)):
-            within = f" within {timeout_s:g} s" if timeout_s is not None else ""
-            return f"no answer from {where}{within}"
-        if isinstance(exc, defer.CancelledError):
-            return f"the exchange with {where} was cancelled"
-        if isinstance(exc, (error.ConnectionLost, error.ConnectionDone)):
-            return f"{where} closed the connection before answering"
-        if isinstance(exc, error.ConnectError):
-            return f"cannot connect to {where}: {exc.__class__.__name__}"
-    return f"cannot talk to {where}: {top.__class__.__name__}"
+# An export line is one AuditEvent: well under this. A relay sending more is broken.
+MAX_EXPORT_LINE_BYTES = 16_384
 
 
 # --- bodies --------------------------------------------------------------------------------------
@@ -245,6 +169,119 @@ class _CappedBodyReader(Protocol):
             self.finished.errback(reason)
 
 
+class _ExportReader(Protocol):
+    """Reads an export's NDJSON as it arrives: each :class:`AuditEvent` line goes to
+    ``on_event`` at once (nothing is collected), the :class:`AuditExportEnd` line must come
+    last, and the answer fires with it once the body is whole. No data for ``idle_s`` fails
+    it, however long the whole export takes."""
+
+    def __init__(
+        self,
+        on_event: Callable[[AuditEvent], None],
+        clock: IReactorTime,
+        idle_s: float,
+        where: str,
+    ) -> None:
+        self._on_event = on_event
+        self._clock = clock
+        self._idle_s = idle_s
+        self._where = where
+        self._buffer = bytearray()
+        self._end: AuditExportEnd | None = None
+        self.events = 0
+        self.finished: defer.Deferred[AuditExportEnd] = defer.Deferred(self._cancel)
+        self._idle: Any = clock.callLater(idle_s, self._went_quiet)
+
+    def _cancel(self, _d: object) -> None:
+        self._stop_idle()
+        if self.transport is not None:
+            cast(IPushProducer, self.transport).stopProducing()
+
+    def _stop_idle(self) -> None:
+        if self._idle is not None and self._idle.active():
+            self._idle.cancel()
+        self._idle = None
+
+    def _went_quiet(self) -> None:
+        self._idle = None
+        self._fail(
+            ExportIncomplete(
+                f"no data from {self._where} for {self._idle_s:g} s after {self.events} events",
+                self.events,
+            )
+        )
+
+    def _fail(self, exc: BaseException) -> None:
+        if self.finished.called:
+            return
+        self._stop_idle()
+        self.finished.errback(Failure(exc))
+        if self.transport is not None:
+            cast(IPushProducer, self.transport).stopProducing()
+
+    def dataReceived(self, data: bytes) -> None:
+        if self.finished.called:
+            return
+        if self._idle is not None:
+            self._idle.reset(self._idle_s)
+        self._buffer += data
+        start = 0
+        try:
+            while (newline := self._buffer.find(b"\n", start)) >= 0:
+                self._line(bytes(self._buffer[start:newline]))
+                start = newline + 1
+                if self.finished.called:
+                    return
+        except Exception as exc:  # the sink failed (a full disk, a closed pipe): stop here
+            self._fail(exc)
+            return
+        del self._buffer[:start]
+        if len(self._buffer) > MAX_EXPORT_LINE_BYTES:
+            self._fail(self._broken(f"a line longer than {MAX_EXPORT_LINE_BYTES} bytes"))
+
+    def _broken(self, what: str) -> ExportIncomplete:
+        return ExportIncomplete(
+            f"the export from {self._where} is broken after {self.events} events: {what}",
+            self.events,
+        )
+
+    def _line(self, line: bytes) -> None:
+        if self._end is not None:
+            self._fail(self._broken("data after its end line"))
+            return
+        try:
+            event = codec.decode(line, AuditEvent, max_bytes=MAX_EXPORT_LINE_BYTES)
+        except MalformedFrame:
+            try:
+                self._end = codec.decode(line, AuditExportEnd, max_bytes=MAX_EXPORT_LINE_BYTES)
+            except MalformedFrame:
+                self._fail(self._broken(f"line {self.events + 1} is not an audit event"))
+            return
+        self._on_event(event)
+        self.events += 1
+
+    def connectionLost(self, reason: Failure = connectionDone) -> None:
+        self._stop_idle()
+        if self.finished.called:
+            return
+        whole = isinstance(reason.value, (ResponseDone, PotentialDataLoss))
+        end = self._end
+        if not whole or end is None:
+            self._fail(
+                ExportIncomplete(
+                    f"the export from {self._where} stopped after {self.events} events "
+                    "without its end line",
+                    self.events,
+                )
+            )
+        elif self._buffer:
+            self._fail(self._broken("data after its end line"))
+        elif end.events != self.events:
+            self._fail(self._broken(f"its end line counts {end.events} events"))
+        else:
+            self.finished.callback(end)
+
+
 def _read_body(response: IResponse, limit: int) -> defer.Deferred[bytes]:
     reader = _CappedBodyReader(limit)
     response.deliverBody(reader)
@@ -266,15 +303,22 @@ class RelayApi:
         *,
         clock: IReactorTime | None = None,
         timeout_s: float = limits.HTTP_TIMEOUT_S,
+        tls_policy: RelayTlsPolicy | None = None,
     ) -> None:
+        """``tls_policy``: the trust already read for this relay (by a caller that also dials
+        its sockets); without it, ``ca_file`` (or the platform's roots) is read now, so a bad
+        path is reported before anything is dialled."""
         self.relay_url = relay_url
         self.credentials = credentials
         self._clock: IReactorTime = reactor if clock is None else clock
         self._timeout_s = timeout_s
-        # Read the CA file now so a bad path is reported before anything is dialled.
-        policy: IPolicyForHTTPS = (
-            RelayTlsPolicy(ca_file) if relay_url.secure else BrowserLikePolicyForHTTPS()
-        )
+        policy: IPolicyForHTTPS
+        if not relay_url.secure:
+            policy = BrowserLikePolicyForHTTPS()
+        elif tls_policy is not None:
+            policy = tls_policy
+        else:
+            policy = RelayTlsPolicy(ca_file)
         self._agent = Agent(reactor, contextFactory=policy, connectTimeout=timeout_s)
 
     def __repr__(self) -> str:
@@ -390,6 +434,71 @@ class RelayApi:
         return self._call(
             b"POST", f"/v1/jobs/{job_id}/cancel", None, JobInfo, max_bytes=MAX_JOB_BODY_BYTES
         )
+
+    def export_audit(
+        self,
+        on_event: Callable[[AuditEvent], None],
+        *,
+        since: int | None = None,
+        until: int | None = None,
+    ) -> defer.Deferred[AuditExportEnd]:
+        """Stream the organisation's audit rows (admins only), ``since <= at < until`` in
+        whole seconds: ``on_event`` gets each as it arrives, in id order, and nothing is kept.
+        Fires with the end line once the export is whole; :class:`ExportIncomplete` when it
+        stopped short (then what ``on_event`` got is not the whole export)."""
+        query = [
+            f"{name}={value}"
+            for name, value in (("since", since), ("until", until))
+            if value is not None
+        ]
+        for value in (since, until):
+            if value is not None and (isinstance(value, bool) or not 0 <= value <= 2**40):
+                return defer.fail(ValueError("since and until are whole seconds since 1970"))
+        path = "/v1/audit/export" + ("?" + "&".join(query) if query else "")
+        return defer.Deferred.fromCoroutine(self._export(path, on_event))
+
+    async def _export(self, path: str, on_event: Callable[[AuditEvent], None]) -> AuditExportEnd:
+        headers = self._headers(auth=True, has_body=False)
+        url = self.relay_url.http(path).encode("ascii")
+        # The answer's head has the usual time to come; then the stream only must not go quiet.
+        asked = self._agent.request(b"GET", url, headers, None)
+        timer = self._clock.callLater(self._timeout_s, asked.cancel)
+        try:
+            response: IResponse = await asked
+        except Exception as exc:
+            if not timer.active():
+                raise RelayUnreachable(
+                    f"no answer from {self.relay_url.netloc} within {self._timeout_s:g} s"
+                ) from None
+            raise RelayUnreachable(describe_failure(Failure(exc), self.relay_url)) from None
+        finally:
+            if timer.active():
+                timer.cancel()
+        if not 200 <= response.code < 300:
+            try:
+                payload = await _read_body(response, MAX_RESPONSE_BODY_BYTES)
+            except _BodyTooLarge:
+                payload = b""
+            raise _api_error(response.code, payload, b"GET", path)
+        reader = _ExportReader(on_event, self._clock, self._timeout_s, self.relay_url.netloc)
+        response.deliverBody(reader)
+        return await reader.finished
+
+    def list_holds(self) -> defer.Deferred[AuditHoldList]:
+        return self._call(b"GET", "/v1/audit/holds", None, AuditHoldList)
+
+    def set_hold(self, handle: str | None, note: str | None = None) -> defer.Deferred[AuditHold]:
+        """Put the organisation (``handle`` None) or one handle under legal hold."""
+        if handle is not None and not ids.is_handle(handle):
+            return defer.fail(ValueError(f"not a valid handle: {handle!r}"))
+        body = AuditHoldRequest(handle=handle, note=note)
+        return self._call(b"PUT", "/v1/audit/holds", body, AuditHold)
+
+    def clear_hold(self, handle: str | None) -> defer.Deferred[AuditHold]:
+        if handle is not None and not ids.is_handle(handle):
+            return defer.fail(ValueError(f"not a valid handle: {handle!r}"))
+        body = AuditHoldRequest(handle=handle)
+        return self._call(b"POST", "/v1/audit/holds/clear", body, AuditHold)
 
     # Plumbing.
 

@@ -14,7 +14,7 @@ kept the call as a mailbox job) as the result.
 from __future__ import annotations
 
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import attrs
 import txaio
@@ -26,8 +26,13 @@ from twisted.internet.protocol import connectionDone
 from twisted.python.failure import Failure
 
 from agentcall import ids, limits
-from agentcall.client.api import USER_AGENT, Credentials, RelayUnreachable, describe_failure
-from agentcall.client.tls import chosen_ca_file, client_tls_options, roots_from
+from agentcall.client.common import (
+    USER_AGENT,
+    Credentials,
+    RelayUnreachable,
+    describe_failure,
+    parse_retry_after,
+)
 from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger, without_option_dump
 from agentcall.relayurl import RelayUrl
@@ -45,6 +50,9 @@ from agentcall.wire.frames import (
     Ready,
     Role,
 )
+
+if TYPE_CHECKING:
+    from agentcall.client.tls import RelayTlsPolicy
 
 txaio.use_twisted()
 
@@ -64,6 +72,15 @@ class SocketRefused(AgentCallError):
         super().__init__(message)
         self.close_code = close_code
         self.error = error
+
+
+class RelayBusy(SocketRefused):
+    """The relay turned the upgrade away (HTTP 503) and said when to come back: nothing was
+    sent on this attempt, so dialling again after ``retry_after_s`` is safe."""
+
+    def __init__(self, message: str, retry_after_s: float) -> None:
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
 
 
 class CallAborted(AgentCallError):
@@ -105,8 +122,12 @@ def set_relay_protocol_options(factory: WebSocketClientFactory) -> None:
     )
 
 
-def relay_endpoint(reactor: Any, relay_url: RelayUrl, ca_file: str | None) -> IStreamClientEndpoint:
-    """TCP to the relay, inside verified TLS for an https relay (the CA file is read now).
+def relay_endpoint(
+    reactor: Any, relay_url: RelayUrl, ca_file: str | None, tls: RelayTlsPolicy | None = None
+) -> IStreamClientEndpoint:
+    """TCP to the relay, inside verified TLS for an https relay: with ``tls``, the trust
+    already read; else the CA file (or the platform's roots) is read now. A plain ``http``
+    relay loads none of the TLS code.
 
     :raises CaFileError: the chosen CA file cannot be used.
     """
@@ -114,9 +135,11 @@ def relay_endpoint(reactor: Any, relay_url: RelayUrl, ca_file: str | None) -> IS
         reactor, relay_url.host, relay_url.port, timeout=OPEN_TIMEOUT_S
     )
     if relay_url.secure:
-        trust = roots_from(chosen_ca_file(ca_file))
-        options = client_tls_options(relay_url.host, trust)
-        endpoint = wrapClientTLS(options, endpoint, clock=reactor)
+        if tls is None:
+            from agentcall.client.tls import RelayTlsPolicy
+
+            tls = RelayTlsPolicy(ca_file)
+        endpoint = wrapClientTLS(tls.for_host(relay_url.host), endpoint, clock=reactor)
     return endpoint
 
 
@@ -224,8 +247,18 @@ class _RelayClientProtocol(WebSocketClientProtocol):
         if self._closed_reported:
             return
         self._closed_reported = True
+        busy = None if self.socket is not None else self._busy_for()
         if self.socket is not None:
             self.factory.closed(SocketClosed(wasClean, code, reason, self._protocol_error))
+        elif busy is not None:
+            netloc = self.factory.relay_url.netloc
+            self.factory.fail(
+                RelayBusy(
+                    f"{netloc} is busy accepting other connections (HTTP 503) and asked to be "
+                    f"dialled again in {busy:g} s",
+                    busy,
+                )
+            )
         elif wasClean:
             self.factory.fail(
                 SocketRefused(
@@ -235,6 +268,14 @@ class _RelayClientProtocol(WebSocketClientProtocol):
             )
         else:
             self.factory.fail(RelayUnreachable(self._describe_loss(reason)))
+
+    def _busy_for(self) -> float | None:
+        """The relay's ``Retry-After`` if it answered the upgrade 503 with one, else None."""
+        status = (getattr(self, "http_status_line", None) or "").split()
+        if status[1:2] != ["503"]:
+            return None
+        headers = getattr(self, "http_headers", None) or {}
+        return parse_retry_after(headers.get("retry-after"))
 
     def _describe_loss(self, reason: str | None) -> str:
         lost = self._lost.value if self._lost is not None else None
@@ -336,6 +377,7 @@ def open_socket(
     *,
     to: str | None = None,
     ca_file: str | None = None,
+    tls: RelayTlsPolicy | None = None,
     on_frame: FrameHandler,
     on_close: CloseHandler,
     clock: IReactorTime | None = None,
@@ -345,13 +387,14 @@ def open_socket(
     Fails with :class:`RelayUnreachable` (no connection, TLS rejected, nothing usable within
     :data:`OPEN_TIMEOUT_S` on ``clock``, the reactor by default) or :class:`SocketRefused`.
     ``on_close`` is called only for a socket that became usable. Cancelling disconnects.
+    ``tls``: the trust already read for this relay (else ``ca_file`` is read now).
     """
     if (role is Role.CALL) != (to is not None):
         return defer.fail(ValueError("a call socket needs `to`; a listen socket takes none"))
     if to is not None and not ids.is_handle(to):
         return defer.fail(ValueError(f"not a valid handle: {to!r}"))
     try:
-        endpoint = relay_endpoint(reactor, relay_url, ca_file)
+        endpoint = relay_endpoint(reactor, relay_url, ca_file, tls)
     except AgentCallError as exc:
         return defer.fail(exc)
     query = {"role": str(role)} if to is None else {"role": str(role), "to": to}
@@ -457,6 +500,7 @@ def place_call(
     request: CallRequest,
     *,
     ca_file: str | None = None,
+    tls: RelayTlsPolicy | None = None,
     on_status: Callable[[CallStatus], None],
     clock: IReactorTime | None = None,
     timeout_s: float = limits.CLIENT_CALL_TIMEOUT_S,
@@ -476,6 +520,7 @@ def place_call(
         Role.CALL,
         to=target_handle,
         ca_file=ca_file,
+        tls=tls,
         on_frame=call.on_frame,
         on_close=call.on_close,
         clock=clock,

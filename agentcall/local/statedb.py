@@ -14,7 +14,9 @@ callers pass ``now``.
 
 from __future__ import annotations
 
+import functools
 import sqlite3
+from typing import TYPE_CHECKING
 
 from zope.interface import implementer
 
@@ -26,9 +28,11 @@ from agentcall.crypto.pins import IPinStorage, Pin
 from agentcall.crypto.replay import IReplayStorage
 from agentcall.db import open_database, packaged_schema
 from agentcall.errors import StoreError
-from agentcall.listener.contexts import SqliteContextStore
-from agentcall.listener.journal import SqliteJournal
 from agentcall.local.home import Home
+
+if TYPE_CHECKING:
+    from agentcall.listener.contexts import SqliteContextStore
+    from agentcall.listener.journal import SqliteJournal
 
 STATE_SCHEMA = packaged_schema("state")
 
@@ -128,8 +132,20 @@ class StateDb:
         self._conn = conn
         self.pins = SqlitePinStorage(conn)
         self.replay = SqliteReplayStorage(conn)
-        self.contexts = SqliteContextStore(conn)
-        self.journal = SqliteJournal(conn)
+
+    # The listener's two stores are made (and their modules imported) on first use: a caller
+    # that only places a call never touches them.
+    @functools.cached_property
+    def contexts(self) -> SqliteContextStore:
+        from agentcall.listener.contexts import SqliteContextStore
+
+        return SqliteContextStore(self._conn)
+
+    @functools.cached_property
+    def journal(self) -> SqliteJournal:
+        from agentcall.listener.journal import SqliteJournal
+
+        return SqliteJournal(self._conn)
 
     def outbound(self, relay_origin: str) -> SqliteOutboundStore:
         """The conversations this installation opened as a caller through ``relay_origin``."""

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import enum
 import re
+import urllib.parse
 from collections.abc import Mapping
 
 import attrs
@@ -19,7 +20,7 @@ from agentcall import ids, limits
 from agentcall.crypto import card, records, recovery
 from agentcall.errors import ApiError, ApiErrorCode, CryptoError, MalformedFrame, StoreError
 from agentcall.relay.mailbox import Job, JobState
-from agentcall.relay.store_interface import Member, StoredJob
+from agentcall.relay.store_interface import AuditRow, Member, StoredJob
 from agentcall.wire import codec, http
 from agentcall.wire.frames import SealedEnvelope
 
@@ -48,6 +49,10 @@ class Route(enum.Enum):
     SET_MEMBER_ROLE = "set_member_role"
     PUBLISH_CARD = "publish_card"
     FETCH_CARD = "fetch_card"
+    EXPORT_AUDIT = "export_audit"
+    LIST_HOLDS = "list_holds"
+    SET_HOLD = "set_hold"
+    CLEAR_HOLD = "clear_hold"
 
 
 class Access(enum.Enum):
@@ -85,6 +90,10 @@ ACCESS: Mapping[Route, Access] = {
     # offers every member).
     Route.PUBLISH_CARD: Access.MEMBER,
     Route.FETCH_CARD: Access.MEMBER,
+    Route.EXPORT_AUDIT: Access.ADMIN,
+    Route.LIST_HOLDS: Access.ADMIN,
+    Route.SET_HOLD: Access.ADMIN,
+    Route.CLEAR_HOLD: Access.ADMIN,
 }
 
 _FIXED: Mapping[tuple[str, str], Route] = {
@@ -102,6 +111,10 @@ _FIXED: Mapping[tuple[str, str], Route] = {
     ("GET", "/v1/members"): Route.LIST_MEMBERS,
     ("PUT", "/v1/card"): Route.PUBLISH_CARD,
     ("POST", "/v1/me/token"): Route.ROTATE_CREDENTIALS,
+    ("GET", "/v1/audit/export"): Route.EXPORT_AUDIT,
+    ("GET", "/v1/audit/holds"): Route.LIST_HOLDS,
+    ("PUT", "/v1/audit/holds"): Route.SET_HOLD,
+    ("POST", "/v1/audit/holds/clear"): Route.CLEAR_HOLD,
 }
 _FIXED_PATHS = frozenset(path for (_method, path) in _FIXED)
 _INVITE_REVOKE = re.compile(r"^/v1/invites/([0-9a-f]{64})/revoke$")
@@ -114,14 +127,17 @@ _JOB_ID = ids.JOB_ID_RE.pattern.removeprefix("^").removesuffix(r"\Z")
 _JOB = re.compile(rf"^/v1/jobs/({_JOB_ID})\Z")
 _JOB_CANCEL = re.compile(rf"^/v1/jobs/({_JOB_ID})/cancel\Z")
 _WAIT = re.compile(r"^[0-9]{1,3}\Z")
+# Someone asking the presence of another by path; what they name is judged by presence_subject.
+_PRESENCE_OF = re.compile(r"^/v1/presence/((?:@[^/]{1,40}/)?[^/]{1,100})\Z")
+_SECONDS = re.compile(r"^[0-9]{1,13}\Z")
 
 
 @attrs.frozen
 class RouteMatch:
     route: Route
     # The invite id (REVOKE_INVITE), handle (FETCH_KEYS, FETCH_CARD, REMOVE_MEMBER,
-    # SET_MEMBER_ROLE) or job
-    # id (GET_JOB, CANCEL_JOB) the path names; None for the rest.
+    # SET_MEMBER_ROLE), job id (GET_JOB, CANCEL_JOB) or whoever PRESENCE is asked about the
+    # path names; None for the rest.
     argument: str | None = None
 
     @property
@@ -152,6 +168,8 @@ def match(method: str, path: str) -> RouteMatch:
         return RouteMatch(Route.REMOVE_MEMBER, found.group(1))
     if method == "PUT" and (found := _MEMBER_ROLE.match(path)) and ids.is_handle(found[1]):
         return RouteMatch(Route.SET_MEMBER_ROLE, found.group(1))
+    if method == "GET" and (found := _PRESENCE_OF.match(path)):
+        return RouteMatch(Route.PRESENCE, found.group(1))
     if path in _FIXED_PATHS:
         raise ApiError(405, ApiErrorCode.METHOD_NOT_ALLOWED, f"{method} not allowed here")
     raise ApiError(404, ApiErrorCode.NOT_FOUND, "no such route")
@@ -353,4 +371,95 @@ def job_info(stored: StoredJob | Job | None, member: Member) -> http.JobInfo:
         cancel_requested=job.cancel_requested,
         terminal=terminal if answer is not None else None,
         answer=answer,
+    )
+
+
+# --- presence -----------------------------------------------------------------------------------
+
+
+def presence_subject(
+    member: Member, path_argument: str | None, args: Mapping[bytes, list[bytes]]
+) -> str | None:
+    """Whom a presence request asks about: None for the asker themselves (the only answer the
+    relay gives), otherwise what the audit row names as the target: a handle of the asker's
+    organisation, or the address asked about in another.
+
+    Presence is private: it would otherwise be a free directory of who is at their desk. So
+    the caller refuses anyone else with the same 403 whether they exist or not. Someone can be
+    named in the path (``/v1/presence/ken``), as ``?handle=`` or as ``?address=``; a name that
+    is no handle or address, or more than one, is 400 and names nobody.
+    """
+    named: list[str] = [] if path_argument is None else [urllib.parse.unquote(path_argument)]
+    for key in (b"handle", b"address"):
+        named += [value.decode("utf-8", "replace") for value in args.get(key, [])]
+    if not named:
+        return None
+    if len(named) > 1:
+        raise ApiError(400, ApiErrorCode.BAD_REQUEST, "name at most one handle or address")
+    text = named[0]
+    if ids.is_handle(text):
+        org, handle = member.org, text
+    else:
+        try:
+            address = ids.parse_address(text)
+        except ids.AddressError:
+            raise ApiError(400, ApiErrorCode.BAD_REQUEST, "not a handle or address") from None
+        org, handle = address.org, address.handle
+    if (org, handle) == (member.org, member.handle):
+        return None
+    return handle if org == member.org else ids.format_address(org, handle)
+
+
+PRESENCE_PRIVATE = "presence is private: the relay tells each member only their own"
+
+
+# --- audit --------------------------------------------------------------------------------------
+
+
+@attrs.frozen
+class ExportWindow:
+    """The rows an export covers: ``since <= at < until``, each bound absent for none."""
+
+    since: int | None = None
+    until: int | None = None
+
+    def describe(self) -> str:
+        """The window as the ``audit.export`` row's detail says it."""
+        since = "start" if self.since is None else str(self.since)
+        until = "now" if self.until is None else str(self.until)
+        return f"since={since} until={until}"
+
+
+def _seconds(values: list[bytes] | None, name: str) -> int | None:
+    if not values:
+        return None
+    text = values[0].decode("ascii", "replace") if len(values) == 1 else ""
+    if _SECONDS.match(text) is None or int(text) > 2**40:
+        raise ApiError(
+            400, ApiErrorCode.BAD_REQUEST, f"{name} must be whole seconds since the epoch (UTC)"
+        )
+    return int(text)
+
+
+def export_window(args: Mapping[bytes, list[bytes]]) -> ExportWindow:
+    """The ``since`` and ``until`` query parameters of ``GET /v1/audit/export``: whole seconds
+    since the epoch, each optional; ``since`` before ``until`` (400 for anything else)."""
+    window = ExportWindow(
+        _seconds(args.get(b"since"), "since"), _seconds(args.get(b"until"), "until")
+    )
+    if window.since is not None and window.until is not None and window.since >= window.until:
+        raise ApiError(400, ApiErrorCode.BAD_REQUEST, "since must be before until")
+    return window
+
+
+def export_event(row: AuditRow) -> http.AuditEvent:
+    """One audit row as an export line: metadata, with the time in milliseconds."""
+    return http.AuditEvent(
+        id=row.id,
+        at_ms=max(0, round(row.at * 1000)),
+        event=row.event,
+        actor=row.actor,
+        target=row.target,
+        call_id=row.call_id,
+        detail=row.detail,
     )

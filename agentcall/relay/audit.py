@@ -4,8 +4,9 @@ An audit row is metadata: who did what to whom and when. It never carries messag
 bearer tokens or invite secrets; the store refuses any event not named here.
 
 The rows of call transitions and front-door tallies go through :class:`BatchingAuditSink`:
-what is recorded during one reactor turn is written by one ``record_many`` (one transaction)
-at the start of the next, and a batch the store refuses is kept and tried again.
+what is recorded within a short window (a few milliseconds, or a bounded number of rows) is
+written by one ``record_many`` (one transaction), everything waiting is written when the relay
+stops, and a batch the store refuses is kept and tried again.
 """
 
 from __future__ import annotations
@@ -58,6 +59,18 @@ JOB_EXPIRE = "job.expire"
 JOB_CANCEL = "job.cancel"
 # One row per source address and minute with a count; target is the address, never a token.
 AUTH_FAILED = "auth.failed"
+# An admin exported the organisation's audit rows; detail names the window asked for.
+AUDIT_EXPORT = "audit.export"
+# An admin put a legal hold on the organisation (target None) or on one handle (target), or
+# took one off; detail is the scope, "organisation" or "handle".
+AUDIT_HOLD_SET = "audit.hold.set"
+AUDIT_HOLD_CLEAR = "audit.hold.clear"
+# Retention deleted old rows of the organisation (actor None); detail counts them and names
+# the cutoff: "events=N invites=M before=T".
+AUDIT_PRUNE = "audit.prune"
+# A member (actor) asked the relay whether someone else (target: a handle of their own
+# organisation, else the address asked about) is online, and was refused: presence is private.
+PRESENCE_REFUSED = "presence.refused"
 
 # The org column of rows about the relay as a whole (no organisation was proven).
 RELAY_WIDE = ""
@@ -92,6 +105,11 @@ EVENTS = frozenset(
         JOB_EXPIRE,
         JOB_CANCEL,
         AUTH_FAILED,
+        AUDIT_EXPORT,
+        AUDIT_HOLD_SET,
+        AUDIT_HOLD_CLEAR,
+        AUDIT_PRUNE,
+        PRESENCE_REFUSED,
     }
 )
 
@@ -151,14 +169,20 @@ _log = Logger(namespace="agentcall.relay.audit")
 
 
 class BatchingAuditSink:
-    """An :class:`AuditSink` that writes the rows of one reactor turn with one store call.
+    """An :class:`AuditSink` that writes the rows of a short window with one store call.
 
-    :meth:`record` queues the row and, unless a write is already due, asks the clock for a
-    ``callLater(0)``: every row recorded until the reactor gets there goes into the same
-    ``record_many``. Its Deferred fires once the row is written. A batch the store refuses is
+    :meth:`record` queues the row; the first row of a batch asks the clock for a
+    ``callLater(window_s)``, and every row recorded until then goes into the same
+    ``record_many``. A batch that reaches ``max_rows`` is written at the next reactor turn
+    instead. A window longer than zero also keeps the write out of the turn right after the
+    frames it audits: the reactor sends them first, so the database is not on a call's path.
+    The Deferred of :meth:`record` fires once the row is written; :meth:`flush` (the relay is
+    stopping) writes what waits at once.
+
+    A batch the store refuses is
     logged (``audit_batch_failed``) and put back in front of newer rows, to be tried again
     ``retry_s`` later; rows that arrive meanwhile wait for that retry rather than hammering a
-    failing database every turn. At most ``max_pending`` rows wait: past that the oldest are
+    failing database. At most ``max_pending`` rows wait: past that the oldest are
     dropped, their Deferreds failing with :class:`AuditDropped` (``audit_dropped``, counted).
     One batch is in flight at a time, so rows reach the store in the order they were recorded.
     """
@@ -170,15 +194,25 @@ class BatchingAuditSink:
         *,
         max_pending: int = limits.AUDIT_MAX_PENDING,
         retry_s: float = limits.AUDIT_RETRY_S,
+        window_s: float = limits.AUDIT_WINDOW_S,
+        max_rows: int = limits.AUDIT_BATCH_ROWS,
     ) -> None:
         if max_pending < 1:
             raise ValueError("max_pending must be at least 1")
+        if max_rows < 1 or window_s < 0:
+            raise ValueError("max_rows must be at least 1 and window_s not negative")
         self._log = log
         self._clock = clock
         self._max_pending = max_pending
         self._retry_s = retry_s
+        self._window_s = window_s
+        self._max_rows = max_rows
         self._pending: list[tuple[AuditEntry, Deferred[None]]] = []
         self._due: _Pending | None = None
+        # The armed write is for the next turn (a full batch), not the end of a window.
+        self._due_now = False
+        # Waiting out a refused batch's retry_s: no earlier write, however many rows come.
+        self._retrying = False
         self._writing = False
         self.batches = 0  # store calls made (for tests and the bench)
         self.dropped = 0
@@ -191,7 +225,10 @@ class BatchingAuditSink:
         written: Deferred[None] = Deferred()
         self._pending.append((entry, written))
         self._trim()
-        self._arm(0.0)
+        if len(self._pending) >= self._max_rows:
+            self._arm_now()
+        else:
+            self._arm(self._window_s)
         return written
 
     def flush(self) -> None:
@@ -199,6 +236,7 @@ class BatchingAuditSink:
         if self._due is not None and self._due.active():
             self._due.cancel()
         self._due = None
+        self._due_now = self._retrying = False
         self._write()
 
     # --- internals ----------------------------------------------------------------------
@@ -207,9 +245,21 @@ class BatchingAuditSink:
         if self._writing or (self._due is not None and self._due.active()):
             return
         self._due = self._clock.callLater(delay, self._turn)
+        self._due_now = delay == 0
+
+    def _arm_now(self) -> None:
+        """A full batch goes at the next turn, ahead of its window (not ahead of a retry)."""
+        if self._writing or self._retrying or self._due_now:
+            return
+        if self._due is not None and self._due.active():
+            self._due.cancel()
+        self._due = None
+        self._arm(0.0)
 
     def _turn(self) -> None:
         self._due = None
+        self._due_now = False
+        self._retrying = False
         self._write()
 
     def _write(self) -> None:
@@ -228,7 +278,11 @@ class BatchingAuditSink:
         for _entry, done in batch:
             done.callback(None)
         if self._pending:
-            self._arm(0.0)
+            # What came while the batch was in flight: a full batch now, else its window.
+            if len(self._pending) >= self._max_rows:
+                self._arm(0.0)
+            else:
+                self._arm(self._window_s)
 
     def _refused(self, failure: Failure, batch: list[tuple[AuditEntry, Deferred[None]]]) -> None:
         self._writing = False
@@ -242,6 +296,7 @@ class BatchingAuditSink:
             retry_in_s=self._retry_s,
         )
         self._trim()
+        self._retrying = True
         self._arm(self._retry_s)
 
     def _trim(self) -> None:

@@ -63,6 +63,10 @@ _UNKNOWN_HANDLE: Refusal = (
 )
 
 
+def _log_call_ended(fields: dict[str, object]) -> None:
+    _log.info("call_ended", **fields)
+
+
 def restore_windows(
     log: SubmissionLog, limiter: SlidingWindowLimiter, now: float
 ) -> defer.Deferred[None]:
@@ -339,7 +343,8 @@ class CallBook:
         self._live_to[(org, target)] += 1
         self._caller_channels[channel] = call.call_id
         _log.debug("call_ringing", call_id=call.call_id, org=org, caller=caller, target=target)
-        channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
+        # The listener's frame first: the reactor writes the sockets in the order they asked
+        # to be written, and the call waits on the listener, not on the caller's ringing.
         listener.send(
             fr.IncomingCall(
                 call_id=call.call_id,
@@ -349,6 +354,7 @@ class CallBook:
                 caller_keys=caller_keys,
             )
         )
+        channel.send(fr.CallStatus(call_id=call.call_id, state=fr.CallState.RINGING))
         self._audit(events.CALL_SUBMIT, call, actor=caller, target=target)
         return None
 
@@ -567,8 +573,9 @@ class CallBook:
         # caller_gone) already finds no live call and sends no cancel.
         self._forget(call)
         channel = call.caller_channel
-        # The call's one info line: everything else about it is at debug.
-        self._log_ended(call, event, detail, caller_present=channel is not None)
+        # The call's one info line (everything else about it is at debug), written once the
+        # reactor is done with this turn: the outcome goes out first.
+        self._log_ended(call, event, detail, caller_present=channel is not None, later=True)
         if channel is not None:
             channel.send(to_caller)
             channel.close(CLOSE_NORMAL, close_reason)
@@ -624,21 +631,29 @@ class CallBook:
         if call.deadline.active():
             call.deadline.cancel()
 
-    def _log_ended(self, call: Call, event: str, detail: str, caller_present: bool) -> None:
-        """The one info line of a call that rang: who, what ended it, and how long it took."""
-        _log.info(
-            "call_ended",
-            call_id=call.call_id,
-            org=call.org,
-            caller=call.caller,
-            target=call.target,
+    def _log_ended(
+        self, call: Call, event: str, detail: str, caller_present: bool, *, later: bool = False
+    ) -> None:
+        """The one info line of a call that rang: who, what ended it, and how long it took.
+
+        ``later``: at the reactor's next turn (``callLater(0)``), with the same fields.
+        """
+        fields = {
+            "call_id": call.call_id,
+            "org": call.org,
+            "caller": call.caller,
+            "target": call.target,
             # Not "event": that key is the log event's own name.
-            audit_event=event,
-            outcome=detail,
-            duration_ms=round((self._clock.seconds() - call.submitted_at) * 1000, 1),
-            caller_present=caller_present,
-            caller_socket="shared" if call.shared_socket else "own",
-        )
+            "audit_event": event,
+            "outcome": detail,
+            "duration_ms": round((self._clock.seconds() - call.submitted_at) * 1000, 1),
+            "caller_present": caller_present,
+            "caller_socket": "shared" if call.shared_socket else "own",
+        }
+        if later:
+            self._clock.callLater(0, _log_call_ended, fields)
+        else:
+            _log_call_ended(fields)
 
     def _ignore(self, org: str, handle: str, call_id: str | None, reason: str) -> None:
         self.ignored_frames += 1
@@ -665,9 +680,11 @@ class CallBook:
         # leave a call half-finished or tear down the connection whose frame triggered it.
         at = self._clock.seconds()
         entry = AuditEntry(event, call.org, actor, target, call.call_id, at, detail)
-        written = defer.maybeDeferred(self._audit_sink.record, entry)
-        written.addErrback(
-            lambda failure: _log.failure(
-                "audit_failed", failure=failure, audit_event=event, call_id=call.call_id
-            )
-        )
+        try:
+            written = self._audit_sink.record(entry)
+        except Exception:
+            written = defer.fail()
+        written.addErrback(self._audit_failed, event, call.call_id)
+
+    def _audit_failed(self, failure: Failure, event: str, call_id: str) -> None:
+        _log.failure("audit_failed", failure=failure, audit_event=event, call_id=call_id)

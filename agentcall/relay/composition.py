@@ -23,6 +23,7 @@ from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.mailbox import MailboxLimits
 from agentcall.relay.protocol import RelayWebSocketFactory
 from agentcall.relay.ratelimit import SlidingWindowLimiter
+from agentcall.relay.retention import Retention, RetentionPolicy
 from agentcall.relay.store_interface import RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.web import ApiWithSocket, CappedRequest, RelayApi
@@ -42,6 +43,8 @@ class RelaySettings:
     door: DoorConfig
     # The offline mailbox's numbers; the per-callee caps are relay options.
     mailbox: MailboxLimits = attrs.field(factory=MailboxLimits)
+    # Audit rows and ended invites older than this many days are pruned (legal holds aside).
+    audit_retention_days: int = limits.AUDIT_RETENTION_DAYS
 
 
 @attrs.frozen
@@ -61,6 +64,8 @@ class Relay:
     audit: BatchingAuditSink = attrs.field(eq=False, repr=False)
     # Members' last-seen times, written in batches (tap flushes them on a timer and at stop).
     seen: LastSeen = attrs.field(eq=False, repr=False)
+    # Prunes old audit rows and invites (tap runs a pass at start and then daily).
+    retention: Retention = attrs.field(eq=False, repr=False)
 
 
 def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
@@ -121,6 +126,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         public_url=settings.public_url,
         door=door,
         seen=seen,
+        audit_sink=audit_sink,
     )
     root = resource.Resource()
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
@@ -136,4 +142,5 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         windows_restored,
         audit=audit_sink,
         seen=seen,
+        retention=Retention(store, reactor, RetentionPolicy(settings.audit_retention_days)),
     )

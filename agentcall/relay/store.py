@@ -49,6 +49,8 @@ from agentcall.relay.store_interface import (
 )
 from agentcall.wire.http import (
     AgentKind,
+    AuditHold,
+    HoldScope,
     InviteInfo,
     InviteStatus,
     KeysResponse,
@@ -93,6 +95,10 @@ RESERVED_HANDLES = frozenset(
     }
 )
 MAX_AUDIT_PAGE = 500
+_INSERT_AUDIT = (
+    "INSERT INTO audit (at, org, event, actor, target, call_id, detail)"
+    " VALUES (?, ?, ?, ?, ?, ?, ?)"
+)
 
 _DAY_S = 86_400
 # What an unknown member's token is compared with, so a miss costs the same work as a hit.
@@ -141,6 +147,43 @@ _INSERT_INVITE_UNDER_CAP = (
     " WHERE (SELECT COUNT(*) FROM invites WHERE org = ? AND used_at IS NULL"
     "        AND revoked_at IS NULL AND expires_at > ?) < ?"
 )
+
+
+# No bound on that side of an audit query (ids are positive; times are seconds since 1970).
+_NO_ID_LIMIT = 2**63 - 1
+_NO_TIME_LIMIT_BEFORE = -1.0
+_NO_TIME_LIMIT_AFTER = 2.0**62
+# The handle column of a hold on the whole organisation.
+_HOLD_ORG = ""
+_LIST_HOLDS = (
+    "SELECT handle, set_at, set_by, note FROM audit_holds WHERE org = ? ORDER BY handle LIMIT ?"
+)
+_SELECT_HOLD = "SELECT handle, set_at, set_by, note FROM audit_holds WHERE org = ? AND handle = ?"
+# Retention: a row is kept while a hold on its organisation, or on its actor or target, stands
+# (retention.keeps_event says the same in Python; a test holds the two together). Oldest
+# first along the (org, at) index, so a batch reads no more rows than it deletes (and the held
+# ones it passes); a hold on the whole organisation is looked up once, not per row.
+_PRUNE_AUDIT = (
+    "DELETE FROM audit WHERE id IN ("
+    " SELECT id FROM audit WHERE org = ? AND at < ?"
+    " AND NOT EXISTS (SELECT 1 FROM audit_holds WHERE org = ? AND handle = '')"
+    " AND NOT EXISTS (SELECT 1 FROM audit_holds h WHERE h.org = audit.org"
+    "  AND h.handle IN (COALESCE(audit.actor, ''), COALESCE(audit.target, '')))"
+    " ORDER BY at, id LIMIT ?)"
+)
+# An invite ended when it was used or revoked, else when it expired (retention.keeps_invite).
+_PURGE_INVITES = (
+    "DELETE FROM invites WHERE org = ? AND COALESCE(used_at, revoked_at, expires_at) < ?"
+    " AND NOT EXISTS (SELECT 1 FROM audit_holds h WHERE h.org = invites.org"
+    "  AND h.handle IN ('', COALESCE(invites.created_by, ''), COALESCE(invites.used_by, '')))"
+)
+
+
+def _hold(row: Any) -> AuditHold:
+    handle, set_at, set_by, note = row
+    if handle == _HOLD_ORG:
+        return AuditHold(HoldScope.ORGANISATION, None, int(set_at), set_by, note)
+    return AuditHold(HoldScope.HANDLE, handle, int(set_at), set_by, note)
 
 
 def _utc(at: float) -> str:
@@ -218,6 +261,8 @@ def _invite_info(row: Any, now: float) -> InviteInfo:
 
 # Members whose published key records the registry keeps decoded (least recently read go first).
 KEYS_CACHED = 4096
+# Members whose existence handle_exists remembers; past this many it asks the database.
+MEMBERS_REMEMBERED = 65_536
 
 
 class SqliteRegistry:
@@ -242,6 +287,8 @@ class SqliteRegistry:
         self._keys: collections.OrderedDict[tuple[str, str], KeysResponse | None] = (
             collections.OrderedDict()
         )
+        # (org, handle) of members handle_exists has found (see there).
+        self._members_found: set[tuple[str, str]] = set()
 
     def close(self) -> None:
         self._conn.close()
@@ -262,11 +309,20 @@ class SqliteRegistry:
         return row is not None
 
     def handle_exists(self, org: str, handle: str) -> bool:
+        # Asked on every call. A member found stays remembered until removed (remove_member
+        # forgets it), so only a handle not found yet goes to the database each time: a
+        # registration made since is seen at once.
+        key = (org, handle)
+        if key in self._members_found:
+            return True
         row = self._read(
-            "SELECT 1 FROM members WHERE org = ? AND handle = ? AND removed_at IS NULL",
-            (org, handle),
+            "SELECT 1 FROM members WHERE org = ? AND handle = ? AND removed_at IS NULL", key
         )
-        return row is not None
+        if row is None:
+            return False
+        if len(self._members_found) < MEMBERS_REMEMBERED:
+            self._members_found.add(key)
+        return True
 
     def _handle_reserved(self, org: str, handle: str) -> bool:
         """True when any row holds ``handle``, a removed member's included."""
@@ -291,6 +347,8 @@ class SqliteRegistry:
         owner would see them listed).
         """
         self._keys.pop((org, handle), None)
+        # Forgotten before the change, so no call is routed to them once it has committed.
+        self._members_found.discard((org, handle))
         with transaction(self._conn):
             row = self._read(_SELECT_MEMBER_INFO, (org, handle))
             if row is None:
@@ -680,27 +738,138 @@ class SqliteRegistry:
             # One statement is its own transaction; BEGIN and COMMIT would only add ~20%.
             self.record(entries[0])
             return
+        rows = [
+            (
+                entry.at,
+                entry.org,
+                entry.event,
+                entry.actor,
+                entry.target,
+                entry.call_id,
+                None if entry.detail is None else entry.detail[: limits.MAX_DETAIL_CHARS],
+            )
+            for entry in entries
+        ]
         with transaction(self._conn):
-            for entry in entries:
-                self._audit(
-                    entry.event,
-                    entry.org,
-                    actor=entry.actor,
-                    target=entry.target,
-                    at=entry.at,
-                    detail=entry.detail,
-                    call_id=entry.call_id,
-                )
+            # One prepared statement for the whole batch.
+            self._conn.executemany(_INSERT_AUDIT, rows)
 
-    def audit_rows(self, org: str, *, limit: int = 100, after_id: int = 0) -> list[AuditRow]:
+    def audit_rows(
+        self,
+        org: str,
+        *,
+        limit: int = 100,
+        after_id: int = 0,
+        up_to_id: int | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> list[AuditRow]:
         if not 1 <= limit <= MAX_AUDIT_PAGE:
             raise ValueError(f"limit must be 1..{MAX_AUDIT_PAGE}")
         rows = self._read_all(
             "SELECT id, at, org, event, actor, target, call_id, detail FROM audit"
-            " WHERE org = ? AND id > ? ORDER BY id LIMIT ?",
-            (org, after_id, limit),
+            " WHERE org = ? AND id > ? AND id <= ? AND at >= ? AND at < ? ORDER BY id LIMIT ?",
+            (
+                org,
+                after_id,
+                _NO_ID_LIMIT if up_to_id is None else up_to_id,
+                _NO_TIME_LIMIT_BEFORE if since is None else since,
+                _NO_TIME_LIMIT_AFTER if until is None else until,
+                limit,
+            ),
         )
         return [AuditRow(*row) for row in rows]
+
+    def last_audit_id(self, org: str) -> int:
+        """The id of the organisation's newest audit row, 0 without one."""
+        row = self._read("SELECT MAX(id) FROM audit WHERE org = ?", (org,))
+        return 0 if row is None or row[0] is None else int(row[0])
+
+    # --- legal holds and retention ------------------------------------------------------
+
+    def list_holds(self, org: str) -> list[AuditHold]:
+        rows = self._read_all(_LIST_HOLDS, (org, limits.MAX_AUDIT_HOLDS))
+        return [_hold(row) for row in rows]
+
+    def set_hold(
+        self, org: str, handle: str | None, *, note: str | None, actor: str, now: float
+    ) -> AuditHold:
+        """Hold the whole organisation (``handle`` None) or one handle; audited. A hold that
+        already stands is kept as it is (its note too) and answered."""
+        if handle is not None and not ids.is_handle(handle):
+            raise ValueError("not a valid handle")
+        key = _HOLD_ORG if handle is None else handle
+        with transaction(self._conn):
+            row = self._read(_SELECT_HOLD, (org, key))
+            if row is not None:
+                return _hold(row)
+            count = self._read("SELECT COUNT(*) FROM audit_holds WHERE org = ?", (org,))[0]
+            if count >= limits.MAX_AUDIT_HOLDS:
+                raise ApiError(
+                    409,
+                    ApiErrorCode.TOO_MANY_HOLDS,
+                    f"at most {limits.MAX_AUDIT_HOLDS} legal holds per organisation; "
+                    "hold the whole organisation instead",
+                )
+            self._conn.execute(
+                "INSERT INTO audit_holds (org, handle, set_at, set_by, note)"
+                " VALUES (?, ?, ?, ?, ?)",
+                (org, key, now, actor, note),
+            )
+            scope = HoldScope.ORGANISATION if handle is None else HoldScope.HANDLE
+            self._audit(
+                audit.AUDIT_HOLD_SET, org, actor=actor, target=handle, at=now, detail=str(scope)
+            )
+        return AuditHold(scope=scope, handle=handle, set_at=int(now), set_by=actor, note=note)
+
+    def clear_hold(self, org: str, handle: str | None, *, actor: str, now: float) -> AuditHold:
+        """Take a hold off; audited. 404 ``not_found`` when no such hold stands."""
+        key = _HOLD_ORG if handle is None else handle
+        with transaction(self._conn):
+            row = self._read(_SELECT_HOLD, (org, key))
+            if row is None:
+                what = "the organisation" if handle is None else handle
+                raise ApiError(404, ApiErrorCode.NOT_FOUND, f"no legal hold on {what}")
+            self._conn.execute("DELETE FROM audit_holds WHERE org = ? AND handle = ?", (org, key))
+            held = _hold(row)
+            self._audit(
+                audit.AUDIT_HOLD_CLEAR,
+                org,
+                actor=actor,
+                target=handle,
+                at=now,
+                detail=str(held.scope),
+            )
+        return held
+
+    def retention_orgs(self) -> list[str]:
+        """Every organisation, and the relay-wide rows' org (``audit.RELAY_WIDE``), first."""
+        rows = self._read_all("SELECT org FROM orgs ORDER BY org", ())
+        return [audit.RELAY_WIDE, *(org for (org,) in rows)]
+
+    def prune_audit(self, org: str, before: float, limit: int) -> int:
+        """Delete up to ``limit`` of the organisation's audit rows older than ``before`` that
+        no legal hold covers (:func:`agentcall.relay.retention.keeps_event`), oldest first, in
+        one transaction; how many."""
+        if not 1 <= limit <= limits.RETENTION_BATCH_ROWS:
+            raise ValueError(f"limit must be 1..{limits.RETENTION_BATCH_ROWS}")
+        try:
+            with transaction(self._conn):
+                cursor = self._conn.execute(_PRUNE_AUDIT, (org, before, org, limit))
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+        return int(cursor.rowcount)
+
+    def purge_invites(self, org: str, before: float) -> int:
+        """Delete the organisation's invites that ended (used, revoked or expired) before
+        ``before`` and no legal hold covers (:func:`agentcall.relay.retention.keeps_invite`);
+        how many. Invites are few (a cap on active ones), so one transaction."""
+        try:
+            with transaction(self._conn):
+                cursor = self._conn.execute(_PURGE_INVITES, (org, before))
+        except sqlite3.Error as exc:
+            raise StoreError(f"database error: {exc}") from exc
+        return int(cursor.rowcount)
 
     def submissions_since(self, since: float) -> list[Submission]:
         # Per organisation so each query walks the (org, at) index, not the whole audit table.
@@ -803,11 +972,7 @@ class SqliteRegistry:
             raise ValueError(f"not an audit event: {event!r}")
         if detail is not None:
             detail = detail[: limits.MAX_DETAIL_CHARS]
-        self._conn.execute(
-            "INSERT INTO audit (at, org, event, actor, target, call_id, detail)"
-            " VALUES (?, ?, ?, ?, ?, ?, ?)",
-            (at, org, event, actor, target, call_id, detail),
-        )
+        self._conn.execute(_INSERT_AUDIT, (at, org, event, actor, target, call_id, detail))
 
 
 class SqliteRelayStore:
@@ -933,9 +1098,49 @@ class SqliteRelayStore:
         return defer.execute(self.registry.record_many, entries)
 
     def audit_rows(
-        self, org: str, *, limit: int = 100, after_id: int = 0
+        self,
+        org: str,
+        *,
+        limit: int = 100,
+        after_id: int = 0,
+        up_to_id: int | None = None,
+        since: float | None = None,
+        until: float | None = None,
     ) -> Deferred[list[AuditRow]]:
-        return defer.execute(self.registry.audit_rows, org, limit=limit, after_id=after_id)
+        return defer.execute(
+            self.registry.audit_rows,
+            org,
+            limit=limit,
+            after_id=after_id,
+            up_to_id=up_to_id,
+            since=since,
+            until=until,
+        )
+
+    def last_audit_id(self, org: str) -> Deferred[int]:
+        return defer.execute(self.registry.last_audit_id, org)
+
+    def list_holds(self, org: str) -> Deferred[list[AuditHold]]:
+        return defer.execute(self.registry.list_holds, org)
+
+    def set_hold(
+        self, org: str, handle: str | None, *, note: str | None, actor: str, now: float
+    ) -> Deferred[AuditHold]:
+        return defer.execute(self.registry.set_hold, org, handle, note=note, actor=actor, now=now)
+
+    def clear_hold(
+        self, org: str, handle: str | None, *, actor: str, now: float
+    ) -> Deferred[AuditHold]:
+        return defer.execute(self.registry.clear_hold, org, handle, actor=actor, now=now)
+
+    def retention_orgs(self) -> Deferred[list[str]]:
+        return defer.execute(self.registry.retention_orgs)
+
+    def prune_audit(self, org: str, before: float, limit: int) -> Deferred[int]:
+        return defer.execute(self.registry.prune_audit, org, before, limit)
+
+    def purge_invites(self, org: str, before: float) -> Deferred[int]:
+        return defer.execute(self.registry.purge_invites, org, before)
 
     def submissions_since(self, since: float) -> Deferred[list[Submission]]:
         return defer.execute(self.registry.submissions_since, since)

@@ -31,6 +31,7 @@ from agentcall.relay.mailbox import Decision, Job, Refused
 from agentcall.wire.frames import Terminal
 from agentcall.wire.http import (
     AgentKind,
+    AuditHold,
     InviteInfo,
     KeysResponse,
     MemberInfo,
@@ -242,7 +243,60 @@ class SubmissionLog(Protocol):
         ...
 
 
-class RelayStore(Directory, KeySource, AuditSink, AuditLog, SubmissionLog, JobStore, Protocol):
+class AuditArchive(AuditSink, Protocol):
+    """The audit rows kept, as an export reads them and retention prunes them, and the legal
+    holds that stop retention (:mod:`agentcall.relay.retention`)."""
+
+    def audit_rows(
+        self,
+        org: str,
+        *,
+        limit: int = 100,
+        after_id: int = 0,
+        up_to_id: int | None = None,
+        since: float | None = None,
+        until: float | None = None,
+    ) -> Deferred[list[AuditRow]]:
+        """Up to ``limit`` audit rows of the organisation with ``after_id < id <= up_to_id``
+        and ``since <= at < until`` (each bound absent: none), by id."""
+        ...
+
+    def last_audit_id(self, org: str) -> Deferred[int]:
+        """The id of the organisation's newest audit row; 0 without one."""
+        ...
+
+    def list_holds(self, org: str) -> Deferred[list[AuditHold]]:
+        """The legal holds standing in the organisation (the organisation's own first)."""
+        ...
+
+    def set_hold(
+        self, org: str, handle: str | None, *, note: str | None, actor: str, now: float
+    ) -> Deferred[AuditHold]:
+        """Hold the organisation (``handle`` None) or one handle; audited ``audit.hold.set``.
+        A hold that stands already is answered as it is. 409 ``too_many_holds`` past the cap."""
+        ...
+
+    def clear_hold(
+        self, org: str, handle: str | None, *, actor: str, now: float
+    ) -> Deferred[AuditHold]:
+        """Take a hold off (the hold it was); audited ``audit.hold.clear``. 404 ``not_found``."""
+        ...
+
+    def retention_orgs(self) -> Deferred[list[str]]:
+        """The orgs whose rows retention looks at: ``audit.RELAY_WIDE`` and every organisation."""
+        ...
+
+    def prune_audit(self, org: str, before: float, limit: int) -> Deferred[int]:
+        """Delete up to ``limit`` rows older than ``before`` that no hold covers, oldest first,
+        in one transaction, reading the holds in it; how many were deleted."""
+        ...
+
+    def purge_invites(self, org: str, before: float) -> Deferred[int]:
+        """Delete invites that ended before ``before`` and no hold covers; how many."""
+        ...
+
+
+class RelayStore(Directory, KeySource, AuditArchive, AuditLog, SubmissionLog, JobStore, Protocol):
     """The relay's registry: orgs, members, invites, published keys, audit rows, jobs."""
 
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:
@@ -374,10 +428,4 @@ class RelayStore(Directory, KeySource, AuditSink, AuditLog, SubmissionLog, JobSt
 
     def fetch_card(self, org: str, handle: str) -> Deferred[SignedCardRecord | None]:
         """The member's card, or None (none published, or the member was removed)."""
-        ...
-
-    def audit_rows(
-        self, org: str, *, limit: int = 100, after_id: int = 0
-    ) -> Deferred[list[AuditRow]]:
-        """Audit rows of the organisation with ids above ``after_id``, oldest first."""
         ...

@@ -154,6 +154,14 @@ class Options(usage.Options):
             f"{MAILBOX_MAX_BYTES_OPTION}.",
         ],
         [
+            "audit-retention-days",
+            None,
+            str(limits.AUDIT_RETENTION_DAYS),
+            "Days the relay keeps audit rows and ended (used, revoked, expired) invites; older "
+            "ones are pruned at start and then daily, except what a legal hold covers "
+            f"(`agentcall audit hold`) (1-{limits.AUDIT_RETENTION_MAX_DAYS}).",
+        ],
+        [
             "auth-failures-per-minute",
             None,
             str(limits.AUTH_FAILURES_PER_MINUTE),
@@ -184,6 +192,13 @@ class Options(usage.Options):
             "--mailbox-max-bytes",
             limits.MAX_REQUEST_FRAME_BYTES,
             MAILBOX_MAX_BYTES_OPTION,
+            int,
+        )
+        self["audit-retention-days"] = _bounded(
+            self["audit-retention-days"],
+            "--audit-retention-days",
+            1,
+            limits.AUDIT_RETENTION_MAX_DAYS,
             int,
         )
 
@@ -315,6 +330,7 @@ def settings_from(config: Options) -> RelaySettings:
             max_queued_per_callee=config["mailbox-max-queued"],
             max_queued_bytes_per_callee=config["mailbox-max-bytes"],
         ),
+        audit_retention_days=config["audit-retention-days"],
     )
 
 
@@ -354,6 +370,10 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     ).setServiceParent(top)
     internet.TimerService(600, lambda: _prune(relay.limiter, reactor)).setServiceParent(top)
     _DoorFlush(relay.door).setServiceParent(top)
+    # A pass at start, then daily; the next waits for the last (run_logged never fails).
+    internet.TimerService(limits.RETENTION_EVERY_S, relay.retention.run_logged).setServiceParent(
+        top
+    )
     _MailboxTimers(relay.jobs).setServiceParent(top)
     caps = settings.door.caps
     _log.info(
@@ -368,6 +388,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_callers_per_identity=caps.callers_per_identity,
         mailbox_max_queued=settings.mailbox.max_queued_per_callee,
         mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,
+        audit_retention_days=settings.audit_retention_days,
     )
     return top
 

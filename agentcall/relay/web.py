@@ -25,7 +25,10 @@ from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame
 from agentcall.invites import make_invite_url
 from agentcall.logevents import Logger
 from agentcall.relay import api_rules as rules
+from agentcall.relay import audit
 from agentcall.relay.api_rules import Route, RouteMatch
+from agentcall.relay.audit import AuditEntry, AuditSink
+from agentcall.relay.audit_export import ExportStream
 from agentcall.relay.auth import authenticate_headers
 from agentcall.relay.calls import CallBook
 from agentcall.relay.door import (
@@ -94,8 +97,12 @@ class RelayApi(resource.Resource):
         public_url: str,
         door: Door,
         seen: LastSeen,
+        audit_sink: AuditSink | None = None,
     ) -> None:
         super().__init__()
+        # Rows a member's requests can cause at request rate (presence refusals) go through the
+        # relay's batching sink: one transaction a reactor turn, a bounded backlog.
+        self._audit: AuditSink = store if audit_sink is None else audit_sink
         self._door = door
         self._seen = seen
         self._store = store
@@ -128,6 +135,11 @@ class RelayApi(resource.Resource):
             return
         except Exception:
             status, body = _refusal(request, Failure(), self._door)
+        if isinstance(body, ExportStream):
+            # Written page by page from here on; a client already gone gets nothing.
+            if not gone:
+                body.start()
+            return
         _finish(request, gone, status, body)
 
     async def _answer(self, request: server.Request, gone: list[Failure]) -> object:
@@ -188,11 +200,69 @@ class RelayApi(resource.Resource):
             case Route.CANCEL_JOB:
                 return await self._jobs.cancel(member, _argument(found))
             case Route.PRESENCE:
-                # Self only: presence of others would be a free directory of who is at their desk.
+                # Self only: presence of others would be a free directory of who is at their
+                # desk. Asking about someone else is refused alike whether they exist or not,
+                # and the asking is recorded (who asked about whom).
+                subject = rules.presence_subject(member, found.argument, request.args)
+                if subject is not None:
+                    # The audit row is the record (no log line per request); a failed write
+                    # is logged by its errback and never changes the answer.
+                    entry = AuditEntry(
+                        event=audit.PRESENCE_REFUSED,
+                        org=member.org,
+                        actor=member.handle,
+                        target=subject,
+                        call_id=None,
+                        at=now,
+                    )
+                    self._audit.record(entry).addErrback(
+                        lambda f: _log.failure("presence_audit_failed", failure=f)
+                    )
+                    raise ApiError(403, ApiErrorCode.FORBIDDEN, rules.PRESENCE_PRIVATE)
                 return http.PresenceResponse(
                     address=member.address,
                     online=self._switchboard.is_online(member.org, member.handle),
                 )
+            case Route.EXPORT_AUDIT:
+                window = rules.export_window(request.args)
+                # Recorded first, so the export carries the row of its own making.
+                await self._store.record(
+                    AuditEntry(
+                        event=audit.AUDIT_EXPORT,
+                        org=member.org,
+                        actor=member.handle,
+                        target=None,
+                        call_id=None,
+                        at=now,
+                        detail=window.describe(),
+                    )
+                )
+                newest = await self._store.last_audit_id(member.org)
+                _log.info("audit_export_started", org=member.org, by=member.handle, up_to=newest)
+                return ExportStream(request, self._store, self._clock, member.org, window, newest)
+            case Route.LIST_HOLDS:
+                holds = await self._store.list_holds(member.org)
+                return http.AuditHoldList(holds=tuple(holds))
+            case Route.SET_HOLD:
+                wanted = _body(request, http.AuditHoldRequest)
+                hold = await self._store.set_hold(
+                    member.org, wanted.handle, note=wanted.note, actor=member.handle, now=now
+                )
+                _log.info("audit_hold_set", org=member.org, handle=wanted.handle, by=member.handle)
+                return hold
+            case Route.CLEAR_HOLD:
+                wanted = _body(request, http.AuditHoldRequest)
+                if wanted.note is not None:
+                    raise ApiError(
+                        400, ApiErrorCode.BAD_REQUEST, "a hold is cleared without a note"
+                    )
+                hold = await self._store.clear_hold(
+                    member.org, wanted.handle, actor=member.handle, now=now
+                )
+                _log.info(
+                    "audit_hold_cleared", org=member.org, handle=wanted.handle, by=member.handle
+                )
+                return hold
             case Route.CREATE_INVITE:
                 wanted = _body(request, http.InviteCreateRequest)
                 secret, info = await self._store.create_invite(

@@ -141,6 +141,11 @@ class _Unescaped(str):
     __slots__ = ()
 
 
+# How many _Unescaped texts unstructuring has made: to_json walks a body for them only when
+# this moved while it was built (most frames, a call_status say, carry none).
+_UNESCAPED_MADE = [0]
+
+
 def _unstructure_hook(cls: type[Any]) -> Any:
     """Frames (and local lines) carry their ``type``, outcomes their ``kind``: encode adds it,
     decode dispatches on it."""
@@ -154,6 +159,7 @@ def _unstructure_hook(cls: type[Any]) -> Any:
             for name in unescaped:
                 if isinstance(body.get(name), str):
                     body[name] = _Unescaped(body[name])
+                    _UNESCAPED_MADE[0] += 1
             return body
 
     for name in ("type", "kind"):
@@ -246,8 +252,12 @@ def to_json(value: Any) -> bytes:
     """Compact UTF-8 JSON. A ciphertext (up to a few hundred KB of base64url, which JSON never
     escapes) is copied into the text instead of being scanned character by character by
     json.dumps: that scan was most of the cost of encoding a frame that carries one."""
+    made = _UNESCAPED_MADE[0]
+    body = converter.unstructure(value)
+    if _UNESCAPED_MADE[0] == made:
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
     lifted: list[str] = []
-    body = _lift(converter.unstructure(value), lifted)
+    body = _lift(body, lifted)
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     if lifted:
         pieces = text.split(_MARKER_JSON)

@@ -24,7 +24,14 @@ Routes (all under the relay's public URL):
                                            (no credentials: the recovery code's signature)
 - ``POST /v1/me/token``                    :class:`TokenRotateRequest` → :class:`TokenRotated`
                                            (the old token dies; the member's sockets close)
-- ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only)
+- ``GET  /v1/presence``                    → :class:`PresenceResponse` (self only; naming
+                                           anyone else, ``?handle=`` or ``?address=``, is
+                                           403 and an audit row)
+- ``GET  /v1/audit/export[?since=S&until=S]`` → NDJSON, streamed: one :class:`AuditEvent` a
+                                           line, then one :class:`AuditExportEnd` (admins)
+- ``GET  /v1/audit/holds``                 → :class:`AuditHoldList` (admins)
+- ``PUT  /v1/audit/holds``                 :class:`AuditHoldRequest` → :class:`AuditHold`
+- ``POST /v1/audit/holds/clear``           :class:`AuditHoldRequest` → :class:`AuditHold`
 - ``PUT  /v1/me/offline-delivery``         :class:`OfflineDelivery` → :class:`OfflineDelivery`
 - ``GET  /v1/jobs``                        → :class:`JobList` (jobs the asker sent or receives)
 - ``GET  /v1/jobs/<job_id>[?wait=S]``      → :class:`JobInfo`; with ``wait`` (seconds, at most
@@ -37,6 +44,7 @@ Routes (all under the relay's public URL):
 from __future__ import annotations
 
 import enum
+import re
 
 import attrs
 
@@ -66,9 +74,15 @@ __all__ = [
     "SUITE_X25519",
     "AgentKind",
     "ApiErrorBody",
+    "AuditEvent",
+    "AuditExportEnd",
+    "AuditHold",
+    "AuditHoldList",
+    "AuditHoldRequest",
     "CardRecord",
     "CardTask",
     "EncryptionKeyRecord",
+    "HoldScope",
     "IdentityRecord",
     "InviteCreateRequest",
     "InviteCreated",
@@ -438,3 +452,72 @@ class CardRecord:
 class SignedCardRecord:
     record: CardRecord
     signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
+
+
+# --- audit --------------------------------------------------------------------------------------
+
+_AUDIT_EVENT_RE = re.compile(r"^[a-z][a-z_]*(?:\.[a-z][a-z_]*){1,3}\Z")
+
+
+@attrs.frozen
+class AuditEvent:
+    """One audit row as an export carries it (one NDJSON line): metadata about an action,
+    never message content, tokens or invite secrets. ``at_ms``: when, in milliseconds since
+    the epoch (UTC); ``id`` orders the rows of an organisation."""
+
+    id: int = attrs.field(validator=f.integer(1, 2**63 - 1))
+    at_ms: int = attrs.field(validator=f.integer(0, 2**50))
+    event: str = attrs.field(validator=f.matches(_AUDIT_EVENT_RE))
+    actor: str | None = attrs.field(default=None, validator=f.optional(f.text(200)))
+    target: str | None = attrs.field(default=None, validator=f.optional(f.text(200)))
+    call_id: str | None = attrs.field(default=None, validator=f.optional(f.text(64)))
+    detail: str | None = attrs.field(
+        default=None, validator=f.optional(f.text(limits.MAX_DETAIL_CHARS))
+    )
+
+
+@attrs.frozen
+class AuditExportEnd:
+    """The last line of a whole export: how many events came before it. A stream that ends
+    without it was cut short."""
+
+    complete: bool = attrs.field(validator=f.exactly(True))
+    events: int = attrs.field(validator=f.integer(0, 2**63 - 1))
+
+
+class HoldScope(enum.StrEnum):
+    ORGANISATION = "organisation"  # every audit row and invite of the organisation
+    HANDLE = "handle"  # the rows naming one handle as actor or target, and its invites
+
+
+@attrs.frozen
+class AuditHoldRequest:
+    """Set or clear a legal hold: on one handle, or (``handle`` None) the whole organisation.
+    ``note`` (a case reference, say) is kept with a hold being set."""
+
+    handle: str | None = attrs.field(default=None, validator=f.optional(f.handle))
+    note: str | None = attrs.field(
+        default=None, validator=f.optional(f.text(limits.MAX_HOLD_NOTE_CHARS))
+    )
+
+
+@attrs.frozen
+class AuditHold:
+    scope: HoldScope = attrs.field(converter=HoldScope)
+    handle: str | None = attrs.field(validator=f.optional(f.handle))
+    set_at: int = attrs.field(validator=f.timestamp)
+    set_by: str = attrs.field(validator=f.handle)
+    note: str | None = attrs.field(
+        default=None, validator=f.optional(f.text(limits.MAX_HOLD_NOTE_CHARS))
+    )
+
+    def __attrs_post_init__(self) -> None:
+        if (self.scope is HoldScope.HANDLE) != (self.handle is not None):
+            raise ValueError("a handle hold names its handle; an organisation hold none")
+
+
+@attrs.frozen
+class AuditHoldList:
+    holds: tuple[AuditHold, ...] = attrs.field(
+        validator=f.each(lambda *_: None, max_items=limits.MAX_AUDIT_HOLDS)
+    )

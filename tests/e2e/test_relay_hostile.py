@@ -228,11 +228,16 @@ async def test_audit_rows_are_metadata_only(relay: Relay) -> None:
     terminal, _ = await admin.call("audit-b", sealed)
     assert isinstance(terminal, frames.CallOutcome)
 
-    with sqlite3.connect(process.database) as db:
-        rows = db.execute(
-            "SELECT event, actor, target FROM audit WHERE org = 'acme' AND call_id IS NOT NULL"
-            " AND (actor IN ('audit-a', 'audit-b'))"
-        ).fetchall()
+    def call_rows() -> list[Any]:
+        with sqlite3.connect(process.database) as db:
+            return db.execute(
+                "SELECT event, actor, target FROM audit WHERE org = 'acme'"
+                " AND call_id IS NOT NULL AND (actor IN ('audit-a', 'audit-b'))"
+            ).fetchall()
+
+    # The relay writes a call's rows a few milliseconds after its frames (one batch).
+    await _until(lambda: ("call.complete", "audit-b", "audit-a") in call_rows(), timeout=10.0)
+    rows = call_rows()
     assert ("call.submit", "audit-a", "audit-b") in rows
     assert ("call.complete", "audit-b", "audit-a") in rows
     for path in process.database.parent.glob("relay.sqlite*"):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import gc
 import io
 import json
 from pathlib import Path
@@ -476,3 +477,23 @@ def test_an_unreadable_store_stops_a_follow_up_before_calling(
     assert (code, flow.calls) == (1, [])
     assert json.loads(out)["code"] == "local_error"
     assert "cannot read your open conversations" in err
+
+
+def test_a_call_runs_without_cyclic_collections_and_restores_them(
+    flow: FakeFlow, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A one-call process makes next to no garbage; collections would only rescan the
+    modules it imported. The collector is off while the call runs, and as before after."""
+    seen: list[bool] = []
+    place = flow.place
+
+    async def noting(*args: Any, **kw: Any) -> CallResult:
+        seen.append(gc.isenabled())
+        return await place(*args, **kw)
+
+    monkeypatch.setattr(caller, "place", noting)
+    assert gc.isenabled()
+    code, out, _err = run(capsys, "@acme/ken", "hello")
+    assert (code, out) == (0, "fine\n")
+    assert seen == [False]
+    assert gc.isenabled()

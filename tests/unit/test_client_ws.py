@@ -28,6 +28,7 @@ from agentcall.client.api import Credentials, RelayUnreachable
 from agentcall.client.ws import (
     CallAborted,
     ClientSocket,
+    RelayBusy,
     SocketClosed,
     SocketRefused,
     open_socket,
@@ -133,6 +134,8 @@ class Script:
     on_message: list[bytes] = attrs.Factory(list)
     close_after_open: int | None = None
     close_after_message: int | None = None
+    # Answer the upgrade 503 with this Retry-After (or with none, for ""), as a busy relay does.
+    busy_retry_after: str | None = None
 
 
 class ScriptedRelay(WebSocketServerProtocol):
@@ -140,6 +143,15 @@ class ScriptedRelay(WebSocketServerProtocol):
     # The server side would log the client's headers at debug level: keep it out of the way
     # of the client-side log check.
     log = txaio.make_logger(level="info")
+
+    def processHandshake(self) -> None:
+        busy = self.factory.script.busy_retry_after
+        if busy is not None and b"\r\n\r\n" in self.data:
+            extra = [("Retry-After", busy)] if busy else []
+            self.sendHttpErrorResponse(503, "Service Unavailable", extra)
+            self.dropConnection(abort=False)
+            return
+        super().processHandshake()
 
     def onConnect(self, request: ConnectionRequest) -> None:
         self.factory.requests.put(request)
@@ -319,6 +331,19 @@ async def test_tls_with_the_right_ca_other_ca_and_wrong_name(relays: Relays) -> 
     with pytest.raises(RelayUnreachable, match="not valid for"):
         await connect(wrong_url, Client(), ca_file=str(ca.cert_file))
     assert wrong_relay.requests.values == []
+
+
+@twisted_test
+async def test_a_busy_relay_says_when_to_dial_again(relays: Relays) -> None:
+    """An upgrade answered 503 with a Retry-After fails the open with RelayBusy and the wait;
+    a 503 that names none is an ordinary failure to connect."""
+    _relay, url = await relays.start(Script(busy_retry_after="7"))
+    with pytest.raises(RelayBusy, match="busy") as caught:
+        await connect(url, Client())
+    assert caught.value.retry_after_s == 7.0
+    _relay, url = await relays.start(Script(busy_retry_after=""))
+    with pytest.raises(RelayUnreachable, match="503"):
+        await connect(url, Client())
 
 
 @twisted_test

@@ -110,7 +110,8 @@ def test_every_relay_upgrade_path_equals_the_fresh_schema(start: int, tmp_path: 
 def test_relay_schema_is_package_data_with_every_table() -> None:
     """The relay schema is found through importlib.resources and defines the registry tables."""
     script = RELAY_SCHEMA.full_script(RELAY_SCHEMA.newest)
-    for table in ("orgs", "members", "invites", "identity_keys", "encryption_keys", "audit"):
+    tables = ("orgs", "members", "invites", "identity_keys", "encryption_keys", "audit")
+    for table in (*tables, "audit_holds"):
         assert f"CREATE TABLE {table} (" in script
 
 

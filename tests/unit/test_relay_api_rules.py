@@ -58,6 +58,14 @@ ROUTES = {
     ("PUT", "/v1/members/ken-lee/role"): RouteMatch(Route.SET_MEMBER_ROLE, "ken-lee"),
     ("PUT", "/v1/card"): RouteMatch(Route.PUBLISH_CARD),
     ("GET", "/v1/cards/ken-lee"): RouteMatch(Route.FETCH_CARD, "ken-lee"),
+    ("GET", "/v1/audit/export"): RouteMatch(Route.EXPORT_AUDIT),
+    ("GET", "/v1/audit/holds"): RouteMatch(Route.LIST_HOLDS),
+    ("PUT", "/v1/audit/holds"): RouteMatch(Route.SET_HOLD),
+    ("POST", "/v1/audit/holds/clear"): RouteMatch(Route.CLEAR_HOLD),
+    # Asking about someone else by path is the presence route too, to be refused and recorded.
+    ("GET", "/v1/presence/ken"): RouteMatch(Route.PRESENCE, "ken"),
+    ("GET", "/v1/presence/@acme%2Fken"): RouteMatch(Route.PRESENCE, "@acme%2Fken"),
+    ("GET", "/v1/presence/@acme/ken"): RouteMatch(Route.PRESENCE, "@acme/ken"),
 }
 FIXED_PATHS = {
     "/v1/status",
@@ -73,6 +81,9 @@ FIXED_PATHS = {
     "/v1/members",
     "/v1/card",
     "/v1/me/token",
+    "/v1/audit/export",
+    "/v1/audit/holds",
+    "/v1/audit/holds/clear",
 }
 METHODS = ("GET", "POST", "PUT", "DELETE", "PATCH", "HEAD", "OPTIONS")
 PATHS = sorted(
@@ -108,6 +119,12 @@ PATHS = sorted(
         "/v1/cards/KEN",
         "/v1/cards/ken/more",
         "/v1/cards/" + "k" * 32,
+        "/v1/audit",
+        "/v1/audit/holds/ken",
+        "/v1/audit/export/more",
+        "/v1/presence/ken/more",
+        "/v1/presence/@acme/ken/more",
+        "/v1/presence/" + "k" * 101,
     }
 )
 
@@ -147,7 +164,7 @@ def test_admin_routes_are_refused_to_members_and_granted_to_admins(route: Route)
         rules.authorize(route, ANN)
 
 
-def test_only_invite_and_member_routes_are_for_admins_and_status_register_for_anyone() -> None:
+def test_invite_member_and_audit_routes_are_for_admins_status_register_for_anyone() -> None:
     by_access = {access: {r for r, a in rules.ACCESS.items() if a is access} for access in Access}
     assert by_access[Access.ADMIN] == {
         Route.CREATE_INVITE,
@@ -156,6 +173,10 @@ def test_only_invite_and_member_routes_are_for_admins_and_status_register_for_an
         Route.LIST_MEMBERS,
         Route.REMOVE_MEMBER,
         Route.SET_MEMBER_ROLE,
+        Route.EXPORT_AUDIT,
+        Route.LIST_HOLDS,
+        Route.SET_HOLD,
+        Route.CLEAR_HOLD,
     }
     assert by_access[Access.ANYONE] == {Route.STATUS, Route.REGISTER, Route.RECOVER}
     assert RouteMatch(Route.ME).access is Access.MEMBER
@@ -369,4 +390,97 @@ def test_a_failed_job_shows_its_reason() -> None:
         JobState.FAILED,
         FailureReason.DELIVERY_FAILED,
         3,
+    )
+
+
+# --- presence -------------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("argument", "args", "expected"),
+    [
+        (None, {}, None),
+        (None, {b"handle": [b"ann"]}, None),  # oneself, by handle or address
+        (None, {b"address": [b"@acme/ann"]}, None),
+        ("ann", {}, None),
+        (None, {b"handle": [b"ken"]}, "ken"),
+        (None, {b"address": [b"@acme/ken"]}, "ken"),
+        ("ken", {}, "ken"),
+        ("@acme/ken", {}, "ken"),
+        ("@acme%2Fken", {}, "ken"),
+        # Someone of another organisation is named by address (and refused alike).
+        (None, {b"address": [b"@other/ann"]}, "@other/ann"),
+        # Nobody enrolled is refused the same way: the answer reveals no existence.
+        (None, {b"handle": [b"nobody-here"]}, "nobody-here"),
+    ],
+)
+def test_presence_subject_is_none_for_oneself_and_names_anyone_else(
+    argument: str | None, args: dict[bytes, list[bytes]], expected: str | None
+) -> None:
+    assert rules.presence_subject(ANN, argument, args) == expected
+
+
+@pytest.mark.parametrize(
+    ("argument", "args"),
+    [
+        (None, {b"handle": [b"Ken"]}),
+        (None, {b"address": [b"acme/ken"]}),
+        (None, {b"handle": [b"ken", b"bob"]}),
+        (None, {b"handle": [b"ken"], b"address": [b"@acme/bob"]}),
+        ("ken", {b"handle": [b"ken"]}),
+        ("..", {}),
+    ],
+)
+def test_presence_naming_no_one_or_several_is_400(
+    argument: str | None, args: dict[bytes, list[bytes]]
+) -> None:
+    with pytest.raises(ApiError) as exc:
+        rules.presence_subject(ANN, argument, args)
+    assert refusal(exc) == (400, ApiErrorCode.BAD_REQUEST)
+
+
+# --- audit export ---------------------------------------------------------------------------------
+
+
+def test_export_window_takes_whole_seconds_since_before_until() -> None:
+    assert rules.export_window({}) == rules.ExportWindow()
+    window = rules.export_window({b"since": [b"100"], b"until": [b"200"]})
+    assert window == rules.ExportWindow(100, 200)
+    assert window.describe() == "since=100 until=200"
+    assert rules.ExportWindow(until=5).describe() == "since=start until=5"
+    assert rules.export_window({b"until": [b"0"]}) == rules.ExportWindow(until=0)
+
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        {b"since": [b"-1"]},
+        {b"since": [b"1.5"]},
+        {b"since": [b"2026-01-01"]},
+        {b"until": [b"1", b"2"]},
+        {b"since": [b""]},
+        {b"since": [str(2**40 + 1).encode()]},
+        {b"since": [b"200"], b"until": [b"200"]},
+        {b"since": [b"201"], b"until": [b"200"]},
+    ],
+)
+def test_a_bad_export_window_is_400(args: dict[bytes, list[bytes]]) -> None:
+    with pytest.raises(ApiError) as exc:
+        rules.export_window(args)
+    assert refusal(exc) == (400, ApiErrorCode.BAD_REQUEST)
+
+
+def test_an_export_line_is_the_rows_metadata_in_milliseconds() -> None:
+    from agentcall.relay.store_interface import AuditRow
+    from agentcall.wire.http import AuditEvent
+
+    row = AuditRow(7, 1_700_000_000.1234, "acme", "member.role", "ada", "ann", None, "a->b")
+    assert rules.export_event(row) == AuditEvent(
+        id=7,
+        at_ms=1_700_000_000_123,
+        event="member.role",
+        actor="ada",
+        target="ann",
+        call_id=None,
+        detail="a->b",
     )

@@ -1,4 +1,4 @@
-"""The batching audit sink: the rows of one reactor turn in one store call, nothing lost when
+"""The batching audit sink: the rows of a short window in one store call, nothing lost when
 the database refuses a batch (within a bound), driven with a Clock."""
 
 from __future__ import annotations
@@ -71,24 +71,51 @@ def clock() -> Clock:
     return c
 
 
-def test_the_rows_of_one_turn_are_written_by_one_call_at_the_next(clock: Clock) -> None:
+def test_the_rows_of_one_window_are_written_by_one_call_at_its_end(clock: Clock) -> None:
     log = Log()
-    sink = BatchingAuditSink(log, clock)
-    written = [sink.record(entry(n)) for n in range(3)]
-    assert log.batches == [] and outcomes(written) == ["pending"] * 3
+    sink = BatchingAuditSink(log, clock, window_s=0.01)
+    written = [sink.record(entry(n)) for n in range(2)]
+    # Not at the next turn: the frames the rows audit go out before the database is touched.
     clock.advance(0)
+    assert log.batches == [] and outcomes(written) == ["pending"] * 2
+    clock.advance(0.005)
+    written.append(sink.record(entry(2)))  # the window runs from the batch's first row
+    clock.advance(0.004)
+    assert log.batches == []
+    clock.advance(0.001)
     assert log.batches == [[entry(0), entry(1), entry(2)]]
     assert outcomes(written) == [None, None, None]
     later = sink.record(entry(3))
-    clock.advance(0)
+    clock.advance(0.01)
     assert log.batches[1:] == [[entry(3)]] and outcomes([later]) == [None]
     assert sink.batches == 2
+
+
+def test_a_full_batch_is_written_at_the_next_turn(clock: Clock) -> None:
+    log = Log()
+    sink = BatchingAuditSink(log, clock, window_s=0.01, max_rows=3)
+    written = [sink.record(entry(n)) for n in range(3)]
+    clock.advance(0)
+    assert log.batches == [[entry(0), entry(1), entry(2)]]
+    assert outcomes(written) == [None, None, None]
+    # The window timer that the first row armed is gone with its batch.
+    assert clock.getDelayedCalls() == []
+    sink.record(entry(3))
+    clock.advance(0)
+    assert len(log.batches) == 1
+    clock.advance(0.01)
+    assert log.batches[1:] == [[entry(3)]]
+
+
+def test_the_default_window_is_short_and_bounded() -> None:
+    assert 0 < limits.AUDIT_WINDOW_S <= 0.05
+    assert 1 < limits.AUDIT_BATCH_ROWS <= limits.AUDIT_MAX_PENDING
 
 
 def test_a_refused_batch_is_logged_kept_and_tried_again_in_order(clock: Clock) -> None:
     log = Log()
     log.refusing = True
-    sink = BatchingAuditSink(log, clock, retry_s=5.0)
+    sink = BatchingAuditSink(log, clock, retry_s=5.0, window_s=0, max_rows=2)
     first = [sink.record(entry(n)) for n in range(2)]
     with capturedLogs() as events:
         clock.advance(0)
@@ -108,7 +135,7 @@ def test_a_refused_batch_is_logged_kept_and_tried_again_in_order(clock: Clock) -
 def test_the_backlog_is_bounded_by_dropping_the_oldest(clock: Clock) -> None:
     log = Log()
     log.refusing = True
-    sink = BatchingAuditSink(log, clock, max_pending=3)
+    sink = BatchingAuditSink(log, clock, max_pending=3, window_s=0)
     written = [sink.record(entry(n)) for n in range(2)]
     clock.advance(0)  # refused: both kept
     with capturedLogs() as events:
@@ -125,7 +152,7 @@ def test_one_batch_is_in_flight_at_a_time(clock: Clock) -> None:
     """With a store that answers later, rows recorded meanwhile go in the next batch, after."""
     log = Log()
     log.later = True
-    sink = BatchingAuditSink(log, clock)
+    sink = BatchingAuditSink(log, clock, window_s=0)
     first = sink.record(entry(0))
     clock.advance(0)
     second = sink.record(entry(1))
@@ -154,6 +181,8 @@ def test_flush_writes_what_waits_at_once(clock: Clock) -> None:
 def test_a_bound_below_one_is_refused(clock: Clock) -> None:
     with pytest.raises(ValueError):
         BatchingAuditSink(Log(), clock, max_pending=0)
+    with pytest.raises(ValueError):
+        BatchingAuditSink(Log(), clock, max_rows=0)
 
 
 # --- SQLite ---------------------------------------------------------------------------------
@@ -219,7 +248,7 @@ def test_batched_call_rows_rebuild_the_rate_windows(tmp_path: Path, clock: Clock
     for n in range(3):
         sink.record(entry(n))
     sink.record(entry(3, audit.CALL_COMPLETE))
-    clock.advance(0)
+    clock.advance(limits.AUDIT_WINDOW_S)
     limiter = SlidingWindowLimiter(limits.CALLS_PER_HOUR_PER_PAIR, limits.RATE_WINDOW_S)
     with capturedLogs() as events:
         fired(restore_windows(store, limiter, T0 + 10))

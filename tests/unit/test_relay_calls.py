@@ -169,6 +169,24 @@ def test_submit_rings_caller_and_delivers_to_listener(relay: Relay) -> None:
     assert relay.audit.rows == [AuditEntry("call.submit", "acme", "ana", "ken", call_id, T0, None)]
 
 
+def test_the_listener_is_sent_its_call_before_the_caller_hears_ringing(relay: Relay) -> None:
+    """The reactor writes sockets in the order they were written to: the listener's frame,
+    which the call waits on, goes first."""
+    order: list[str] = []
+
+    class Ordered(RecordingChannel):
+        def send(self, frame: object) -> None:
+            order.append(self.peer)
+            super().send(frame)
+
+    relay.ken = Ordered("ken-listener")
+    relay.board.attach_listener("acme", "ken", relay.ken)
+    caller = Ordered("ana-caller")
+    relay.book.submit("acme", "ana", "ken", caller, request())
+    assert order == ["ken-listener", "ana-caller"]
+    assert isinstance(relay.ken.sent[0], IncomingCall) and isinstance(caller.sent[0], CallStatus)
+
+
 def test_accepted_then_started_then_outcome(relay: Relay) -> None:
     """ringing → answered → working → the outcome, then the caller socket closes with done."""
     caller, call_id = relay.ring()
@@ -194,6 +212,7 @@ def test_accepted_then_started_then_outcome(relay: Relay) -> None:
     ]
     assert relay.book.active_count() == 0
     assert relay.book.get(call_id) is None
+    relay.clock.advance(0)  # the call's log line, put off to the next turn
     assert relay.clock.getDelayedCalls() == []
 
 
@@ -427,6 +446,7 @@ def test_rejected_call_fails_with_protocol_error(relay: Relay) -> None:
     assert relay.audit.rows[-1] == AuditEntry(
         "call.fail", "acme", "ken", "ana", call_id, T0, "rejected"
     )
+    relay.clock.advance(0)  # the call's log line, put off to the next turn
     assert relay.clock.getDelayedCalls() == []
 
 
@@ -555,6 +575,7 @@ def test_caller_gone_cancels_listener_and_drops_late_outcome(relay: Relay) -> No
     assert relay.book.ignored_frames == 0
     assert relay.audit.events() == ["call.submit", "call.accept", "call.complete"]
     assert relay.book.active_count() == 0
+    relay.clock.advance(0)  # the call's log line, put off to the next turn
     assert relay.clock.getDelayedCalls() == []
 
 
@@ -773,6 +794,9 @@ def test_a_completed_call_logs_one_info_line_at_its_end(relay: Relay) -> None:
         relay.from_ken(CallStarted(call_id=call_id))
         relay.clock.advance(2.5)
         relay.from_ken(reply(call_id))
+        # Written at the next turn, after the outcome has gone to the caller.
+        assert _at(events, LogLevel.info) == []
+        relay.clock.advance(0)
     assert _at(events, LogLevel.info) == ["call_ended"]
     assert {"call_ringing", "call_progress"} <= set(_at(events, LogLevel.debug))
     (ended,) = [e for e in events if e.get("event") == "call_ended"]
@@ -816,4 +840,5 @@ def test_with_debug_off_a_call_reaches_the_observers_once(relay: Relay) -> None:
         _caller, call_id = relay.ring()
         relay.from_ken(CallStarted(call_id=call_id))
         relay.from_ken(reply(call_id))
+        relay.clock.advance(0)
     assert [e.get("event") for e in events] == ["call_ended"]

@@ -72,6 +72,7 @@ def test_a_removed_member_is_cut_off_but_keeps_the_handle_reserved(store: Fired)
     store.publish_identity("acme", "ken", party.identity, T0 + 2)
     store.publish_encryption("acme", "ken", party.encryption, T0 + 2)
     assert store.fetch_keys("acme", "ken") is not None  # read once: the registry caches it
+    assert store.handle_exists("acme", "ken")  # and remembers that ken is a member
 
     removed = store.remove_member("acme", "ken", release=False, actor="ada", now=T0 + 10)
 

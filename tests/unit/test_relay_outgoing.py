@@ -261,5 +261,21 @@ def test_the_relays_line_for_the_call_says_it_rode_a_shared_socket() -> None:
     with capturedLogs() as events:
         ana.calls.request(outgoing())
         ana.relay.book.from_listener("acme", "ken", ana.relay.ken, reply(ana.ringing()))
+        ana.relay.clock.advance(0)
     [ended] = [e for e in events if e.get("event") == "call_ended"]
     assert ended["caller_socket"] == "shared" and ended["caller"] == "ana"
+
+
+def test_a_status_is_retagged_with_every_field_it_had() -> None:
+    """CallPort builds the tagged call_status itself (not attrs.evolve): a field added to the
+    frame later must be carried too, or this fails."""
+    from agentcall.relay.outgoing import CallPort
+
+    assert [a.name for a in attrs.fields(CallStatus)] == ["call_id", "state", "correlation_id"]
+    socket = RecordingChannel()
+    port = CallPort(socket, CID_1, lambda _port: None)
+    for state in CallState:
+        status = CallStatus(call_id="00000000-0000-4000-8000-000000000001", state=state)
+        port.send(status)
+        assert socket.sent[-1] == attrs.evolve(status, correlation_id=CID_1)
+    assert port.call_id == "00000000-0000-4000-8000-000000000001"

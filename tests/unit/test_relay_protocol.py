@@ -23,7 +23,7 @@ from twisted.logger import ILogObserver, globalLogPublisher
 from twisted.test import iosim
 from zope.interface import implementer
 
-from agentcall import limits
+from agentcall import ids, limits
 from agentcall.errors import CallErrorCode
 from agentcall.relay import audit
 from agentcall.relay.store_interface import RelayStore
@@ -192,10 +192,10 @@ def test_a_call_is_routed_from_caller_to_listener_and_back(switch: Switch) -> No
     assert ken.close_code is None  # the listener's session outlives its calls
     assert switch.relay.relay.calls.active_count() == 0
     assert switch.relay.relay.door.gate.callers_of("@acme/ann") == 0
-    # The call's audit rows wait for the end of the reactor turn, then go in one batch each.
+    # The call's audit rows wait out their short window, then go in one batch.
     store, sink = switch.relay.store, switch.relay.relay.audit
     assert sink.pending > 0
-    switch.relay.reactor.advance(0)
+    switch.relay.reactor.advance(limits.AUDIT_WINDOW_S)
     assert sink.pending == 0
     rows = [(r.event, r.call_id) for r in fired(store.audit_rows("acme"))]
     assert [r for r in rows if r[1] == call_id] == [
@@ -262,7 +262,7 @@ def test_a_bad_token_is_closed_unauthorized_and_counted(switch: Switch) -> None:
     assert caller.close_code == CLOSE_UNAUTHORIZED
     switch.relay.reactor.advance(60.0)
     switch.relay.relay.door.flush()
-    switch.relay.reactor.advance(0)
+    switch.relay.reactor.advance(limits.AUDIT_WINDOW_S)
     [row] = fired(switch.relay.store.audit_rows(audit.RELAY_WIDE))
     assert row.detail == "2 failed authentications in this minute"
 
@@ -440,3 +440,157 @@ def test_a_listener_session_logs_one_info_line_each_way(switch: Switch) -> None:
     assert {"listener_online", "listener_offline", "listener_gone"} <= {
         e["event"] for e in ours if e["log_level"] is LogLevel.debug
     }
+
+
+def _server_socket(switch: Switch, handle: str) -> Any:
+    """The relay's own protocol of ``@acme/handle``'s listener socket."""
+    channel = switch.relay.relay.switchboard.listener_for("acme", handle)
+    assert channel is not None
+    return cast(Any, channel)._protocol
+
+
+@pytest.mark.parametrize("size", [0, 1, 125, 126, 4000, 65535, 65536, 70000])
+def test_a_text_frame_is_written_as_autobahn_writes_it(switch: Switch, size: int) -> None:
+    ken = switch.connect("role=listen", "ken")
+    relay_side = _server_socket(switch, "ken")
+    written: list[bytes] = []
+    relay_side.transport.write = written.append
+    payload = json.dumps({"pad": "x" * max(0, size - 10)})[:size].encode()
+    relay_side.send_text(payload)
+    relay_side.sendMessage(payload, isBinary=False)
+    assert len(written) == 2 and written[0] == written[1]
+    del relay_side.transport.write
+    status = codec.encode(CallStatus(call_id=ids.mint_call_id(), state=CallState.WORKING))
+    relay_side.send_text(status)
+    switch.flush()
+    assert ken.raw[-1] == status
+
+
+def test_a_frame_either_way_builds_no_debug_text(
+    switch: Switch, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """autobahn's per-read and per-write debug lines name functions with hltype even when
+    debug is off; the relay's frame path must not call it."""
+    import autobahn.twisted.websocket
+    import autobahn.websocket.protocol
+
+    ken = switch.connect("role=listen", "ken")
+    ann = switch.connect("role=listen", "ann")
+    calls: list[object] = []
+    for module in (autobahn.websocket.protocol, autobahn.twisted.websocket):
+        monkeypatch.setattr(module, "hltype", calls.append)
+    ann.send(OUTGOING)
+    switch.flush()
+    [ringing] = ann.frames[1:]
+    assert isinstance(ringing, CallStatus)
+    assert isinstance(ken.frames[-1], IncomingCall)
+    # The clients are autobahn too: only the relay's side must stay clear of it.
+    from agentcall.relay.protocol import RelayWebSocket
+
+    relay_calls = [c for c in calls if isinstance(getattr(c, "__self__", None), RelayWebSocket)]
+    assert relay_calls == []
+
+
+class _Tcp:
+    """Stands in for twisted.internet.tcp.Connection: what Unsent looks at, and doWrite."""
+
+    def __init__(self, *, tls: bool = False) -> None:
+        self.TLS = tls
+        self.connected = 1
+        self.disconnecting = False
+        self._writeDisconnecting = False
+        self._writeDisconnected = False
+        self.producer: object | None = None
+        self._tempDataBuffer: list[bytes] = []
+        self.dataBuffer = b""
+        self.written: list[bytes] = []
+
+    def write(self, data: bytes) -> None:
+        self._tempDataBuffer.append(data)
+
+    def doWrite(self) -> None:
+        self.written.append(b"".join(self._tempDataBuffer))
+        self._tempDataBuffer = []
+
+
+class _Wrapper:
+    """A ProtocolWrapper (the front door's GatedConnection) over a connection."""
+
+    def __init__(self, transport: _Tcp) -> None:
+        self.wrappedProtocol = object()
+        self.transport = transport
+
+
+def test_what_one_read_wrote_is_written_out_at_its_end_once_per_connection() -> None:
+    from agentcall.relay.protocol import Unsent
+
+    unsent = Unsent()
+    caller, listener = _Tcp(), _Tcp()
+    unsent.note(_Wrapper(caller))  # outside a read: the reactor's to write
+    unsent.reading = True
+    for tcp, data in ((listener, b"incoming"), (caller, b"ringing"), (caller, b"status")):
+        tcp.write(data)
+        unsent.note(_Wrapper(tcp) if tcp is caller else tcp)
+    assert caller.written == [] and listener.written == []
+    unsent.reading = False
+    unsent.flush()
+    assert listener.written == [b"incoming"] and caller.written == [b"ringingstatus"]
+    unsent.flush()
+    assert len(caller.written) == 1 and unsent.flushed == 2
+
+
+@pytest.mark.parametrize(
+    "state",
+    ["tls", "disconnecting", "half_closing", "producer", "empty", "not_connected"],
+)
+def test_a_connection_in_any_other_state_is_left_to_the_reactor(state: str) -> None:
+    from agentcall.relay.protocol import Unsent
+
+    tcp = _Tcp(tls=state == "tls")
+    tcp.write(b"frame")
+    if state == "disconnecting":
+        tcp.disconnecting = True
+    elif state == "half_closing":
+        tcp._writeDisconnecting = True
+    elif state == "producer":
+        tcp.producer = object()
+    elif state == "empty":
+        tcp._tempDataBuffer = []
+    elif state == "not_connected":
+        tcp.connected = 0
+    unsent = Unsent()
+    unsent.reading = True
+    unsent.note(tcp)
+    unsent.reading = False
+    unsent.flush()
+    assert tcp.written == [] and unsent.flushed == 0
+
+
+def test_each_read_ends_by_writing_out_what_it_wrote(switch: Switch) -> None:
+    """ann's call_request is read; ken's incoming_call and ann's ringing are noted during
+    that read and handed to the flush at its end (memory transports are never written out
+    early: they are not plain TCP)."""
+    ken = switch.connect("role=listen", "ken")
+    ann = switch.connect("role=listen", "ann")
+    ken_side, ann_side = _server_socket(switch, "ken"), _server_socket(switch, "ann")
+    unsent = ann_side.factory.unsent
+    seen: list[tuple[str, object]] = []
+    note, flush = unsent.note, unsent.flush
+
+    def noting(transport: object) -> None:
+        seen.append(("note" if unsent.reading else "note outside a read", transport))
+        note(transport)
+
+    def flushing() -> None:
+        seen.append(("flush", None))
+        flush()
+
+    unsent.note, unsent.flush = noting, flushing
+    ann.send(OUTGOING)
+    switch.flush()
+    assert isinstance(ken.frames[-1], IncomingCall)
+    assert seen[-3:] == [
+        ("note", ken_side.transport),
+        ("note", ann_side.transport),
+        ("flush", None),
+    ]

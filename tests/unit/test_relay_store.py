@@ -522,7 +522,7 @@ def test_audit_rows_page_by_id_and_cap_details(store: Fired) -> None:
 
 
 def test_audit_events_vocabulary() -> None:
-    """The fixed vocabulary is exactly the twenty-eight named events."""
+    """The fixed vocabulary is exactly the thirty-two named events."""
     assert {
         "invite.issue",
         "invite.redeem",
@@ -552,6 +552,11 @@ def test_audit_events_vocabulary() -> None:
         "job.expire",
         "job.cancel",
         "auth.failed",
+        "audit.export",
+        "audit.hold.set",
+        "audit.hold.clear",
+        "audit.prune",
+        "presence.refused",
     } == audit.EVENTS
 
 
@@ -603,3 +608,21 @@ def test_key_records_are_read_from_the_file_once_until_they_change(db_path: Path
         store.publish_encryption("acme", "ken", encryption("ken", 1), T0)
     assert store.fetch_keys("acme", "ken") == newer
     store.close()
+
+
+def test_a_member_once_found_is_not_looked_up_again(store: Fired) -> None:
+    """handle_exists runs on every call: a member found once is remembered; a handle not
+    found is asked each time, so one registered since is seen at once."""
+    registry = store.wrapped.registry
+    statements: list[str] = []
+    registry._conn.set_trace_callback(statements.append)
+    assert not store.handle_exists("acme", "ken")
+    assert not store.handle_exists("acme", "ken")
+    assert len([s for s in statements if "FROM members" in s]) == 2
+    enrol(store, "ken")
+    statements.clear()
+    assert store.handle_exists("acme", "ken")
+    assert store.handle_exists("acme", "ken")
+    assert not store.handle_exists("beta", "ken")  # another org's handle is its own
+    registry._conn.set_trace_callback(None)
+    assert len([s for s in statements if "FROM members" in s]) == 2

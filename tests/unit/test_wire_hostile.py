@@ -675,3 +675,36 @@ def test_a_ciphertext_is_copied_into_the_text_exactly_as_json_would_write_it() -
     other = attrs.evolve(incoming, envelope=envelope("QUJD" * 20))
     both = [incoming, other, incoming]
     assert _codec.to_json(both) == plain(both)
+
+
+def test_a_frame_without_ciphertext_is_not_walked_for_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The search for ciphertexts to splice runs only when the body holds one: a call_status
+    (the relay writes three per call) goes straight to json.dumps, with the same bytes."""
+    import json as _json
+
+    from agentcall.wire import codec as _codec
+    from agentcall.wire import frames as _fr
+
+    status = _fr.CallStatus(call_id="7d1b0d2e-5bd1-4b8a-9a43-3f8d2c3e0a11", state="working")
+    walked: list[object] = []
+    real_lift = _codec._lift
+
+    def lift(node: object, lifted: list[str]) -> object:
+        walked.append(node)
+        return real_lift(node, lifted)
+
+    monkeypatch.setattr(_codec, "_lift", lift)
+    expected = _json.dumps(_codec.converter.unstructure(status), separators=(",", ":")).encode()
+    assert _codec.encode(status) == expected and walked == []
+    sealed = _fr.SealedEnvelope(
+        v=1,
+        direction=_fr.Direction.REQUEST,
+        relay_origin="relay.example:8443",
+        from_="@acme/ann",
+        to="@acme/ken",
+        key_id="a" * 32,
+        epoch=1,
+        ct="Zm9vYmFy-_" * 50,
+    )
+    request = _fr.CallRequest(envelope=sealed, correlation_id="b" * 32)
+    assert _codec.decode_frame(_codec.encode(request)) == request and walked != []

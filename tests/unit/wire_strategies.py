@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 
 from agentcall import limits
 from agentcall.errors import PEER_FAILURE_CODES, RELAY_CALL_ERRORS, ApiErrorCode, CallErrorCode
+from agentcall.relay import audit
 from agentcall.wire import frames, http, payloads
 
 LOWER_DIGITS = string.ascii_lowercase + string.digits
@@ -250,6 +251,34 @@ invite_infos = st.builds(
     used_by=_optional(handles),
 )
 
+audit_events = st.builds(
+    http.AuditEvent,
+    id=st.integers(1, 2**63 - 1),
+    at_ms=st.integers(0, 2**50),
+    event=st.sampled_from(sorted(audit.EVENTS)),
+    actor=_optional(texts(200)),
+    target=_optional(texts(200)),
+    call_id=_optional(texts(64)),
+    detail=_optional(texts(limits.MAX_DETAIL_CHARS)),
+)
+audit_holds = st.one_of(
+    st.builds(
+        http.AuditHold,
+        scope=st.just(http.HoldScope.ORGANISATION),
+        handle=st.none(),
+        set_at=timestamps,
+        set_by=handles,
+        note=_optional(texts(limits.MAX_HOLD_NOTE_CHARS)),
+    ),
+    st.builds(
+        http.AuditHold,
+        scope=st.just(http.HoldScope.HANDLE),
+        handle=handles,
+        set_at=timestamps,
+        set_by=handles,
+        note=_optional(texts(limits.MAX_HOLD_NOTE_CHARS)),
+    ),
+)
 member_infos = st.builds(
     http.MemberInfo,
     handle=handles,
@@ -451,6 +480,19 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     ),
     http.PresenceResponse: st.builds(
         http.PresenceResponse, address=addresses, online=st.booleans()
+    ),
+    http.AuditEvent: audit_events,
+    http.AuditExportEnd: st.builds(
+        http.AuditExportEnd, complete=st.just(True), events=st.integers(0, 2**63 - 1)
+    ),
+    http.AuditHoldRequest: st.builds(
+        http.AuditHoldRequest,
+        handle=_optional(handles),
+        note=_optional(texts(limits.MAX_HOLD_NOTE_CHARS)),
+    ),
+    http.AuditHold: audit_holds,
+    http.AuditHoldList: st.builds(
+        http.AuditHoldList, holds=st.lists(audit_holds, max_size=3).map(tuple)
     ),
 }
 

@@ -1,15 +1,13 @@
--- relay version 5 -> 6: members' signed cards. Existing tables are untouched; no member has a
--- card until their listener (or `agentcall card --publish`) publishes one.
+-- relay version 5 -> 6: legal holds on audit rows. No hold stands after the upgrade.
 
--- Each member's signed card (agentcall.wire.http.SignedCardRecord), the newest only: what the
--- organisation sees of their installation. Verified against the published identity before it
--- is stored; withdrawn with the keys when the member is removed.
-CREATE TABLE cards (
-    org TEXT NOT NULL,
+-- Legal holds (agentcall audit hold): retention prunes none of the audit rows a hold covers,
+-- nor the invites. handle '' holds the whole organisation; any other handle holds the rows
+-- naming it as actor or target (a handle, not a member: its events outlive its removal).
+CREATE TABLE audit_holds (
+    org TEXT NOT NULL REFERENCES orgs (org),
     handle TEXT NOT NULL,
-    record_json TEXT NOT NULL,
-    issued_at INTEGER NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (org, handle),
-    FOREIGN KEY (org, handle) REFERENCES identity_keys (org, handle)
+    set_at REAL NOT NULL,
+    set_by TEXT NOT NULL,
+    note TEXT,
+    PRIMARY KEY (org, handle)
 );

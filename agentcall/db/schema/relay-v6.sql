@@ -1,4 +1,4 @@
--- The relay's registry, version 6: version 5 plus members' signed cards. Version 5 added
+-- The relay's registry, version 6: version 5 plus legal holds on audit rows. Version 5 added
 -- recovery (an identity record may be re-signed to name a recovery key; recovery_links). Times
 -- are seconds since the Unix epoch.
 -- The engine adds the version table; agentcall/relay/store.py holds every query.
@@ -120,6 +120,18 @@ CREATE INDEX audit_by_org ON audit (org, id);
 
 CREATE INDEX audit_by_org_time ON audit (org, at);
 
+-- Legal holds (agentcall audit hold): retention prunes none of the audit rows a hold covers,
+-- nor the invites. handle '' holds the whole organisation; any other handle holds the rows
+-- naming it as actor or target (a handle, not a member: its events outlive its removal).
+CREATE TABLE audit_holds (
+    org TEXT NOT NULL REFERENCES orgs (org),
+    handle TEXT NOT NULL,
+    set_at REAL NOT NULL,
+    set_by TEXT NOT NULL,
+    note TEXT,
+    PRIMARY KEY (org, handle)
+);
+
 -- The offline mailbox (agentcall/relay/mailbox.py): one row per job, exactly the fields of
 -- mailbox.Job: metadata and sizes, never a sealed byte. A row is forgotten 24 h after expiry.
 -- lapsed: the relay failed the running job when its lease lapsed (its listener reported
@@ -166,17 +178,4 @@ CREATE TABLE job_sealed (
     terminal TEXT CHECK (terminal IS NULL OR terminal IN ('completed', 'failed')),
     CHECK ((answer IS NULL) = (terminal IS NULL)),
     CHECK (request IS NOT NULL OR answer IS NOT NULL)
-);
-
--- Each member's signed card (agentcall.wire.http.SignedCardRecord), the newest only: what the
--- organisation sees of their installation. Verified against the published identity before it
--- is stored; withdrawn with the keys when the member is removed.
-CREATE TABLE cards (
-    org TEXT NOT NULL,
-    handle TEXT NOT NULL,
-    record_json TEXT NOT NULL,
-    issued_at INTEGER NOT NULL,
-    updated_at REAL NOT NULL,
-    PRIMARY KEY (org, handle),
-    FOREIGN KEY (org, handle) REFERENCES identity_keys (org, handle)
 );

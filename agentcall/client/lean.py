@@ -1,0 +1,78 @@
+"""Leaner imports for a short-lived process that dials the relay once (``agentcall call`` with no
+service to hand the call to).
+
+Twisted and autobahn import, at module level, things a WebSocket client never touches:
+
+- ``twisted.python.compat`` binds ``http.cookiejar`` (``from http import cookiejar``), which
+  brings ``urllib.request`` and ``http.client`` (about 25 ms);
+- ``autobahn.websocket.protocol`` imports ``hyperlink`` (about 7 ms), which only a server
+  answering a redirect uses;
+- ``autobahn.twisted``'s package ``__init__`` imports the WAMP session layer (serializers,
+  rawsocket, ``twisted.application``), which a plain WebSocket needs none of.
+
+:func:`lean_imports` puts each in ``sys.modules`` as a module that is set up (spec, path: an
+``import`` of it, or of a submodule, finds it ready) but whose code has not run; the first time
+anything asks it for a name it does not have, its code runs, once, and the name is returned.
+Nothing behaves differently; what is never used is never loaded. (``importlib.util.LazyLoader``
+would not do: in this Python an ``import x`` of a module already in ``sys.modules`` reads its
+``__spec__``, which makes a lazy module load.) It changes the process's module table, so only
+a process that places one call runs it (the listener and the relay do not), before Twisted is
+imported. :func:`without_collections` keeps the cyclic garbage collector out of the imports.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import gc
+import importlib.util
+import sys
+from collections.abc import Iterator
+from typing import Any
+
+# Imported by Twisted or autobahn at module level; run only when something uses them.
+DEFERRED = ("http.cookiejar", "hyperlink", "autobahn.twisted")
+
+
+def lean_imports() -> None:
+    """Put each of :data:`DEFERRED` not imported yet in place, its code not run yet."""
+    for name in DEFERRED:
+        _deferred(name)
+
+
+@contextlib.contextmanager
+def without_collections() -> Iterator[None]:
+    """No cyclic garbage collection inside the block (imports: hundreds of modules, nearly
+    no garbage), as before it afterwards."""
+    was_enabled = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_enabled:
+            gc.enable()
+
+
+def _deferred(name: str) -> None:
+    if name in sys.modules:
+        return
+    spec = importlib.util.find_spec(name)
+    if spec is None or spec.loader is None:
+        return
+    loader = spec.loader
+    module = importlib.util.module_from_spec(spec)
+    ran: list[bool] = []
+
+    def rest_of_module(attribute: str) -> Any:
+        # Something wants a name the module's code defines: run it now, once.
+        if ran:
+            raise AttributeError(f"module {name!r} has no attribute {attribute!r}")
+        ran.append(True)
+        del module.__getattr__
+        loader.exec_module(module)
+        return getattr(module, attribute)
+
+    module.__getattr__ = rest_of_module  # type: ignore[method-assign]
+    sys.modules[name] = module
+    parent, _, child = name.rpartition(".")
+    if parent:
+        setattr(sys.modules[parent], child, module)
