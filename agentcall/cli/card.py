@@ -225,6 +225,8 @@ def doctor_check(home: Home, config: Config, keys: LocalKeys, fetched: object) -
         problem = safe_cell(str(fetched)) or type(fetched).__name__
         return dc.Check("card", dc.WARN, f"the published card could not be fetched ({problem})")
     if not isinstance(fetched, SignedCardRecord):
+        if config.caller_only:
+            return dc.Check("card", dc.OK, "none published (caller-only: nothing to offer)")
         return dc.Check("card", dc.WARN, "no card is published: callers cannot see your tasks", fix)
     record = verified_own(fetched, keys)
     if record is None:

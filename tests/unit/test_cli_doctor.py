@@ -884,6 +884,10 @@ def test_no_published_card_or_an_unreachable_one_warns(
     world.api.card = lambda: None
     check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
     assert check["status"] == "warn" and "no card is published" in check["detail"]
+    world.reconfigure(agent_kind=None)  # caller-only: no card is expected
+    check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
+    assert check["status"] == "pass" and "caller-only" in check["detail"]
+    world.reconfigure(agent_kind="claude")
     world.api.fail["get_card"] = ApiError(500, ApiErrorCode.INTERNAL, "boom")
     check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
     assert check["status"] == "warn" and "could not be fetched" in check["detail"]
