@@ -298,7 +298,7 @@ def _load(home: Home) -> Config:
 def run(args: argparse.Namespace) -> int:
     from agentcall.cli.main import CommandError
     from agentcall.cli.render import safe_cell, safe_json
-    from agentcall.local.config import save_config
+    from agentcall.local.config import config_lock, save_config
     from agentcall.local.home import Home, LocalStateError
 
     deps = DEPS or ConfigDeps()
@@ -323,13 +323,17 @@ def run(args: argparse.Namespace) -> int:
         raise CommandError(
             f"{args.key} cannot be unset (only {', '.join(UNSETTABLE)}); set another value", 2
         )
-    new = changed(config, home, args.key, getattr(args, "value", None), deps)
-    now = settings(new)
-    if now == values:
-        print(f"{args.key}: {safe_cell(_shown(args.key, values[args.key]))} (unchanged)")
-        return 0
     try:
-        save_config(home, new)
+        with config_lock(home):
+            # Read again under the lock: a token rotated meanwhile is kept, not undone.
+            config = _load(home)
+            values = settings(config)
+            new = changed(config, home, args.key, getattr(args, "value", None), deps)
+            now = settings(new)
+            if now == values:
+                print(f"{args.key}: {safe_cell(_shown(args.key, values[args.key]))} (unchanged)")
+                return 0
+            save_config(home, new)
     except (LocalStateError, OSError) as exc:
         raise CommandError(f"config.json was not changed: {exc}") from None
     for key in KEYS:

@@ -49,11 +49,14 @@ def _with_token(config: Config, token: str) -> Config:
     return attrs.evolve(config, token=token)
 
 
-def _finish(home: Home, config: Config, token: str) -> None:
-    """config.json holds ``token``; then the pending file goes."""
-    from agentcall.local.config import save_config
+def _finish(home: Home, token: str) -> None:
+    """config.json holds ``token`` (read afresh under the lock, so a `config set` made
+    meanwhile is kept); then the pending file goes."""
+    from agentcall.local.config import config_lock, load_config, save_config
 
-    save_config(home, _with_token(config, token))
+    with config_lock(home):
+        saved = load_config(home, apply_override=False)  # AGENTCALL_RELAY is never saved
+        save_config(home, _with_token(saved, token))
     home.pending_token_path.unlink(missing_ok=True)
 
 
@@ -74,12 +77,8 @@ def run(args: argparse.Namespace) -> int:
     from agentcall.cli.render import safe_cell, safe_json
     from agentcall.client.api import RelayUnreachable
     from agentcall.errors import AgentCallError, ApiError, ApiErrorCode
-    from agentcall.local.config import load_config
 
-    home, _config = load_installation()
-    # Saved back without AGENTCALL_RELAY, which only ever overrides for one run.
-    saved = load_config(home, apply_override=False)
-    config = _config
+    home, config = load_installation()
     pending = _pending(home)
 
     async def work(reactor: Any) -> tuple[str, int | None]:
@@ -91,7 +90,7 @@ def run(args: argparse.Namespace) -> int:
                 if exc.code is not ApiErrorCode.UNAUTHORIZED:
                     raise
             else:
-                _finish(home, saved, pending)
+                _finish(home, pending)
                 return "finished", None
         token = ids.mint_token()
         home.write_private(home.pending_token_path, token.encode("ascii") + b"\n")
@@ -100,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
         except ApiError:
             home.pending_token_path.unlink(missing_ok=True)  # definitely refused: not taken
             raise
-        _finish(home, saved, token)
+        _finish(home, token)
         return "rotated", rotated.rotated_at
 
     try:

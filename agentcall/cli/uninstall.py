@@ -47,7 +47,7 @@ examples:
 
 # What agentcall writes in the state directory besides Home.private_paths(): the owner's
 # policy, the key lock, the listener's socket and the recovery marker.
-OTHER_FILES: Final = ("policy.json", "keys.lock", "service.sock")
+OTHER_FILES: Final = ("policy.json", "keys.lock", "config.lock", "service.sock")
 
 
 def _stdin_is_terminal() -> bool:

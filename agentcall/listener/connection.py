@@ -1,7 +1,9 @@
 """The listener's one WebSocket to the relay, kept up by ``ClientService``.
 
 - Reconnects with exponential backoff (x1.5) and full jitter, the first attempt included, and no
-  sooner than a ``Retry-After`` the relay sent (:func:`reconnect_delay`).
+  sooner than a ``Retry-After`` the relay sent (:func:`reconnect_delay`). A dial refused at once
+  (nothing listens: the relay is restarting) does not widen the window, up to
+  :data:`REFUSED_NOT_COUNTED` of them (:func:`counted_attempts`).
 - Re-reads the relay URL, token and CA file (through ``load_settings``) on every attempt, so a
   rotated token or a moved relay is picked up without a restart.
 - Verifies TLS exactly as the client library does (:func:`agentcall.client.ws.relay_endpoint`)
@@ -29,7 +31,7 @@ import attrs
 import txaio
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from twisted.application import internet, service
-from twisted.internet import defer
+from twisted.internet import defer, error
 from twisted.internet.interfaces import IProtocol, IReactorTime, IStreamClientEndpoint
 from twisted.internet.protocol import Factory, connectionDone
 from twisted.python.failure import Failure
@@ -56,6 +58,13 @@ txaio.use_twisted()
 _log = Logger(namespace="agentcall.listener.connection")
 
 RECONNECT_FACTOR = 1.5
+# Dials refused at once (ECONNREFUSED: no relay listens, it is restarting) that do not widen the
+# reconnect window. Knocking on a closed port costs the relay nothing, and a relay that is back
+# after a restart of a few seconds should not find the listeners that knocked too early spread
+# over a window half as long again (in a 10,000-listener storm those were the last to return,
+# bench/storm_bench.py). Four such dials are about 20 s of a relay down; after them the window
+# grows as for any other failure, so a relay down for long is not dialled every few seconds.
+REFUSED_NOT_COUNTED = 4
 REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
     "and does not reconnect (restart it to answer calls here again)"
@@ -99,6 +108,13 @@ def reconnect_delay(
         told = min(max(retry_after, 0.0), limits.RECONNECT_MAX_S)
         delay = max(delay, told + random() * limits.RECONNECT_JITTER_S)
     return delay
+
+
+def counted_attempts(attempt: int, refused: int) -> int:
+    """The attempt number the reconnect window is sized by: ClientService's ``attempt`` (failed
+    dials since the last usable connection) less the ``refused`` ones among them (at most
+    :data:`REFUSED_NOT_COUNTED`), at least 1."""
+    return max(1, attempt - min(max(refused, 0), REFUSED_NOT_COUNTED))
 
 
 def parse_retry_after(value: str | None) -> float | None:
@@ -439,6 +455,7 @@ class RelayConnection(service.MultiService):
         self._last_failure = "not connected yet"
         self._lost: tuple[int | None, str | None] | None = None
         self.retry_after: float | None = None  # the relay's Retry-After, for the next retry only
+        self._refused = 0  # dials refused at once since the last usable connection
         self.replaced = False  # set once the relay said another listener took over
         self.client = internet.ClientService(
             _ReloadingEndpoint(self),
@@ -468,6 +485,8 @@ class RelayConnection(service.MultiService):
 
     def _dial_failed(self, failure: Failure) -> Failure:
         self._last_failure = f"cannot connect: {type(failure.value).__name__}"
+        if failure.check(error.ConnectionRefusedError):
+            self._refused += 1
         return failure
 
     def _prepare(self, proxy: Any) -> defer.Deferred[None]:
@@ -480,6 +499,7 @@ class RelayConnection(service.MultiService):
         def ready(protocol: _ListenerProtocol) -> None:
             protocol.mark_counted()
             self.connections += 1
+            self._refused = 0
             self.link.attach(protocol)
             _log.info("relay_connected", relay=self.netloc, connections=self.connections)
             try:
@@ -499,7 +519,7 @@ class RelayConnection(service.MultiService):
 
     def _retry_delay(self, attempt: int) -> float:
         retry_after, self.retry_after = self.retry_after, None
-        delay = reconnect_delay(attempt, self._random, retry_after)
+        delay = reconnect_delay(counted_attempts(attempt, self._refused), self._random, retry_after)
         if self._lost is not None:
             code, reason = self._lost
             self._lost = None

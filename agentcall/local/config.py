@@ -11,10 +11,12 @@ commands that rewrite the file load it with ``apply_override=False``.
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import json
 import math
 import os
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import attrs
@@ -329,3 +331,21 @@ def save_config(home: Home, config: Config) -> None:
         )
     text = json.dumps(_to_json(config), indent=2, ensure_ascii=False) + "\n"
     home.write_private(home.config_path, text.encode("utf-8"))
+
+
+CONFIG_LOCK_NAME = "config.lock"
+
+
+@contextlib.contextmanager
+def config_lock(home: Home) -> Iterator[None]:
+    """Hold while reading, changing and saving config.json, so two commands changing it at
+    once (``config set`` and ``token rotate``) each see the other's change instead of one
+    silently undoing it. Readers need no lock: the file is replaced atomically."""
+    path = home.state_dir / CONFIG_LOCK_NAME
+    home.create_private(path)
+    fd = os.open(path, os.O_RDWR | os.O_NOFOLLOW)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)

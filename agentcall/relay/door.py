@@ -52,6 +52,8 @@ class DoorConfig:
     call_request_timeout_s: float
     register_per_minute: int
     auth_failures_per_minute: int
+    # Stop accepting at the handshake cap rather than close newcomers (AcceptValve).
+    hold_accept: bool = True
 
 
 class Throttled(ApiError):
@@ -84,12 +86,24 @@ class Door:
         self._sink = sink
         # The connection behind each ticket, so an evicted one can be closed.
         self.open_connections: dict[Ticket, GatedConnection] = {}
+        self.valve = AcceptValve(self.gate, clock, self.turned_away, enabled=config.hold_accept)
+
+    def head_done(self, ticket: Ticket) -> None:
+        """The connection's first request head is complete: its place in head is free."""
+        self.gate.head_done(ticket)
+        self.valve.check()
+
+    def released(self, ticket: Ticket) -> None:
+        """The connection is gone."""
+        self.gate.release(ticket)
+        self.valve.check()
 
     def websocket_opened(self, transport: object) -> None:
         """An authenticated WebSocket is open on ``transport``: it is no longer evictable."""
         ticket = getattr(transport, "ticket", None)
         if isinstance(ticket, Ticket):
             self.gate.upgraded(ticket)
+            self.valve.check()
 
     def begin_upgrade(self, transport: object) -> None:
         """A WebSocket upgrade arrived on ``transport``: count it until it is answered, or raise
@@ -177,6 +191,97 @@ class Door:
             self._auth.prune(now)
         except Exception:
             _log.failure("front_door_flush_failed")
+
+
+class AcceptValve:
+    """Stops the listening port from accepting while the handshake cap is full of young heads.
+
+    There a newcomer could only be closed at once (``handshakes_busy``) and sent into its
+    backoff, which in a reconnect storm pushes honest listeners into ever longer windows while
+    the relay works through the others. Instead the port stops accepting: newcomers wait in the
+    kernel's accept queue (past its backlog the client's own TCP retries the SYN), which costs
+    the relay nothing, and are taken in order as places free up, no more at a time than there are
+    places (their heads are usually in the socket already, so they leave the head at once), or
+    when the oldest head has had ``head_grace_s`` (a newcomer may then evict it, so a flood of
+    slow heads still cannot keep the door shut longer than the grace). Holding until half the
+    places were free was tried: it left the relay idle while a slow crowd finished its heads.
+
+    Until :meth:`attach` is given the port (and after :meth:`detach`) it does nothing, and the
+    gate's own refusal is the fallback; so is it for the few connections one accept loop takes
+    past the cap before the port stops.
+    """
+
+    def __init__(
+        self,
+        gate: ConnectionGate,
+        clock: IReactorTime,
+        tally: TurnedAwayTally,
+        *,
+        enabled: bool = True,
+    ) -> None:
+        self._enabled = enabled
+        self._gate = gate
+        self._clock = clock
+        self._tally = tally
+        self._port: Any = None
+        self._reopen: IDelayedCall | None = None
+        self.held = False
+
+    def attach(self, port: Any) -> None:
+        """The listening port (``stopReading``/``startReading``; Twisted's TCP and TLS ports).
+        Ignored when the valve is disabled (``--no-accept-hold``)."""
+        if not self._enabled:
+            return
+        self._port = port
+        self.check()
+
+    def detach(self) -> None:
+        """The port is closing: never touch it again."""
+        self._cancel_timer()
+        self._port = None
+        self.held = False
+
+    def check(self) -> None:
+        """Hold or release the port for the gate's current state; cheap, called often."""
+        if self._port is None:
+            return
+        cap = self._gate.caps.handshakes
+        in_head = self._gate.in_head
+        if self.held:
+            if in_head < cap:
+                self._release()
+            return
+        oldest = self._gate.oldest_head_opened_at
+        if in_head < cap or oldest is None:
+            return
+        left = oldest + self._gate.caps.head_grace_s - self._clock.seconds()
+        if left <= 0:
+            return  # a newcomer may evict the oldest: keep accepting
+        self.held = True
+        self._tally.note(TurnedAway.ACCEPT_HELD)
+        self._port.stopReading()
+        self._reopen = self._clock.callLater(left, self._grace_over)
+
+    def _grace_over(self) -> None:
+        self._reopen = None
+        if self.held:
+            self._release()
+
+    def _release(self) -> None:
+        self._cancel_timer()
+        self.held = False
+        port = self._port
+        # Twisted's accept loop takes up to numberAccepts connections per turn; no more than
+        # there are places, so that the first turn after the hold turns nobody away.
+        if hasattr(port, "numberAccepts"):
+            free = self._gate.caps.handshakes - self._gate.in_head
+            port.numberAccepts = max(1, min(port.numberAccepts, free))
+        port.startReading()
+
+    def _cancel_timer(self) -> None:
+        call, self._reopen = self._reopen, None
+        if call is not None and call.active():
+            call.cancel()
 
 
 def source_of(address: IAddress | None) -> str:
@@ -301,8 +406,8 @@ class GatedConnection(ProtocolWrapper):
 
     def connectionLost(self, reason: Failure = connectionDone) -> None:
         door = self.factory.door
-        door.gate.release(self.ticket)
         door.open_connections.pop(self.ticket, None)
+        door.released(self.ticket)
         super().connectionLost(reason)
 
     def evict(self) -> None:
@@ -345,16 +450,17 @@ class GatedFactory(WrappingFactory[GatedConnection]):
         self.door = site.door
 
     def buildProtocol(self, addr: IAddress) -> Any:  # type: ignore[override]
-        decision = self.door.gate.admit(source_of(addr), self.door.clock.seconds())
+        door = self.door
+        decision = door.gate.admit(source_of(addr), door.clock.seconds())
+        door.valve.check()
         if isinstance(decision, TurnedAway):
-            self.door.turned_away.note(decision)
+            door.turned_away.note(decision)
             return _Refused()
         self._evict(decision)
         ticket = decision.ticket
         channel = self.wrappedFactory.buildProtocol(addr)
         if isinstance(channel, GatedChannel):
-            gate = self.door.gate
-            channel.on_head_done = lambda: gate.head_done(ticket)
+            channel.on_head_done = lambda: door.head_done(ticket)
         return GatedConnection(self, channel, ticket)
 
     def _evict(self, decision: LetIn) -> None:

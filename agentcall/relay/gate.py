@@ -44,6 +44,9 @@ class TurnedAway(enum.StrEnum):
     # Not turned away at the door but pushed out to make room for a newcomer.
     EVICTED_IN_HEAD = "evicted_in_head"
     EVICTED_PLAIN_HTTP = "evicted_plain_http"
+    # Not a refusal: times the port stopped accepting at the head cap (agentcall.relay.door
+    # .AcceptValve); the newcomers waited in the kernel's accept queue instead of being closed.
+    ACCEPT_HELD = "accept_held"
 
 
 def _at_least_one(_inst: object, attribute: attrs.Attribute[int], value: int) -> None:
@@ -213,6 +216,13 @@ class ConnectionGate:
     @property
     def in_head(self) -> int:
         return len(self._heads)
+
+    @property
+    def oldest_head_opened_at(self) -> float | None:
+        """When the connection longest in its first head was opened (None: no head open)."""
+        for ticket in self._heads:
+            return ticket.opened_at
+        return None
 
     @property
     def upgrades_in_flight(self) -> int:

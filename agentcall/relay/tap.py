@@ -26,6 +26,11 @@ _log = Logger(namespace="agentcall.relay")
 # The largest per-callee mailbox caps an operator may set (a sanity bound, not a product number).
 MAILBOX_MAX_QUEUED_OPTION = 100_000
 MAILBOX_MAX_BYTES_OPTION = 64 * 1024**3
+# The accept queue asked of the kernel for tcp: and ssl: endpoints that name none (Twisted's own
+# default is 50; the kernel caps it at net.core.somaxconn). While the front door holds accepting
+# at its handshake cap, a reconnecting crowd waits there at no cost to the relay; with 50 places
+# most of it would have its SYNs dropped and retried by TCP, and time out.
+LISTEN_BACKLOG = 1024
 
 
 class Options(usage.Options):
@@ -37,6 +42,14 @@ class Options(usage.Options):
         "the first admin invite with `agentcall relay bootstrap` first. Logs one info line per "
         "call; AGENTCALL_LOG_LEVEL=debug (or warn, error) changes that."
     )
+    optFlags = [
+        [
+            "no-accept-hold",
+            None,
+            "At the --max-handshakes cap close newcomers at once (handshakes_busy) instead of "
+            "holding the port's accept until a place is free.",
+        ],
+    ]
     optParameters = [
         [
             "database",
@@ -49,7 +62,8 @@ class Options(usage.Options):
             "l",
             "tcp:8765:interface=127.0.0.1",
             "Twisted server endpoint string, e.g. tcp:8765:interface=127.0.0.1 or "
-            "ssl:8443:privateKey=key.pem:certKey=cert.pem.",
+            "ssl:8443:privateKey=key.pem:certKey=cert.pem. A tcp: or ssl: endpoint without "
+            f"backlog= gets backlog={LISTEN_BACKLOG} (the kernel caps it at somaxconn).",
         ],
         [
             "url",
@@ -100,15 +114,18 @@ class Options(usage.Options):
             None,
             str(limits.MAX_CONNECTIONS_IN_HEAD),
             "Connections that may be sending their first request head or WebSocket upgrade "
-            "at once; at the cap a newcomer evicts the oldest of them (1-100000).",
+            "at once; at the cap the relay stops accepting for up to --handshake-grace, then a "
+            "newcomer evicts the oldest of them (1-100000).",
         ],
         [
             "handshake-grace",
             None,
             f"{limits.HEAD_EVICT_AFTER_S:g}",
             "Seconds a connection may spend on its first head before a newcomer at the "
-            "--max-handshakes cap may evict it; until then the newcomer is closed at once "
-            "instead, so a reconnecting crowd is not evicted half way through TLS (0-60).",
+            "--max-handshakes cap may evict it; until then the relay stops accepting (newcomers "
+            "wait in the kernel's accept queue, at no cost to the relay) until half the places "
+            "are free or the grace has passed, so a reconnecting crowd is neither evicted half "
+            "way through TLS nor turned away (0-60).",
         ],
         [
             "max-upgrades",
@@ -248,6 +265,7 @@ def _door_config(options: usage.Options, open_file_limit: int) -> Any:
         auth_failures_per_minute=_bounded(
             options["auth-failures-per-minute"], "--auth-failures-per-minute", 1, 10_000, int
         ),
+        hold_accept=not options["no-accept-hold"],
     )
 
 
@@ -263,6 +281,16 @@ def _bounded(value: str, name: str, lo: float, hi: float, kind: type[Any]) -> An
     return number
 
 
+def with_backlog(description: str, backlog: int = LISTEN_BACKLOG) -> str:
+    """``description`` with ``:backlog=N`` added when it is a tcp: or ssl: endpoint naming none."""
+    kind, _, rest = description.partition(":")
+    if kind not in ("tcp", "ssl") or not rest:
+        return description
+    if any(part.startswith("backlog=") for part in rest.split(":")):
+        return description
+    return f"{description}:backlog={backlog}"
+
+
 class ListeningService(service.Service):
     """Listen on an endpoint; once bound, log it and optionally write a ready file."""
 
@@ -273,8 +301,12 @@ class ListeningService(service.Service):
         site: Any,
         ready_file: str | None,
         after: Deferred[None] | None = None,
+        valve: Any = None,
     ) -> None:
         self._reactor = reactor
+        # Told the port once bound, so it can stop accepting at the handshake cap
+        # (agentcall.relay.door.AcceptValve), and to let go of it before it closes.
+        self._valve = valve
         # Listening waits for this (the relay's rate windows, read from the store).
         self._after = after if after is not None else succeed(None)
         self._description = description
@@ -284,13 +316,15 @@ class ListeningService(service.Service):
 
     def startService(self) -> None:
         super().startService()
-        endpoint = endpoints.serverFromString(self._reactor, self._description)
+        endpoint = endpoints.serverFromString(self._reactor, with_backlog(self._description))
         d = self._after.addCallback(lambda _: endpoint.listen(self._site))
         d.addCallback(self._bound)
         d.addErrback(self._failed)
 
     def _bound(self, port: IListeningPort) -> None:
         self._port = port
+        if self._valve is not None:
+            self._valve.attach(port)
         number = port.getHost().port  # type: ignore[attr-defined]
         _log.info("relay_listening", port=number)
         if self._ready_file:
@@ -308,6 +342,8 @@ class ListeningService(service.Service):
 
     def stopService(self) -> Any:
         super().stopService()
+        if self._valve is not None:
+            self._valve.detach()
         if self._port is not None:
             return self._port.stopListening()
         return None
@@ -366,7 +402,12 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     _AuditFlush(relay.audit).setServiceParent(top)
     _SeenFlush(relay.seen).setServiceParent(top)
     ListeningService(
-        reactor, config["listen"], relay.factory, config["ready-file"], relay.windows_restored
+        reactor,
+        config["listen"],
+        relay.factory,
+        config["ready-file"],
+        relay.windows_restored,
+        valve=relay.door.valve,
     ).setServiceParent(top)
     internet.TimerService(600, lambda: _prune(relay.limiter, reactor)).setServiceParent(top)
     _DoorFlush(relay.door).setServiceParent(top)
@@ -385,6 +426,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_handshakes=caps.handshakes,
         max_upgrades=caps.upgrades,
         handshake_grace_s=caps.head_grace_s,
+        accept_hold=settings.door.hold_accept,
         max_callers_per_identity=caps.callers_per_identity,
         mailbox_max_queued=settings.mailbox.max_queued_per_callee,
         mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,

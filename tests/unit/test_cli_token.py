@@ -141,3 +141,30 @@ def test_a_refused_token_is_explained_and_nothing_is_left_pending(
     assert code != 0 and "ask an organisation admin" in err
     assert load_config(home()).token == TOKEN
     assert not home().pending_token_path.exists()
+
+
+def test_a_setting_changed_during_the_rotation_is_kept(
+    relay: FakeRelay, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    """`config set` between minting and saving: the new token lands beside it, not over it."""
+    import attrs as _attrs
+
+    from agentcall.local.config import save_config
+
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    rotate_token = FakeApi.rotate_token
+
+    def meanwhile(api: FakeApi, token: str) -> defer.Deferred[TokenRotated]:
+        on_disk = load_config(home(), apply_override=False)
+        save_config(home(), _attrs.evolve(on_disk, read_roots=(str(workdir),)))
+        return rotate_token(api, token)
+
+    monkeypatch = pytest.MonkeyPatch()
+    monkeypatch.setattr(FakeApi, "rotate_token", meanwhile)
+    try:
+        assert rotate(capsys)[0] == 0
+    finally:
+        monkeypatch.undo()
+    saved = load_config(home())
+    assert saved.token == relay.accepted and saved.read_roots == (str(workdir),)

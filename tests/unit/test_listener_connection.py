@@ -9,6 +9,7 @@ from __future__ import annotations
 import collections
 import contextlib
 import gc
+import itertools
 import random
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -18,7 +19,7 @@ import pytest
 import txaio as _txaio
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
-from twisted.internet import defer
+from twisted.internet import defer, error
 from twisted.internet.address import IPv4Address
 from twisted.internet.interfaces import IStreamClientEndpoint
 from twisted.internet.task import Clock
@@ -31,9 +32,11 @@ from agentcall import limits
 from agentcall.client.api import Credentials
 from agentcall.client.ws import CallAborted
 from agentcall.listener.connection import (
+    REFUSED_NOT_COUNTED,
     RelayConnection,
     RelayLink,
     RelaySettings,
+    counted_attempts,
     listen_query,
     parse_retry_after,
     reconnect_delay,
@@ -445,6 +448,66 @@ def test_unusable_settings_are_retried_with_backoff(listener: Listener) -> None:
     listener.clock.advance(0.125)
     listener.relay.flush()
     assert listener.connection.connections == 1
+
+
+@pytest.mark.parametrize(
+    ("attempt", "refused", "counted"),
+    [(1, 0, 1), (2, 1, 1), (5, 4, 1), (6, 5, 2), (9, 9, 5), (3, 1, 2), (1, 3, 1), (4, -1, 4)],
+)
+def test_refused_dials_are_not_counted_up_to_a_limit(
+    attempt: int, refused: int, counted: int
+) -> None:
+    assert REFUSED_NOT_COUNTED == 4
+    assert counted_attempts(attempt, refused) == counted
+
+
+@implementer(IStreamClientEndpoint)
+class FailingEndpoint:
+    def __init__(self, failure: Exception) -> None:
+        self._failure = failure
+
+    def connect(self, protocolFactory: Any) -> defer.Deferred[Any]:
+        return defer.fail(self._failure)
+
+
+def test_a_restarting_relay_that_refuses_dials_does_not_widen_the_window(clock: Clock) -> None:
+    """A closed port (ECONNREFUSED) is retried within the first window, four times; then, and
+    after any other kind of failure, the window grows as before."""
+    failures: list[Exception] = [error.ConnectionRefusedError()] * (REFUSED_NOT_COUNTED + 1)
+    failures += [error.TimeoutError(), error.ConnectionRefusedError()]
+    relay = FakeRelay(clock)
+    dials: list[float] = []
+
+    def endpoint_for(url: RelayUrl, ca_file: str | None) -> IStreamClientEndpoint:
+        dials.append(clock.seconds())
+        if failures:
+            return FailingEndpoint(failures.pop(0))
+        return relay.endpoint_for(url, ca_file)
+
+    listener = Listener(clock, relay, draw=1.0)  # every delay at the top of its window
+    listener.connection = RelayConnection(
+        clock,
+        load_settings=listener.load,
+        link=listener.link,
+        on_frame=listener.frames.append,
+        on_ready=listener.ready,
+        clock=clock,
+        endpoint_for=endpoint_for,
+        random=lambda: listener.draw,
+    )
+    with no_unhandled_errors():
+        listener.connection.startService()
+        for _ in range(480):  # 120 s, in steps that every delay here is a multiple of
+            clock.advance(0.25)
+            relay.flush()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(dials)]
+    # Five refused dials, four of them not counted: each retried within the first window (10 s);
+    # a timeout counts (attempt 2: 15 s); a refusal beyond the four counts too (attempt 3:
+    # 22.5 s); then the relay answers. Without the rule: 10, 15, 22.5, 33.75, 50.6, 60, 60.
+    assert gaps == [10.0, 10.0, 10.0, 10.0, 10.0, 15.0, 22.5]
+    assert listener.connection.connections == 1
+    listener.connection.stopService()
+    relay.flush()
 
 
 # --- frames ------------------------------------------------------------------------------------

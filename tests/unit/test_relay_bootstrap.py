@@ -7,10 +7,13 @@ import stat
 from pathlib import Path
 
 import pytest
+from twisted.internet.defer import Deferred, succeed
+from twisted.internet.task import Clock
 
 from agentcall import limits
 from agentcall.errors import ApiError, ApiErrorCode, StoreError
 from agentcall.invites import parse_invite_url
+from agentcall.relay.audit import AuditEntry
 from agentcall.relay.bootstrap import bootstrap
 from agentcall.relay.store import RELAY_SCHEMA, open_relay_store
 from agentcall.wire.http import InviteStatus, MemberRole
@@ -219,3 +222,42 @@ def test_the_relay_takes_a_head_grace() -> None:
     assert options["door"].caps.head_grace_s == 0.0
     with pytest.raises(usage.UsageError, match="--handshake-grace must be between 0 and 60"):
         tap.Options().parseOptions([*base, "--handshake-grace", "61"])
+
+
+def test_the_relay_holds_accept_at_the_handshake_cap_unless_told_not_to() -> None:
+    from agentcall.relay import tap
+    from agentcall.relay.door import Door
+
+    base = ["--database", "relay.db", "--url", "http://127.0.0.1:8765"]
+    held = tap.Options()
+    held.parseOptions(base)
+    assert held["door"].hold_accept is True
+    closing = tap.Options()
+    closing.parseOptions([*base, "--no-accept-hold"])
+    assert closing["door"].hold_accept is False
+    # Disabled, the valve never takes the port, so it never stops it; enabled, it does.
+    stops = []
+    for options in (held, closing):
+        door = Door(options["door"], Clock(), sink=_NoSink())
+        port = _Port()
+        door.valve.attach(port)
+        for i in range(options["door"].caps.handshakes):
+            door.gate.admit(f"10.0.{i // 250}.{i % 250}", 0.0)
+        door.valve.check()
+        stops.append(port.stops)
+    assert stops == [1, 0]
+
+
+class _Port:
+    stops = 0
+
+    def stopReading(self) -> None:
+        self.stops += 1
+
+    def startReading(self) -> None:
+        pass
+
+
+class _NoSink:
+    def record(self, entry: AuditEntry) -> Deferred[None]:
+        return succeed(None)

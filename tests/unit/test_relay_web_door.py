@@ -525,3 +525,84 @@ def test_a_newcomer_at_the_head_cap_is_closed_while_the_heads_are_young(tmp_path
     _, newcomer = front.connect("10.0.0.5")
     assert first.disconnected and not newcomer.disconnecting
     assert front.door.turned_away.drain() == {"evicted_in_head": 1, "handshakes_busy": 1}
+
+
+@attrs.define
+class FakePort:
+    """What the valve asks of a listening port."""
+
+    reading: bool = True
+    numberAccepts: int = 100
+    stops: int = 0
+
+    def stopReading(self) -> None:
+        self.reading = False
+        self.stops += 1
+
+    def startReading(self) -> None:
+        self.reading = True
+
+
+def test_at_the_head_cap_the_port_stops_accepting_instead_of_closing_newcomers(
+    tmp_path: Path,
+) -> None:
+    """A reconnecting crowd fills the places in head: the port stops accepting (newcomers wait
+    in the kernel's queue), nobody is closed; it accepts again as places free up, at most as
+    many at once as there are places."""
+    caps = GateLimits(
+        per_source=10, total=20, handshakes=4, callers_per_identity=1, head_grace_s=2.0
+    )
+    front = make_front(tmp_path, config(caps=caps))
+    port = FakePort()
+    front.door.valve.attach(port)
+    heads = [front.connect(f"10.0.0.{i}") for i in range(2, 6)]
+    assert not port.reading and front.door.valve.held
+    assert all(not t.disconnecting for _p, t in heads)
+    assert front.door.turned_away.drain() == {"accept_held": 1}
+    # One head done: one place free, one accept at a time.
+    heads[0][0].dataReceived(get("/v1/status"))
+    assert port.reading and port.numberAccepts == 1
+    front.connect("10.0.0.6")
+    assert not port.reading and port.stops == 2
+    heads[1][0].dataReceived(get("/v1/status"))
+    heads[2][0].dataReceived(get("/v1/status"))
+    assert port.reading and port.numberAccepts == 1  # clamped when the first place freed
+    assert front.door.turned_away.drain() == {"accept_held": 1}
+
+
+def test_a_held_port_accepts_again_once_the_oldest_head_had_its_grace(tmp_path: Path) -> None:
+    """Slow heads cannot keep the door shut: after the grace the port accepts, and a newcomer
+    evicts the oldest, as without the valve."""
+    caps = GateLimits(
+        per_source=10, total=20, handshakes=2, callers_per_identity=1, head_grace_s=2.0
+    )
+    front = make_front(tmp_path, config(caps=caps))
+    port = FakePort()
+    front.door.valve.attach(port)
+    _, first = front.connect("10.0.0.2")
+    front.reactor.advance(0.5)
+    front.connect("10.0.0.3")
+    assert not port.reading
+    front.reactor.advance(1.4)
+    assert not port.reading
+    front.reactor.advance(0.1)
+    assert port.reading and port.numberAccepts == 1
+    _, newcomer = front.connect("10.0.0.4")
+    assert first.disconnected and not newcomer.disconnecting
+    # The next oldest is 1.5 s old: held again, for the 0.5 s it has left.
+    assert not port.reading and port.stops == 2
+    front.reactor.advance(0.5)
+    assert port.reading
+    assert front.door.turned_away.drain() == {"accept_held": 2, "evicted_in_head": 1}
+
+
+def test_a_detached_valve_leaves_the_port_alone(tmp_path: Path) -> None:
+    caps = GateLimits(
+        per_source=10, total=20, handshakes=1, callers_per_identity=1, head_grace_s=2.0
+    )
+    front = make_front(tmp_path, config(caps=caps))
+    port = FakePort()
+    front.door.valve.attach(port)
+    front.door.valve.detach()
+    front.connect("10.0.0.2")
+    assert port.reading and port.stops == 0
