@@ -96,6 +96,7 @@ class ApiErrorCode(enum.StrEnum):
     # code), so the unauthenticated route tells a guesser nothing.
     RECOVERY_REFUSED = "recovery_refused"
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
+    CARD_NOT_NEWER = "card_not_newer"  # a card dated no later than the one the relay keeps
     TOO_MANY_HOLDS = "too_many_holds"  # past limits.MAX_AUDIT_HOLDS legal holds
     INTERNAL = "internal"
 
@@ -114,6 +115,11 @@ class CryptoError(AgentCallError):
 
 class KeyRecordInvalid(CryptoError):
     """A published key record is malformed, badly signed, or outside its validity."""
+
+
+class CardInvalid(CryptoError):
+    """A published card is badly signed, names another address, relay or key, or is older
+    than one already seen: it must not be shown as what its owner published."""
 
 
 class EnvelopeInvalid(CryptoError):

@@ -40,6 +40,15 @@ MAX_CONTROL_FRAME_BYTES = 4_096
 # HTTP request bodies the relay accepts (keys, invites, registration).
 MAX_HTTP_BODY_BYTES = 16_384
 
+# The signed card (agentcall.wire.http.CardRecord): what every member of the organisation sees
+# of an installation. Sized so the largest card, every character JSON-escaped, fits in one
+# HTTP body (a test checks it).
+MAX_CARD_TASKS = 32
+MAX_CARD_NAME_BYTES = 200  # a task's name, UTF-8
+MAX_CARD_SUMMARY_BYTES = 300  # a task's one-line description, UTF-8
+MAX_CARD_TEXT_BYTES = 6_000  # ids, names and summaries of all its tasks together
+CARD_CHECK_INTERVAL_S = 10.0  # how often the listener looks for a changed card
+
 # Time.
 CALL_DEADLINE_S = 360.0  # relay deadline per call; also the longest validity of a request
 AGENT_TIMEOUT_S = 300.0  # agent kill timer (a task may lower it)

@@ -171,6 +171,24 @@ def _encryption(address: str = KEN) -> http.SignedEncryptionKeyRecord:
     return http.SignedEncryptionKeyRecord(record=record, signature=SIGNATURE)
 
 
+def _card(kind: http.AgentKind | None = http.AgentKind.CLAUDE) -> http.SignedCardRecord:
+    tasks = (
+        http.CardTask(id="ask", name="Ask a question", summary="Ask; it reads, changes nothing."),
+        http.CardTask(id="review", name="Code review", summary='Review a diff "as is" — ünïcode'),
+    )
+    record = http.CardRecord(
+        v=1,
+        relay_origin=ORIGIN,
+        address=KEN,
+        identity_pub=PUB,
+        issued_at=NOW,
+        agent_kind=kind,
+        tasks=tasks if kind is not None else (),
+        omitted=1 if kind is not None else 0,
+    )
+    return http.SignedCardRecord(record=record, signature=SIGNATURE)
+
+
 def http_bodies() -> dict[type[Any], list[Any]]:
     """Every request and response body of the relay's HTTP API, by class."""
     info = _invite_info()
@@ -261,6 +279,9 @@ def http_bodies() -> dict[type[Any], list[Any]]:
             http.KeysResponse(identity=_identity(), encryption=_encryption()),
         ],
         http.PresenceResponse: [http.PresenceResponse(address=KEN, online=False)],
+        http.CardTask: [_card().record.tasks[0]],
+        http.CardRecord: [_card().record, _card(kind=None).record],
+        http.SignedCardRecord: [_card()],
         http.AuditEvent: [
             http.AuditEvent(
                 id=1,

@@ -184,10 +184,13 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
 
     checks.append(recovery_code(home))
 
-    async def work(reactor: Any) -> dc.RelayFacts:
-        return await dc.ask_relay(reactor, deps, config, presence=not config.caller_only)
+    from agentcall.cli.card import doctor_fetch
 
-    facts = deps.run_network(work)
+    async def work(reactor: Any) -> tuple[dc.RelayFacts, object]:
+        facts = await dc.ask_relay(reactor, deps, config, presence=not config.caller_only)
+        return facts, await doctor_fetch(reactor, deps, config, facts)
+
+    facts, card = deps.run_network(work)
     checks += dc.relay(facts, config, keys)
     checks.append(dc.offline_delivery(facts, config))
     notes: list[str] = []
@@ -202,6 +205,10 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
     checks += owned
     if not config.caller_only:
         checks.append(_limits(config, shell))
+    if keys is not None and facts.status_error is None and not facts.token_refused:
+        from agentcall.cli.card import doctor_check
+
+        checks.append(doctor_check(home, config, keys, card))
     return checks, notes
 
 

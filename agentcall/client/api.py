@@ -57,6 +57,7 @@ from agentcall.wire.http import (
     RecoverRequest,
     RegisterRequest,
     RegisterResponse,
+    SignedCardRecord,
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
     StatusResponse,
@@ -383,6 +384,15 @@ class RelayApi:
         if not ids.is_handle(handle):
             return defer.fail(ValueError(f"not a valid handle: {handle!r}"))
         return self._call(b"GET", f"/v1/keys/{handle}", None, KeysResponse)
+
+    def put_card(self, card: SignedCardRecord) -> defer.Deferred[SignedCardRecord]:
+        return self._call(b"PUT", "/v1/card", card, SignedCardRecord)
+
+    def get_card(self, handle: str) -> defer.Deferred[SignedCardRecord]:
+        """The member's published card, as the relay serves it (verify it before showing it)."""
+        if not ids.is_handle(handle):
+            return defer.fail(ValueError(f"not a valid handle: {handle!r}"))
+        return self._call(b"GET", f"/v1/cards/{handle}", None, SignedCardRecord)
 
     def presence(self) -> defer.Deferred[PresenceResponse]:
         return self._call(b"GET", "/v1/presence", None, PresenceResponse)

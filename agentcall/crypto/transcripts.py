@@ -11,7 +11,12 @@ from typing import Protocol
 from agentcall.wire import canonical
 from agentcall.wire.canonical import Item
 from agentcall.wire.frames import Direction
-from agentcall.wire.http import EncryptionKeyRecord, IdentityRecord, SignedEncryptionKeyRecord
+from agentcall.wire.http import (
+    CardRecord,
+    EncryptionKeyRecord,
+    IdentityRecord,
+    SignedEncryptionKeyRecord,
+)
 from agentcall.wire.keyrecords import RecoveryStatement
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload, ResponsePayload
 
@@ -22,6 +27,7 @@ ENCRYPTION_KEY_DOMAIN = "agentcall/encryption-key/v1"
 HPKE_INFO_DOMAIN = "agentcall/hpke-info/v1"
 REQUEST_DOMAIN = "agentcall/request/v1"
 RESPONSE_DOMAIN = "agentcall/response/v1"
+CARD_DOMAIN = "agentcall/card/v1"
 
 
 class RouteHeader(Protocol):
@@ -83,6 +89,24 @@ def encryption_key_transcript(record: EncryptionKeyRecord) -> list[Item]:
         record.not_after,
         record.prev,
     ]
+
+
+def card_transcript(record: CardRecord) -> list[Item]:
+    """The card's signed items; the task count first, so no task list can pass for another."""
+    items: list[Item] = [
+        CARD_DOMAIN,
+        record.v,
+        record.relay_origin,
+        record.address,
+        record.identity_pub,
+        record.issued_at,
+        None if record.agent_kind is None else str(record.agent_kind),
+        record.omitted,
+        len(record.tasks),
+    ]
+    for task in record.tasks:
+        items += [task.id, task.name, task.summary]
+    return items
 
 
 def hpke_info_transcript(header: RouteHeader) -> list[Item]:

@@ -32,6 +32,7 @@ from typing import Any, Final
 from twisted.application import internet, service
 from twisted.internet import defer, error
 
+from agentcall import limits
 from agentcall.client.api import Credentials, RelayApi
 from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
@@ -39,6 +40,7 @@ from agentcall.errors import AgentCallError, ApiError
 from agentcall.listener import guardwire
 from agentcall.listener.admission import check_assertions
 from agentcall.listener.calllog import CallLog
+from agentcall.listener.card import listener_card
 from agentcall.listener.ceiling import Ceiling, CeilingError, load_ceiling
 from agentcall.listener.connection import RelayConnection, RelayLink, RelaySettings
 from agentcall.listener.contexts import Conversations
@@ -252,6 +254,18 @@ class ListenerService(service.MultiService):
         )
         self.connection.setServiceParent(self)
         internet.TimerService(KEY_CHECK_INTERVAL_S, self._check_keys).setServiceParent(self)
+        # The signed card: published once the relay is ready, then whenever it changes.
+        self.card = listener_card(
+            load_inputs=load_admission,
+            agent_kind=config.agent_kind,
+            identity=lambda: self.core.keys.identity,
+            relay_origin=config.relay_origin,
+            address=config.address,
+            clock=reactor,
+            api=lambda: self._api,
+            connected=lambda: self.link.connected,
+        )
+        internet.TimerService(limits.CARD_CHECK_INTERVAL_S, self.card.check).setServiceParent(self)
         # How this installation's own outgoing calls reach the relay (thin clients' calls,
         # placed by the local socket's handler): on this service's own relay socket, several at
         # once, or on a socket of their own while it is down. Same shape as
@@ -336,6 +350,7 @@ class ListenerService(service.MultiService):
         self.core.relay_ready()
         self.desk.relay_ready()
         defer.Deferred.fromCoroutine(self._publish_if_behind())
+        self.card.check()
 
     # --- keys -------------------------------------------------------------------------------
 

@@ -5,7 +5,8 @@ answers (:mod:`agentcall.listener.contexts`), the ones it opened as a caller
 (:mod:`agentcall.caller.outboundstore`), the execution journal of mailbox jobs
 (:mod:`agentcall.listener.journal`), the mailbox jobs it queued as a caller
 (:mod:`agentcall.caller.jobstore`) and the callees' key records it keeps as a caller
-(:mod:`agentcall.caller.keycache`). People edit the JSON files next to it; nobody edits this
+(:mod:`agentcall.caller.keycache`) and the newest card seen of each peer
+(:mod:`agentcall.caller.cardseen`). People edit the JSON files next to it; nobody edits this
 one, so it can be a database: WAL mode, versioned schema files
 (``agentcall/db/schema/state-*.sql``), one writer at a time. Nothing here reads the clock;
 callers pass ``now``.
@@ -19,6 +20,7 @@ from typing import TYPE_CHECKING
 
 from zope.interface import implementer
 
+from agentcall.caller.cardseen import SqliteSeenCards
 from agentcall.caller.jobstore import SqliteSentJobs
 from agentcall.caller.keycache import SqlitePeerKeys
 from agentcall.caller.outboundstore import SqliteOutboundStore
@@ -156,6 +158,10 @@ class StateDb:
     def peer_keys(self, relay_origin: str) -> SqlitePeerKeys:
         """The callees' key records this installation keeps for calls through ``relay_origin``."""
         return SqlitePeerKeys(self._conn, relay_origin)
+
+    def seen_cards(self, relay_origin: str) -> SqliteSeenCards:
+        """The newest card seen of each peer through ``relay_origin`` (``agentcall inspect``)."""
+        return SqliteSeenCards(self._conn, relay_origin)
 
     @classmethod
     def open(cls, home: Home) -> StateDb:

@@ -17,7 +17,7 @@ from collections.abc import Mapping
 import attrs
 
 from agentcall import ids, limits
-from agentcall.crypto import records, recovery
+from agentcall.crypto import card, records, recovery
 from agentcall.errors import ApiError, ApiErrorCode, CryptoError, MalformedFrame, StoreError
 from agentcall.relay.mailbox import Job, JobState
 from agentcall.relay.store_interface import AuditRow, Member, StoredJob
@@ -47,6 +47,8 @@ class Route(enum.Enum):
     LIST_MEMBERS = "list_members"
     REMOVE_MEMBER = "remove_member"
     SET_MEMBER_ROLE = "set_member_role"
+    PUBLISH_CARD = "publish_card"
+    FETCH_CARD = "fetch_card"
     EXPORT_AUDIT = "export_audit"
     LIST_HOLDS = "list_holds"
     SET_HOLD = "set_hold"
@@ -84,6 +86,10 @@ ACCESS: Mapping[Route, Access] = {
     Route.LIST_MEMBERS: Access.ADMIN,
     Route.REMOVE_MEMBER: Access.ADMIN,
     Route.SET_MEMBER_ROLE: Access.ADMIN,
+    # One's own card; anyone's card in one's own organisation (it holds only what its owner
+    # offers every member).
+    Route.PUBLISH_CARD: Access.MEMBER,
+    Route.FETCH_CARD: Access.MEMBER,
     Route.EXPORT_AUDIT: Access.ADMIN,
     Route.LIST_HOLDS: Access.ADMIN,
     Route.SET_HOLD: Access.ADMIN,
@@ -103,6 +109,7 @@ _FIXED: Mapping[tuple[str, str], Route] = {
     ("PUT", "/v1/me/offline-delivery"): Route.SET_OFFLINE_DELIVERY,
     ("GET", "/v1/jobs"): Route.LIST_JOBS,
     ("GET", "/v1/members"): Route.LIST_MEMBERS,
+    ("PUT", "/v1/card"): Route.PUBLISH_CARD,
     ("POST", "/v1/me/token"): Route.ROTATE_CREDENTIALS,
     ("GET", "/v1/audit/export"): Route.EXPORT_AUDIT,
     ("GET", "/v1/audit/holds"): Route.LIST_HOLDS,
@@ -113,6 +120,7 @@ _FIXED_PATHS = frozenset(path for (_method, path) in _FIXED)
 _INVITE_REVOKE = re.compile(r"^/v1/invites/([0-9a-f]{64})/revoke$")
 _KEYS_OF = re.compile(r"^/v1/keys/([a-z0-9][a-z0-9-]{1,30})$")
 # The handle's own grammar (ids.is_handle) is checked once the path matched.
+_CARD_OF = re.compile(r"^/v1/cards/([a-z0-9-]{2,31})\Z")
 _MEMBER_REMOVE = re.compile(r"^/v1/members/([a-z0-9-]{2,31})/remove\Z")
 _MEMBER_ROLE = re.compile(r"^/v1/members/([a-z0-9-]{2,31})/role\Z")
 _JOB_ID = ids.JOB_ID_RE.pattern.removeprefix("^").removesuffix(r"\Z")
@@ -127,9 +135,9 @@ _SECONDS = re.compile(r"^[0-9]{1,13}\Z")
 @attrs.frozen
 class RouteMatch:
     route: Route
-    # The invite id (REVOKE_INVITE), handle (FETCH_KEYS, REMOVE_MEMBER, SET_MEMBER_ROLE), job
-    # id (GET_JOB, CANCEL_JOB) or whoever PRESENCE is asked about the path names; None for the
-    # rest.
+    # The invite id (REVOKE_INVITE), handle (FETCH_KEYS, FETCH_CARD, REMOVE_MEMBER,
+    # SET_MEMBER_ROLE), job id (GET_JOB, CANCEL_JOB) or whoever PRESENCE is asked about the
+    # path names; None for the rest.
     argument: str | None = None
 
     @property
@@ -150,6 +158,8 @@ def match(method: str, path: str) -> RouteMatch:
         return RouteMatch(Route.REVOKE_INVITE, found.group(1))
     if method == "GET" and (found := _KEYS_OF.match(path)):
         return RouteMatch(Route.FETCH_KEYS, found.group(1))
+    if method == "GET" and (found := _CARD_OF.match(path)) and ids.is_handle(found[1]):
+        return RouteMatch(Route.FETCH_CARD, found.group(1))
     if method == "GET" and (found := _JOB.match(path)):
         return RouteMatch(Route.GET_JOB, found.group(1))
     if method == "POST" and (found := _JOB_CANCEL.match(path)):
@@ -246,6 +256,39 @@ def published(keys: http.KeysResponse | None) -> http.KeysResponse:
     if keys is None:
         raise ApiError(404, ApiErrorCode.NOT_FOUND, "no published keys for that handle")
     return keys
+
+
+def check_card(
+    member: Member,
+    signed: http.SignedCardRecord,
+    current: http.KeysResponse | None,
+    relay_origin: str,
+    now: float,
+) -> None:
+    """A card may be stored: it names the member on this relay, carries the identity key
+    already published (409 without one) and is signed by it, and is not dated more than the
+    clock skew into the future (such a card would shut out every honest one after it)."""
+    check_record_names(member, signed.record.address, signed.record.relay_origin, relay_origin)
+    if current is None:
+        raise ApiError(409, ApiErrorCode.IDENTITY_KEY_MISSING, "publish the identity key first")
+    if signed.record.issued_at > now + limits.CLOCK_SKEW_S:
+        raise ApiError(400, ApiErrorCode.RECORD_INVALID, "the card is dated in the future")
+    try:
+        card.verify_card(
+            signed,
+            address=member.address,
+            relay_origin=relay_origin,
+            identity_pub=current.identity.record.identity_pub,
+        )
+    except CryptoError as exc:
+        raise ApiError(400, ApiErrorCode.SIGNATURE_INVALID, str(exc)) from exc
+
+
+def published_card(signed: http.SignedCardRecord | None) -> http.SignedCardRecord:
+    """The card a handle has published, or 404."""
+    if signed is None:
+        raise ApiError(404, ApiErrorCode.NOT_FOUND, "no published card for that handle")
+    return signed
 
 
 # --- members ------------------------------------------------------------------------------------

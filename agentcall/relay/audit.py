@@ -42,6 +42,7 @@ RECOVERY_REDEEM = "recovery.redeem"
 MEMBER_OFFLINE_DELIVERY = "member.offline_delivery"
 KEYS_IDENTITY_PUBLISH = "keys.identity.publish"
 KEYS_ENCRYPTION_PUBLISH = "keys.encryption.publish"
+CARD_PUBLISH = "card.publish"
 CALL_SUBMIT = "call.submit"
 CALL_ACCEPT = "call.accept"
 CALL_COMPLETE = "call.complete"
@@ -89,6 +90,7 @@ EVENTS = frozenset(
         RECOVERY_REDEEM,
         KEYS_IDENTITY_PUBLISH,
         KEYS_ENCRYPTION_PUBLISH,
+        CARD_PUBLISH,
         CALL_SUBMIT,
         CALL_ACCEPT,
         CALL_COMPLETE,

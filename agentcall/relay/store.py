@@ -57,6 +57,7 @@ from agentcall.wire.http import (
     MemberInfo,
     MemberRole,
     MemberStatus,
+    SignedCardRecord,
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
 )
@@ -695,6 +696,21 @@ class SqliteRegistry:
             self._keys.popitem(last=False)
         return found
 
+    def publish_card(self, org: str, handle: str, signed: SignedCardRecord, now: float) -> None:
+        with transaction(self._conn):
+            if store_keys.put_card(self._conn, org, handle, signed, now):
+                self._audit(
+                    audit.CARD_PUBLISH,
+                    org,
+                    actor=handle,
+                    target=handle,
+                    at=now,
+                    detail=f"tasks={len(signed.record.tasks)}",
+                )
+
+    def fetch_card(self, org: str, handle: str) -> SignedCardRecord | None:
+        return self._reading(store_keys.fetch_card, org, handle)
+
     # --- audit --------------------------------------------------------------------------
 
     def record(self, entry: AuditEntry) -> None:
@@ -1066,6 +1082,14 @@ class SqliteRelayStore:
 
     def fetch_keys(self, org: str, handle: str) -> Deferred[KeysResponse | None]:
         return defer.execute(self.registry.fetch_keys, org, handle)
+
+    def publish_card(
+        self, org: str, handle: str, signed: SignedCardRecord, now: float
+    ) -> Deferred[None]:
+        return defer.execute(self.registry.publish_card, org, handle, signed, now)
+
+    def fetch_card(self, org: str, handle: str) -> Deferred[SignedCardRecord | None]:
+        return defer.execute(self.registry.fetch_card, org, handle)
 
     def record(self, entry: AuditEntry) -> Deferred[None]:
         return defer.execute(self.registry.record, entry)

@@ -36,6 +36,7 @@ from agentcall.wire.http import (
     KeysResponse,
     MemberInfo,
     MemberRole,
+    SignedCardRecord,
     SignedEncryptionKeyRecord,
     SignedIdentityRecord,
 )
@@ -412,4 +413,19 @@ class RelayStore(Directory, KeySource, AuditArchive, AuditLog, SubmissionLog, Jo
 
         409 ``identity_key_missing`` before an identity; 409 ``epoch_not_increasing``.
         """
+        ...
+
+    def publish_card(
+        self, org: str, handle: str, signed: SignedCardRecord, now: float
+    ) -> Deferred[None]:
+        """Keep a verified ``SignedCardRecord`` as the member's only card; the same one again
+        is a no-op.
+
+        409 ``identity_key_missing`` before an identity; 409 ``card_not_newer`` for a card
+        dated no later than the kept one.
+        """
+        ...
+
+    def fetch_card(self, org: str, handle: str) -> Deferred[SignedCardRecord | None]:
+        """The member's card, or None (none published, or the member was removed)."""
         ...

@@ -1,5 +1,6 @@
 """The published-key half of the relay store: identity keys (never replaced but by a
-recovery, which keeps a link), encryption keys (epochs only go up), recovery links.
+recovery, which keeps a link), encryption keys (epochs only go up), recovery links, and each
+member's signed card (the newest only).
 
 Functions here run inside a transaction opened by :class:`~agentcall.relay.store.SqliteRelayStore`,
 which also writes the audit rows. The relay distributes these records but is not trusted for
@@ -16,7 +17,12 @@ from typing import TypeVar
 from agentcall import ids, limits
 from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame, StoreError
 from agentcall.wire import codec
-from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
+from agentcall.wire.http import (
+    KeysResponse,
+    SignedCardRecord,
+    SignedEncryptionKeyRecord,
+    SignedIdentityRecord,
+)
 from agentcall.wire.keyrecords import RecoveryLink, SignedRecoveryStatement
 
 T = TypeVar("T")
@@ -127,6 +133,8 @@ def recover(
         "DELETE FROM recovery_links WHERE org = ? AND handle = ? AND seq <= ?",
         (org, handle, seq - limits.MAX_RECOVERY_LINKS),
     )
+    # The card was signed by the old key; the new identity's listener publishes its own.
+    conn.execute("DELETE FROM cards WHERE org = ? AND handle = ?", (org, handle))
     conn.execute("DELETE FROM encryption_keys WHERE org = ? AND handle = ?", (org, handle))
     conn.execute("DELETE FROM identity_keys WHERE org = ? AND handle = ?", (org, handle))
     conn.execute(
@@ -202,12 +210,59 @@ def fetch_keys(conn: sqlite3.Connection, org: str, handle: str) -> KeysResponse 
     )
 
 
+def put_card(
+    conn: sqlite3.Connection, org: str, handle: str, signed: SignedCardRecord, now: float
+) -> bool:
+    """Keep ``signed`` as the member's card; False when the very same card is already kept.
+
+    Only the newest is kept: a card dated no later than the kept one is refused (409
+    ``card_not_newer``), so nobody — the relay's own operator replaying a stored body
+    included — can put an older card back in front of callers through this route.
+    """
+    _check_address(org, handle, signed.record.address)
+    identity = conn.execute(
+        "SELECT 1 FROM identity_keys WHERE org = ? AND handle = ?", (org, handle)
+    ).fetchone()
+    if identity is None:
+        raise ApiError(409, ApiErrorCode.IDENTITY_KEY_MISSING, "publish the identity key first")
+    row = conn.execute(
+        "SELECT record_json FROM cards WHERE org = ? AND handle = ?", (org, handle)
+    ).fetchone()
+    if row is not None:
+        kept = _load(row[0], SignedCardRecord)
+        if kept == signed:
+            return False
+        if signed.record.issued_at <= kept.record.issued_at:
+            raise ApiError(
+                409,
+                ApiErrorCode.CARD_NOT_NEWER,
+                "a card dated no later than the one published is refused",
+            )
+    conn.execute(
+        "INSERT INTO cards (org, handle, record_json, issued_at, updated_at)"
+        " VALUES (?, ?, ?, ?, ?)"
+        " ON CONFLICT (org, handle) DO UPDATE SET record_json = excluded.record_json,"
+        " issued_at = excluded.issued_at, updated_at = excluded.updated_at",
+        (org, handle, _dump(signed), signed.record.issued_at, now),
+    )
+    return True
+
+
+def fetch_card(conn: sqlite3.Connection, org: str, handle: str) -> SignedCardRecord | None:
+    row = conn.execute(
+        "SELECT record_json FROM cards WHERE org = ? AND handle = ?", (org, handle)
+    ).fetchone()
+    return None if row is None else _load(row[0], SignedCardRecord)
+
+
 def withdraw(conn: sqlite3.Connection, org: str, handle: str) -> None:
-    """Delete every published record of a removed member (inside the caller's transaction).
+    """Delete every published record of a removed member, their card included (inside the
+    caller's transaction).
 
     Records are never replaced, but a member who left has none: nobody should seal to keys
     whose owner is gone, and a later owner of the handle publishes an identity of their own.
     """
+    conn.execute("DELETE FROM cards WHERE org = ? AND handle = ?", (org, handle))
     conn.execute("DELETE FROM recovery_links WHERE org = ? AND handle = ?", (org, handle))
     conn.execute("DELETE FROM encryption_keys WHERE org = ? AND handle = ?", (org, handle))
     conn.execute("DELETE FROM identity_keys WHERE org = ? AND handle = ?", (org, handle))

@@ -328,6 +328,17 @@ class RelayApi(resource.Resource):
                     by=member.handle,
                 )
                 return changed
+            case Route.PUBLISH_CARD:
+                signed = _body(request, http.SignedCardRecord)
+                current = await self._store.fetch_keys(member.org, member.handle)
+                rules.check_card(member, signed, current, self._origin, now)
+                await self._store.publish_card(member.org, member.handle, signed, now)
+                return signed
+            case Route.FETCH_CARD:
+                # Within the member's own organisation only; a removed member has none.
+                return rules.published_card(
+                    await self._store.fetch_card(member.org, _argument(found))
+                )
             case Route.FETCH_KEYS:
                 # Within the member's own organisation only.
                 handle = _argument(found)

@@ -12,6 +12,9 @@ Routes (all under the relay's public URL):
 - ``PUT  /v1/keys/encryption``             :class:`SignedEncryptionKeyRecord`
                                            → :class:`KeysResponse`
 - ``GET  /v1/keys/<handle>``               → :class:`KeysResponse`
+- ``PUT  /v1/card``                        :class:`SignedCardRecord` → :class:`SignedCardRecord`
+                                           (your own; the relay keeps only the newest)
+- ``GET  /v1/cards/<handle>``              → :class:`SignedCardRecord` (your organisation)
 - ``GET  /v1/members[?after=HANDLE]``       → :class:`MemberList` (admins; a page by handle)
 - ``POST /v1/members/<handle>/remove``     :class:`MemberRemoveRequest` → :class:`MemberInfo`
                                            (admins; ``release`` frees the handle too)
@@ -47,6 +50,7 @@ import attrs
 
 from agentcall import limits
 from agentcall.errors import ApiErrorCode
+from agentcall.safetext import safe_cell
 from agentcall.wire import fields as f
 from agentcall.wire.frames import SealedEnvelope, Terminal
 
@@ -75,6 +79,8 @@ __all__ = [
     "AuditHold",
     "AuditHoldList",
     "AuditHoldRequest",
+    "CardRecord",
+    "CardTask",
     "EncryptionKeyRecord",
     "HoldScope",
     "IdentityRecord",
@@ -102,6 +108,7 @@ __all__ = [
     "RecoveryStatement",
     "RegisterRequest",
     "RegisterResponse",
+    "SignedCardRecord",
     "SignedEncryptionKeyRecord",
     "SignedIdentityRecord",
     "SignedRecoveryStatement",
@@ -382,6 +389,69 @@ class TokenRotated:
 class PresenceResponse:
     address: str = attrs.field(validator=f.address)
     online: bool
+
+
+# --- the card -----------------------------------------------------------------------------
+
+
+def _card_text(max_bytes: int) -> f.Validator:
+    """One line of text that needs no cleaning to be shown, at most ``max_bytes`` of UTF-8."""
+    size = f.utf8_bytes(max_bytes, min_bytes=1)
+
+    def check(inst: object, attribute: attrs.Attribute[object], value: object) -> None:
+        size(inst, attribute, value)
+        if safe_cell(str(value)) != value:
+            raise ValueError(f"{attribute.name}: holds control or invisible characters")
+
+    return check
+
+
+@attrs.frozen
+class CardTask:
+    """One task of a card: what every member of the organisation may ask for by default."""
+
+    id: str = attrs.field(validator=f.task_id)
+    name: str = attrs.field(validator=_card_text(limits.MAX_CARD_NAME_BYTES))
+    # The first line of the task's description (agentcall.listener.card.summary_of).
+    summary: str = attrs.field(validator=_card_text(limits.MAX_CARD_SUMMARY_BYTES))
+
+
+@attrs.frozen
+class CardRecord:
+    """What callers see of an installation, signed by its identity key
+    (:mod:`agentcall.crypto.card`): bound to the address, the relay and the identity key, and
+    dated, so the relay can keep only the newest and a caller can refuse an older one.
+
+    ``agent_kind`` None and no tasks: the installation answers no calls. ``omitted``: tasks on
+    the default menu left off because the card was full.
+    """
+
+    v: int = attrs.field(validator=f.exactly(1))
+    relay_origin: str = attrs.field(validator=f.relay_origin)
+    address: str = attrs.field(validator=f.address)
+    identity_pub: str = attrs.field(validator=f.b64url(43, min_chars=43))
+    issued_at: int = attrs.field(validator=f.timestamp)
+    agent_kind: AgentKind | None = attrs.field(converter=attrs.converters.optional(AgentKind))
+    tasks: tuple[CardTask, ...] = attrs.field(
+        validator=f.each(lambda *_: None, max_items=limits.MAX_CARD_TASKS)
+    )
+    omitted: int = attrs.field(default=0, validator=f.integer(0, 10_000))
+
+    def __attrs_post_init__(self) -> None:
+        ids = [task.id for task in self.tasks]
+        if ids != sorted(set(ids)):
+            raise ValueError("tasks: ids must be unique and in order")
+        text = sum(len(f"{t.id}{t.name}{t.summary}".encode()) for t in self.tasks)
+        if text > limits.MAX_CARD_TEXT_BYTES:
+            raise ValueError(f"tasks: more than {limits.MAX_CARD_TEXT_BYTES} bytes of text")
+        if self.agent_kind is None and self.tasks:
+            raise ValueError("tasks: an installation that answers no calls offers none")
+
+
+@attrs.frozen
+class SignedCardRecord:
+    record: CardRecord
+    signature: str = attrs.field(validator=f.b64url(86, min_chars=86))
 
 
 # --- audit --------------------------------------------------------------------------------------

@@ -187,7 +187,7 @@ def test_a_version_four_database_upgrades_and_keeps_its_rows(tmp_path: Path) -> 
     old.connection.close()
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (5,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (6,)
         assert db.pins.get(ORIGIN, BOB) == pin
         assert db.peer_keys(ORIGIN).get(BOB) is None
         db.peer_keys(ORIGIN).keep(BOB, records(BOB_PARTY), NOW)

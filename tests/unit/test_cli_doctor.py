@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -13,11 +13,14 @@ import attrs
 import pytest
 from twisted.internet import defer
 
+from agentcall.cli import card as card_cli
 from agentcall.cli import doctor, owner
 from agentcall.cli.doctor_checks import DoctorDeps
 from agentcall.cli.main import main
 from agentcall.client.api import RelayUnreachable
+from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.guard.main import DENY_OUTPUT
+from agentcall.listener.card import sign_offer
 from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
 from agentcall.local.config import load_config, save_config
 from agentcall.local.home import Home
@@ -26,6 +29,7 @@ from agentcall.wire.http import (
     KeysResponse,
     MemberRole,
     PresenceResponse,
+    SignedCardRecord,
     StatusResponse,
     WhoAmIResponse,
 )
@@ -52,6 +56,7 @@ ALL_CHECKS = [
     "admin ceiling",
     "assertions",
     "limits",
+    "card",
 ]
 
 
@@ -62,6 +67,9 @@ class FakeApi:
     offline_delivery: bool = False
     fail: dict[str, Exception] = attrs.field(factory=dict)
     asked: list[str] = attrs.field(factory=list)
+    # The card the relay serves: made when asked (by default from the local files as they are
+    # then, so a healthy installation's card matches); None serves 404.
+    card: Callable[[], SignedCardRecord | None] = lambda: None
 
     def _answer(self, route: str, value: object) -> defer.Deferred[Any]:
         self.asked.append(route)
@@ -75,6 +83,14 @@ class FakeApi:
     def get_keys(self, handle: str) -> defer.Deferred[KeysResponse]:
         assert handle == "ann"
         return self._answer("get_keys", self.keys)
+
+    def get_card(self, handle: str) -> defer.Deferred[SignedCardRecord]:
+        assert handle == "ann"
+        card = self.card()
+        if card is None and "get_card" not in self.fail:
+            self.asked.append("get_card")
+            return defer.fail(ApiError(404, ApiErrorCode.NOT_FOUND, "no card"))
+        return self._answer("get_card", card)
 
     def presence(self) -> defer.Deferred[PresenceResponse]:
         return self._answer("presence", PresenceResponse("@acme/ann", self.online))
@@ -187,9 +203,17 @@ def world(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> World:
     monkeypatch.setattr(owner, "load_admin_ceiling", test_ceiling)
     monkeypatch.setattr(owner, "ceiling_path", lambda: str(ceiling_path))
     made = World(home, keys, api, runner, ceiling_path, tmp_path / "managed-settings.json")
+    api.card = lambda: local_card(made)
     made.recovery({"issued_at": int(NOW)})  # a healthy installation has a recovery code
     monkeypatch.setattr(doctor, "DEPS", None)
     return made
+
+
+def local_card(world: World, now: float = NOW) -> SignedCardRecord:
+    """The card the local files make now, signed as the listener would sign it."""
+    config = load_config(world.state)
+    offer = card_cli.local_offer(world.state, config, "test")
+    return sign_offer(offer, world.keys.identity, ORIGIN, config.address, now)
 
 
 def run_doctor(
@@ -231,7 +255,7 @@ def test_a_healthy_installation_passes_every_check_in_order(
         ("systemctl", "--user", "is-active", "agentcall-listener.service"),
         ("/usr/bin/claude", "auth", "status"),
     ]
-    assert world.api.asked == ["status", "get_keys", "presence", "whoami"]
+    assert world.api.asked == ["status", "get_keys", "presence", "whoami", "get_card"]
     # The text form: a mark per check and a summary line.
     code = main(["doctor"])
     lines = capsys.readouterr().out.splitlines()
@@ -818,3 +842,52 @@ def test_a_symlinked_recovery_marker_is_not_followed(
     _code, report = run_doctor(world, monkeypatch, capsys)
     check = one(report, "recovery code")
     assert check["status"] == "warn" and "symbolic link" in check["detail"]
+
+
+# --- the published card ---------------------------------------------------------------------------
+
+
+def test_card_drift_is_reported_with_what_differs(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The relay's card was made before a task was offered: doctor names the task and the fix;
+    once the card is published again it passes."""
+    published = local_card(world)
+    world.api.card = lambda: published
+    world.task("review", 'description: "Review a diff"')
+    world.policy({"version": 2, "default_offer": ["ask", "review"]})
+    check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
+    assert check["status"] == "warn"
+    assert "task review offered here but not on the published card" in check["detail"]
+    assert "agentcall card --publish" in check["hint"]
+    world.api.card = lambda: local_card(world, NOW + 60)
+    assert one(run_doctor(world, monkeypatch, capsys)[1], "card")["status"] == "pass"
+
+
+def test_a_card_not_signed_by_this_identity_fails(
+    world: World,
+    monkeypatch: pytest.MonkeyPatch,
+    capsys: pytest.CaptureFixture[str],
+    tmp_path: Path,
+) -> None:
+    other = install(tmp_path / "other")[2]
+    offer = card_cli.local_offer(world.state, load_config(world.state), "test")
+    forged = sign_offer(offer, other.identity, ORIGIN, "@acme/ann", NOW)
+    world.api.card = lambda: forged
+    check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
+    assert check["status"] == "fail" and "does not verify" in check["detail"]
+
+
+def test_no_published_card_or_an_unreachable_one_warns(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    world.api.card = lambda: None
+    check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
+    assert check["status"] == "warn" and "no card is published" in check["detail"]
+    world.reconfigure(agent_kind=None)  # caller-only: no card is expected
+    check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
+    assert check["status"] == "pass" and "caller-only" in check["detail"]
+    world.reconfigure(agent_kind="claude")
+    world.api.fail["get_card"] = ApiError(500, ApiErrorCode.INTERNAL, "boom")
+    check = one(run_doctor(world, monkeypatch, capsys)[1], "card")
+    assert check["status"] == "warn" and "could not be fetched" in check["detail"]

@@ -28,6 +28,8 @@ PERSON_COMMANDS = [
     ["members", "list"],
     ["members", "remove"],
     ["members", "role"],
+    ["inspect"],
+    ["card"],
     ["audit"],
     ["audit", "export"],
     ["audit", "hold"],

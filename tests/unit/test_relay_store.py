@@ -522,7 +522,7 @@ def test_audit_rows_page_by_id_and_cap_details(store: Fired) -> None:
 
 
 def test_audit_events_vocabulary() -> None:
-    """The fixed vocabulary is exactly the thirty-one named events."""
+    """The fixed vocabulary is exactly the thirty-two named events."""
     assert {
         "invite.issue",
         "invite.redeem",
@@ -537,6 +537,7 @@ def test_audit_events_vocabulary() -> None:
         "member.offline_delivery",
         "keys.identity.publish",
         "keys.encryption.publish",
+        "card.publish",
         "call.submit",
         "call.accept",
         "call.complete",

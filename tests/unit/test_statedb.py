@@ -73,7 +73,7 @@ def test_file_is_private_and_in_wal_mode(home: Home, db: StateDb) -> None:
     assert os.stat(home.state_db_path).st_mode & 0o777 == 0o600
     assert os.stat(home.state_dir).st_mode & 0o777 == 0o700
     assert db.connection.execute("PRAGMA journal_mode").fetchone()[0] == "wal"
-    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 5)]
+    assert db.connection.execute("SELECT schema, version FROM version").fetchall() == [("state", 6)]
     db.pins.put(a_pin())
     # SQLite gives its side files the database file's mode.
     for suffix in ("-wal", "-shm"):
@@ -203,14 +203,16 @@ def test_closed_database_raises_store_error(home: Home) -> None:
         db.pins.put(a_pin())
 
 
-def test_the_state_schema_is_at_version_five_with_the_kept_peer_keys() -> None:
+def test_the_state_schema_is_at_version_six_with_the_seen_cards() -> None:
     """Version 2 added the callee's bindings and the caller's open conversations, version 3 the
     execution journal of mailbox jobs, version 4 the caller's sent jobs, version 5 the callees'
-    key records the caller keeps."""
-    assert STATE_SCHEMA.versions() == [1, 2, 3, 4, 5]
-    script = STATE_SCHEMA.full_script(5)
-    for table in ("pins", "replay", "contexts", "contexts_out", "journal", "jobs_out", "peer_keys"):
+    key records the caller keeps, version 6 the dates of the newest cards seen."""
+    assert STATE_SCHEMA.versions() == [1, 2, 3, 4, 5, 6]
+    script = STATE_SCHEMA.full_script(6)
+    tables = ("pins", "replay", "contexts", "contexts_out", "journal", "jobs_out", "peer_keys")
+    for table in (*tables, "seen_cards"):
         assert f"CREATE TABLE {table} (" in script
+    assert "CREATE TABLE seen_cards (" not in STATE_SCHEMA.full_script(5)
     assert "CREATE TABLE journal (" not in STATE_SCHEMA.full_script(2)
     assert "CREATE TABLE jobs_out (" not in STATE_SCHEMA.full_script(3)
     assert "CREATE TABLE peer_keys (" not in STATE_SCHEMA.full_script(4)
@@ -247,7 +249,7 @@ def test_a_version_one_database_upgrades_and_keeps_its_rows(home: Home, tmp_path
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (5,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (6,)
         assert db.pins.get(ORIGIN, KEN) == a_pin(highest_epoch=4)
         assert db.replay.keep_until(SENDER, REQUEST) == NOW + 30
         # The new tables work straight away.
@@ -300,9 +302,21 @@ def test_a_version_two_database_upgrades_and_keeps_its_conversations(
 
     db = StateDb.open(home)
     try:
-        assert db.connection.execute("SELECT version FROM version").fetchone() == (5,)
+        assert db.connection.execute("SELECT version FROM version").fetchone() == (6,)
         assert db.contexts.get(binding.context_id) == binding
         assert db.connection.execute("SELECT COUNT(*) FROM journal").fetchone() == (0,)
         assert verifyObject(IJournal, db.journal)
     finally:
         db.close()
+
+
+def test_seen_cards_keep_the_newest_date_per_peer(db: StateDb) -> None:
+    PEER = "@acme/bob"
+    seen = db.seen_cards(ORIGIN)
+    assert seen.newest(PEER) is None
+    seen.saw(PEER, int(NOW))
+    seen.saw(PEER, int(NOW) - 60)  # an older date never replaces a newer one
+    assert seen.newest(PEER) == int(NOW)
+    seen.saw(PEER, int(NOW) + 60)
+    assert seen.newest(PEER) == int(NOW) + 60
+    assert db.seen_cards("other.example").newest(PEER) is None

@@ -325,6 +325,29 @@ def encryption_key_records(draw: st.DrawFn) -> http.EncryptionKeyRecord:
     )
 
 
+# One line, nothing a terminal acts on: what the card's validators accept.
+card_texts = st.text(
+    st.characters(min_codepoint=0x20, max_codepoint=0x7E), min_size=1, max_size=40
+).filter(lambda text: text.strip() == text and text != "")
+card_tasks = st.builds(http.CardTask, id=task_ids, name=card_texts, summary=card_texts)
+
+
+@st.composite
+def card_records(draw: st.DrawFn) -> http.CardRecord:
+    kind = draw(_optional(st.sampled_from(http.AgentKind)))
+    tasks = [] if kind is None else draw(st.lists(card_tasks, max_size=4, unique_by=lambda t: t.id))
+    return http.CardRecord(
+        v=1,
+        relay_origin=draw(relay_origins),
+        address=draw(addresses),
+        identity_pub=draw(public_keys),
+        issued_at=draw(st.integers(0, 2**40)),
+        agent_kind=kind,
+        tasks=tuple(sorted(tasks, key=lambda t: t.id)),
+        omitted=draw(st.integers(0, 5)),
+    )
+
+
 signed_identity_records = st.builds(
     http.SignedIdentityRecord, record=identity_records(), signature=signatures
 )
@@ -450,6 +473,11 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.EncryptionKeyRecord: encryption_key_records(),
     http.SignedEncryptionKeyRecord: signed_encryption_key_records,
     http.KeysResponse: keys_responses,
+    http.CardTask: card_tasks,
+    http.CardRecord: card_records(),
+    http.SignedCardRecord: st.builds(
+        http.SignedCardRecord, record=card_records(), signature=signatures
+    ),
     http.PresenceResponse: st.builds(
         http.PresenceResponse, address=addresses, online=st.booleans()
     ),
