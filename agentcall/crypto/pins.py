@@ -26,9 +26,6 @@ class PinState(enum.StrEnum):
     UNSEEN = "unseen"
     MATCHED = "matched"
     CHANGED = "changed"
-    # Another key than the pinned one, which the pinned one vouched for through its recovery
-    # key: the next contact moves the pin by itself (and says so once).
-    RECOVERED = "recovered"
 
 
 @attrs.frozen
@@ -168,25 +165,11 @@ class PinBook:
         """Forget a pin after out-of-band checking; the next contact pins afresh."""
         return self._storage.remove(relay_origin, address)
 
-    def peek_state(
-        self,
-        relay_origin: str,
-        address: str,
-        identity_pub: str,
-        *,
-        served: SignedIdentityRecord | None = None,
-        recovered: Sequence[RecoveryLink] = (),
-    ) -> PinState:
-        """Compare a served identity key with the pin, changing nothing. Given the served
-        record and its recovery links, a changed key they vouch for is ``RECOVERED``."""
+    def peek_state(self, relay_origin: str, address: str, identity_pub: str) -> PinState:
+        """Compare a served identity key with the pin, changing nothing."""
         pin = self._storage.get(relay_origin, address)
         if pin is None:
             return PinState.UNSEEN
         if pin.identity_pub == identity_pub:
             return PinState.MATCHED
-        vouched = (
-            served is not None
-            and served.record.identity_pub == identity_pub
-            and self._recovered_at(pin, served, recovered) is not None
-        )
-        return PinState.RECOVERED if vouched else PinState.CHANGED
+        return PinState.CHANGED

@@ -183,24 +183,3 @@ def test_without_a_chain_a_changed_identity_is_still_refused() -> None:
         )
     with pytest.raises(IdentityChanged):
         book.check_and_pin(KEN, stranger.identity, stranger.encryption, NOW)
-
-
-def test_peeking_names_a_vouched_for_key_recovered_and_changes_nothing() -> None:
-    from agentcall.crypto.pins import PinState
-
-    storage = MemoryPinStorage()
-    book = PinBook(storage)
-    old, key = with_code(make_party(KEN))
-    book.check_and_pin(KEN, old.identity, old.encryption, NOW)
-    new, link = recover(old, key)
-    state = book.peek_state(ORIGIN, KEN, new.identity_pub, served=new.identity, recovered=[link])
-    assert state is PinState.RECOVERED
-    assert book.peek_state(ORIGIN, KEN, new.identity_pub) is PinState.CHANGED
-    stranger = make_party(KEN)
-    assert (
-        book.peek_state(
-            ORIGIN, KEN, stranger.identity_pub, served=stranger.identity, recovered=[link]
-        )
-        is PinState.CHANGED
-    )
-    assert storage.get(ORIGIN, KEN).identity_pub == old.identity_pub  # type: ignore[union-attr]
