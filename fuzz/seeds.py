@@ -253,6 +253,10 @@ def http_bodies() -> dict[type[Any], list[Any]]:
             http.InviteCreated(invite=f"https://{ORIGIN}/join/acme#{TOKEN}", info=info)
         ],
         http.InviteList: [http.InviteList(invites=(info, info))],
+        http.HealthResponse: [
+            http.HealthResponse(ok=True),
+            http.HealthResponse(ok=False, problem="database_unavailable"),
+        ],
         http.TokenRotateRequest: [http.TokenRotateRequest(token=TOKEN)],
         http.TokenRotated: [http.TokenRotated(rotated_at=1_750_000_000)],
         http.MemberInfo: [member],

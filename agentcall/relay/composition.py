@@ -26,7 +26,7 @@ from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.retention import Retention, RetentionPolicy
 from agentcall.relay.store_interface import RelayStore
 from agentcall.relay.switchboard import Switchboard
-from agentcall.relay.web import ApiWithSocket, CappedRequest, RelayApi
+from agentcall.relay.web import ApiWithSocket, CappedRequest, HealthPage, RelayApi
 
 
 @attrs.frozen
@@ -130,6 +130,9 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     )
     root = resource.Resource()
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
+    # Probes for a supervisor or load balancer, outside the versioned API.
+    root.putChild(b"healthz", HealthPage())
+    root.putChild(b"readyz", HealthPage(store))
     site = RelaySite(root, door, reactor)
     site.requestFactory = CappedRequest
     return Relay(

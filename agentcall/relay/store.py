@@ -295,6 +295,10 @@ class SqliteRegistry:
 
     # --- orgs and members ---------------------------------------------------------------
 
+    def ping(self) -> None:
+        """A query that touches the database file (``/readyz``); raises StoreError if not."""
+        self._read("SELECT COUNT(*) FROM orgs", ())
+
     def ensure_org(self, org: str, now: float) -> bool:
         if not ids.is_org(org):
             raise ValueError("not a valid organisation name")
@@ -987,6 +991,9 @@ class SqliteRelayStore:
 
     def close(self) -> None:
         self.registry.close()
+
+    def ping(self) -> Deferred[None]:
+        return defer.execute(self.registry.ping)
 
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:
         return defer.execute(self.registry.ensure_org, org, now)

@@ -299,6 +299,10 @@ class AuditArchive(AuditSink, Protocol):
 class RelayStore(Directory, KeySource, AuditArchive, AuditLog, SubmissionLog, JobStore, Protocol):
     """The relay's registry: orgs, members, invites, published keys, audit rows, jobs."""
 
+    def ping(self) -> Deferred[None]:
+        """Fires once the database answered a query; fails (StoreError) when it cannot."""
+        ...
+
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:
         """Create the organisation unless it exists; True when it was created."""
         ...

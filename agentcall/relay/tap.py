@@ -17,6 +17,7 @@ from twisted.python import usage
 from agentcall import limits
 from agentcall.atomicfile import replace_file
 from agentcall.logevents import Logger, configure_from_environ
+from agentcall.sdnotify import notify
 
 if TYPE_CHECKING:
     from agentcall.relay.composition import RelaySettings
@@ -327,6 +328,10 @@ class ListeningService(service.Service):
             self._valve.attach(port)
         number = port.getHost().port  # type: ignore[attr-defined]
         _log.info("relay_listening", port=number)
+        # Listening, with the database open and the rate windows read from it: ready.
+        problem = notify({"READY": "1", "STATUS": f"listening on port {number}"})
+        if problem is not None:
+            _log.warn("service_manager_not_told", reason=problem)
         if self._ready_file:
             ready = json.dumps({"port": number, "pid": os.getpid()}).encode("utf-8")
             # Readers poll for this file, so they must never see it half written.
@@ -342,6 +347,7 @@ class ListeningService(service.Service):
 
     def stopService(self) -> Any:
         super().stopService()
+        notify({"STOPPING": "1"})
         if self._valve is not None:
             self._valve.detach()
         if self._port is not None:

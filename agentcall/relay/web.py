@@ -522,3 +522,47 @@ class ApiWithSocket(resource.Resource):
     def render(self, request: server.Request) -> bytes | int:
         body: bytes | int = self._api.render(request)
         return body
+
+
+class HealthPage(resource.Resource):
+    """``GET /healthz``: the relay process answers (for a liveness probe). ``GET /readyz`` (with
+    ``store``): and its database answers a query, else 503 (for a readiness probe or a load
+    balancer). Neither needs credentials nor says anything about members or calls."""
+
+    isLeaf = True
+
+    def __init__(self, store: RelayStore | None = None) -> None:
+        super().__init__()
+        self._store = store
+
+    def render(self, request: server.Request) -> bytes | int:
+        request.setHeader(b"content-type", b"application/json")
+        request.setHeader(b"cache-control", b"no-store")
+        if request.method not in (b"GET", b"HEAD") or request.postpath not in ([], [b""]):
+            request.setResponseCode(404 if request.postpath not in ([], [b""]) else 405)
+            return codec.encode(http.HealthResponse(ok=False, problem="no such route"))
+        if self._store is None:
+            return codec.encode(http.HealthResponse(ok=True))
+        gone: list[Failure] = []
+        request.notifyFinish().addErrback(gone.append)
+        checked = defer.maybeDeferred(self._store.ping)
+
+        def ready(_: object) -> tuple[int, http.HealthResponse]:
+            return 200, http.HealthResponse(ok=True)
+
+        def not_ready(failure: Failure) -> tuple[int, http.HealthResponse]:
+            _log.warn("readiness_failed", reason=str(failure.value)[:200])
+            return 503, http.HealthResponse(ok=False, problem="database_unavailable")
+
+        def answer(result: tuple[int, http.HealthResponse]) -> None:
+            if gone:
+                return
+            status, body = result
+            data = codec.encode(body)
+            request.setResponseCode(status)
+            request.setHeader(b"content-length", str(len(data)).encode())
+            request.write(data)
+            request.finish()
+
+        checked.addCallbacks(ready, not_ready).addCallback(answer)
+        return server.NOT_DONE_YET

@@ -3,6 +3,8 @@
 Routes (all under the relay's public URL):
 
 - ``GET  /v1/status``                      → :class:`StatusResponse` (no auth; health)
+- ``GET  /healthz``, ``GET /readyz``       → :class:`HealthResponse` (no auth; alive, and the
+                                           database answers: 200, else 503)
 - ``POST /v1/register``                    :class:`RegisterRequest` → :class:`RegisterResponse`
 - ``GET  /v1/me``                          → :class:`WhoAmIResponse`
 - ``POST /v1/invites``                     :class:`InviteCreateRequest` → :class:`InviteCreated`
@@ -82,6 +84,7 @@ __all__ = [
     "CardRecord",
     "CardTask",
     "EncryptionKeyRecord",
+    "HealthResponse",
     "HoldScope",
     "IdentityRecord",
     "InviteCreateRequest",
@@ -150,6 +153,18 @@ class StatusResponse:
     # Older relays sent their software version here; a relay now sends null, because an
     # unauthenticated health check should not tell a scanner what to attack. Clients accept both.
     version: str | None = attrs.field(default=None, validator=attrs.validators.optional(f.text(40)))
+
+
+@attrs.frozen
+class HealthResponse:
+    """``/healthz`` (the process answers) and ``/readyz`` (and its database does)."""
+
+    ok: bool = attrs.field(validator=f.boolean)
+    problem: str | None = attrs.field(
+        default=None,
+        validator=f.optional(f.text(200)),
+        metadata={"agentcall.omit_if_default": True},  # {"ok": true} when all is well
+    )
 
 
 @attrs.frozen

@@ -169,15 +169,19 @@ def start_relay(
     ca: CA | None = None,
     port: int | None = None,
     orgs: Sequence[str] = ("acme",),
+    env: dict[str, str] | None = None,
 ) -> tuple[RelayProcess, dict[str, str]]:
     """Bootstrap and start a TLS relay; returns it and the first admin invite of each org.
+    ``env`` adds variables to the relay process's environment.
 
     Without a ``port`` a free one is picked; the relay's URL (in every invite) names it, so it
     is chosen before the relay binds it. Another process (a parallel test worker) can take it in
     between; then the relay is started again on a fresh port, in a fresh directory.
     """
     if port is not None:
-        return _start_relay(workdir, extra_args=extra_args, ca=ca, port=port, orgs=orgs)
+        return _start_relay(
+            workdir, extra_args=extra_args, ca=ca, port=port, orgs=orgs, env=env or {}
+        )
     for attempt in range(3):
         try:
             return _start_relay(
@@ -186,6 +190,7 @@ def start_relay(
                 ca=ca,
                 port=free_port(),
                 orgs=orgs,
+                env=env or {},
             )
         except PortTaken:
             continue
@@ -203,6 +208,7 @@ def _start_relay(
     ca: CA | None,
     port: int,
     orgs: Sequence[str],
+    env: dict[str, str],
 ) -> tuple[RelayProcess, dict[str, str]]:
     workdir.mkdir(parents=True, exist_ok=True)
     ca = ca or make_ca(workdir / "ca")
@@ -231,7 +237,7 @@ def _start_relay(
     )
     process = subprocess.Popen(
         args,
-        env=child_env(),
+        env=child_env(**env),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import cast
+from typing import Any, cast
 
 import pytest
 from twisted.internet.error import ConnectionDone
@@ -275,3 +275,32 @@ def test_a_client_gone_before_the_store_answered_is_harmless(tmp_path: Path) -> 
     assert "api_client_gone" in events and "api_write_failed" not in events
     # The store did its work: the member exists although nobody heard the answer.
     assert fired(relay.store.get_member("acme", "ann")) is not None
+
+
+def test_the_probes_answer_without_credentials(relay: MemoryRelay) -> None:
+    for path in ("/healthz", "/readyz"):
+        answer = relay.request("GET", path)
+        assert (answer.status, answer.json()) == (200, {"ok": True})
+        assert answer.headers["cache-control"] == "no-store"
+    assert relay.request("POST", "/healthz").status == 405
+    assert relay.request("GET", "/healthz/x").status == 404
+
+
+def test_readyz_is_503_while_the_database_does_not_answer(tmp_path: Path) -> None:
+    wrapped: list[HeldStore] = []
+
+    def hold_ping(store: Any) -> RelayStore:
+        wrapped.append(HeldStore(store, "ping"))
+        return cast(RelayStore, wrapped[-1])
+
+    held = memory_relay(tmp_path, now=NOW, wrap=hold_ping)
+    [store] = wrapped
+    protocol, transport = held.connect()
+    protocol.dataReceived(raw_request("GET", "/readyz"))
+    assert transport.value() == b""  # waiting for the database
+    store.fail(StoreError("database is locked"))
+    answer = parse_answer(transport.value())
+    assert answer.status == 503
+    assert json.loads(answer.body) == {"ok": False, "problem": "database_unavailable"}
+    # The probe is never answered with the database's own words.
+    assert b"locked" not in transport.value()

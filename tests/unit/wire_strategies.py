@@ -445,6 +445,9 @@ HTTP_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     http.InviteList: st.builds(
         http.InviteList, invites=st.lists(invite_infos, max_size=3).map(tuple)
     ),
+    http.HealthResponse: st.builds(
+        http.HealthResponse, ok=st.booleans(), problem=_optional(texts(200))
+    ),
     http.TokenRotateRequest: st.builds(http.TokenRotateRequest, token=tokens),
     http.TokenRotated: st.builds(http.TokenRotated, rotated_at=timestamps),
     http.MemberInfo: member_infos,

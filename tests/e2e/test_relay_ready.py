@@ -1,0 +1,45 @@
+"""A real relay tells its service manager when it is ready, and answers its probes."""
+
+from __future__ import annotations
+
+import http.client
+import json
+import socket
+import ssl
+from pathlib import Path
+
+import pytest
+
+from tests.e2e.processes import RelayProcess, start_relay
+
+pytestmark = pytest.mark.e2e
+
+WAIT_S = 120.0  # bounds a wait for an event; a loaded machine only takes longer
+
+
+def _get(relay: RelayProcess, path: str) -> tuple[int, dict[str, object]]:
+    context = ssl.create_default_context(cafile=relay.ca_file)
+    conn = http.client.HTTPSConnection("localhost", relay.url.port, context=context, timeout=60)
+    conn.request("GET", path)
+    response = conn.getresponse()
+    body = json.loads(response.read())
+    conn.close()
+    return response.status, body
+
+
+def test_the_relay_says_ready_once_listening_and_answers_its_probes(tmp_path: Path) -> None:
+    address = tmp_path / "notify.sock"
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as manager:
+        manager.bind(str(address))
+        manager.settimeout(WAIT_S)
+        relay, _ = start_relay(tmp_path / "relay", env={"NOTIFY_SOCKET": str(address)})
+        try:
+            ready = manager.recv(4096).decode()
+            assert "READY=1\n" in ready and f"port {relay.url.port}" in ready
+            assert _get(relay, "/healthz") == (200, {"ok": True})
+            assert _get(relay, "/readyz") == (200, {"ok": True})
+            status, body = _get(relay, "/readyz/more")
+            assert status == 404 and body["ok"] is False
+        finally:
+            relay.stop()
+        assert manager.recv(4096) == b"STOPPING=1\n"
