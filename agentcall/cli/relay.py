@@ -26,6 +26,22 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         metavar="PUBLIC_URL",
         help="The URL clients will use to reach the relay (the invite carries it).",
     )
+    backup = sub.add_parser(
+        "backup",
+        help="Copy the relay database consistently, while the relay runs.",
+        description=(
+            "Copy the relay's SQLite database with SQLite's online backup API: one consistent "
+            "state even while the relay writes. The copy is 0600 (it holds every token hash), "
+            "written beside OUTPUT and renamed into place only once whole and checked, and "
+            "never overwrites a file. To restore: stop the relay, put the copy at --database "
+            "(0600, owned by the relay's user), start the relay."
+        ),
+        epilog="example:\n  agentcall relay backup --database /var/lib/agentcall/relay.sqlite "
+        "--output /var/backups/relay-$(date +%F).sqlite",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    backup.add_argument("--database", required=True, metavar="FILE", help="the relay's database")
+    backup.add_argument("--output", required=True, metavar="FILE", help="a new file for the copy")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -51,5 +67,19 @@ def run(args: argparse.Namespace) -> int:
         except AgentCallError as exc:
             raise CommandError(str(exc)) from exc
         print(result.invite_url)
+        return 0
+    if args.relay_command == "backup":
+        from agentcall.relay.backup import backup_database
+
+        try:
+            done = backup_database(args.database, args.output)
+        except AgentCallError as exc:
+            raise CommandError(str(exc)) from exc
+        except OSError as exc:
+            raise CommandError(f"{args.output}: {exc.strerror or exc}") from exc
+        print(
+            f"backed up {args.database} (relay schema {done.schema_version}, {done.pages} pages) "
+            f"to {done.output}"
+        )
         return 0
     raise CommandError(f"unknown relay command {args.relay_command!r}")

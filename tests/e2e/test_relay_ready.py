@@ -5,6 +5,7 @@ from __future__ import annotations
 import http.client
 import json
 import socket
+import sqlite3
 import ssl
 from pathlib import Path
 
@@ -43,3 +44,32 @@ def test_the_relay_says_ready_once_listening_and_answers_its_probes(tmp_path: Pa
         finally:
             relay.stop()
         assert manager.recv(4096) == b"STOPPING=1\n"
+
+
+def test_a_backup_taken_while_the_relay_runs_restores_into_a_working_relay(
+    tmp_path: Path,
+) -> None:
+    from tests.e2e.processes import agentcall_cli
+
+    relay, _ = start_relay(tmp_path / "relay", orgs=("acme", "beta"))
+    backup = tmp_path / "relay-backup.sqlite"
+    try:
+        said = agentcall_cli(
+            ["relay", "backup", "--database", str(relay.database), "--output", str(backup)]
+        )
+        assert f"to {backup}" in said
+        assert _get(relay, "/readyz") == (200, {"ok": True})  # the relay never noticed
+    finally:
+        relay.stop()
+    # Restore: the copy in place of the database, the same relay started on it.
+    relay.database.unlink()
+    for side in ("-wal", "-shm"):
+        relay.database.with_name(relay.database.name + side).unlink(missing_ok=True)
+    backup.rename(relay.database)
+    relay.restart()
+    try:
+        assert _get(relay, "/readyz") == (200, {"ok": True})
+        with sqlite3.connect(relay.database) as db:
+            assert {row[0] for row in db.execute("SELECT org FROM orgs")} == {"acme", "beta"}
+    finally:
+        relay.stop()
