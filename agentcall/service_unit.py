@@ -27,6 +27,8 @@ from agentcall.errors import AgentCallError
 from agentcall.local.home import Home
 
 UNIT_NAME = "agentcall-listener.service"
+# Where the service's output is read (the unit sends it to the journal).
+JOURNAL_COMMAND = "journalctl --user -u agentcall-listener"
 UNIT_FILE_MODE = 0o600
 # The dirs an agent CLI usually needs besides its own (node for Claude Code, git, a shell).
 BASE_PATH = ("/usr/local/bin", "/usr/bin", "/bin")
@@ -85,16 +87,6 @@ def quote_environment(name: str, value: str) -> str:
     return _quoted(f"{name}={value}")
 
 
-def escape_path(value: str) -> str:
-    """A path for ``StandardOutput=append:``, which takes no quotes but expands ``%``."""
-    _refuse_controls(value, "the log file path")
-    if not os.path.isabs(value) or value != value.strip():
-        raise ServiceUnitError(
-            f"the log file path {value!r} must be absolute, without surrounding spaces"
-        )
-    return value.replace("%", "%%")
-
-
 # --- the unit ------------------------------------------------------------------------------------
 
 
@@ -104,7 +96,6 @@ class UnitSpec:
 
     argv: tuple[str, ...]
     environment: tuple[tuple[str, str], ...]
-    log_path: str
 
 
 def unit_search_path(path_dirs: Sequence[str]) -> str:
@@ -131,7 +122,6 @@ def listener_spec(
     return UnitSpec(
         argv=(python, "-m", "agentcall", "listen"),
         environment=tuple(environment),
-        log_path=str(home.listener_log_path),
     )
 
 
@@ -142,7 +132,6 @@ def render_unit(spec: UnitSpec) -> str:
     program, *arguments = spec.argv
     exec_start = " ".join([quote_exec_program(program), *map(quote_exec_arg, arguments)])
     environment = [f"Environment={quote_environment(k, v)}" for k, v in spec.environment]
-    log = escape_path(spec.log_path)
     lines = [
         "# Written by `agentcall setup`; `agentcall setup --resume` rewrites it.",
         "[Unit]",
@@ -159,8 +148,9 @@ def render_unit(spec: UnitSpec) -> str:
         # relay (agentcall.cli.listen.EXIT_REPLACED); restarting would take it back, forever.
         "RestartPreventExitStatus=78",
         *environment,
-        f"StandardOutput=append:{log}",
-        f"StandardError=append:{log}",
+        # The journal keeps, rotates and timestamps it: `journalctl --user -u agentcall-listener`.
+        "StandardOutput=journal",
+        "StandardError=journal",
         "",
         "[Install]",
         "WantedBy=default.target",

@@ -280,7 +280,7 @@ def _compare_keys(served: KeysResponse, keys: LocalKeys) -> Check:
 
 
 def listener_service(home: Home, deps: DoctorDeps) -> Check:
-    from agentcall.service_unit import UNIT_NAME, unit_path
+    from agentcall.service_unit import JOURNAL_COMMAND, UNIT_NAME, unit_path
 
     name = "listener service"
     own = "run `agentcall listen` under your own supervisor (launchd, a container, tmux)"
@@ -303,7 +303,7 @@ def listener_service(home: Home, deps: DoctorDeps) -> Check:
         name,
         FAIL,
         f"{UNIT_NAME} is installed but not active ({state})",
-        f"run `systemctl --user restart {UNIT_NAME}`; its output goes to {home.listener_log_path}",
+        f"run `systemctl --user restart {UNIT_NAME}`; its output is in `{JOURNAL_COMMAND}`",
     )
 
 

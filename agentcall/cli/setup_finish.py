@@ -17,6 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 import attrs
 
+from agentcall.service_unit import JOURNAL_COMMAND
+
 if TYPE_CHECKING:
     from agentcall.local.config import Config
     from agentcall.local.home import Home
@@ -136,7 +138,7 @@ def _install_service(
         ) from None
     say(
         f"listener service {'started' if started else 'already running'}: {path} "
-        f"(log: {home.listener_log_path})"
+        f"(log: `{JOURNAL_COMMAND}`)"
     )
     return True
 
@@ -161,8 +163,7 @@ async def _self_check(
         if waited >= deps.presence_wait_s:
             return (
                 f"the listener did not connect to the relay within {deps.presence_wait_s:g} s; "
-                f"see {home.listener_log_path} and `systemctl --user status "
-                "agentcall-listener`"
+                f"see `{JOURNAL_COMMAND}` and `systemctl --user status agentcall-listener`"
             )
         await task.deferLater(reactor, deps.poll_interval_s, lambda: None)
         waited += deps.poll_interval_s
@@ -185,5 +186,5 @@ async def _self_check(
     detail = f" ({safe_cell(result.detail)[:200]})" if result.detail else ""
     return (
         f"setup is complete, but the test call failed: {describe_error(result.code)}{detail}; "
-        f"check {home.listener_log_path}, then try `agentcall call {config.address} hello`"
+        f"check `{JOURNAL_COMMAND}`, then try `agentcall call {config.address} hello`"
     )

@@ -69,7 +69,7 @@ def spec_for(tmp_path: Path, environ: dict[str, str] | None = None) -> UnitSpec:
 
 
 def test_the_unit_runs_the_listener_with_home_path_and_log(tmp_path: Path) -> None:
-    """ExecStart runs `python -m agentcall listen`; HOME, PATH and the log file are set."""
+    """ExecStart runs `python -m agentcall listen`; HOME and PATH are set; output to the journal."""
     text = service_unit.render_unit(spec_for(tmp_path, {"AGENTCALL_HOME": "/srv/ac"}))
     (exec_start,) = directive(text, "ExecStart")
     assert systemd_words(exec_start, exec_line=True) == [PYTHON, "-m", "agentcall", "listen"]
@@ -79,7 +79,9 @@ def test_the_unit_runs_the_listener_with_home_path_and_log(tmp_path: Path) -> No
         "PATH=/opt/claude/bin:/usr/bin:/usr/local/bin:/bin",
         "AGENTCALL_HOME=/srv/ac",
     ]
-    assert directive(text, "StandardOutput") == [f"append:{tmp_path}/.agentcall/listener.log"]
+    # Its output goes to the journal, which rotates it: no log file of its own to grow.
+    assert directive(text, "StandardOutput") == ["journal"]
+    assert directive(text, "StandardError") == ["journal"]
     for line in ("Restart=always", "RestartSec=2", "WantedBy=default.target", "Type=simple"):
         assert line in text.splitlines()
 
@@ -103,7 +105,6 @@ def test_hostile_values_are_escaped(tmp_path: Path) -> None:
     spec = UnitSpec(
         argv=(str(odd / "python"), tricky),
         environment=(("PATH", tricky),),
-        log_path=str(odd / "listener.log"),
     )
     text = service_unit.render_unit(spec)
     (exec_start,) = directive(text, "ExecStart")
@@ -111,16 +112,13 @@ def test_hostile_values_are_escaped(tmp_path: Path) -> None:
     assert exec_start.startswith(f'"{str(odd).replace("%", "%%")}/python" ')
     (environment,) = directive(text, "Environment")
     assert systemd_words(environment, exec_line=False) == [f"PATH={tricky}"]
-    assert directive(text, "StandardError") == [
-        f"append:{str(odd).replace('%', '%%')}/listener.log"
-    ]
 
 
 @pytest.mark.parametrize("program", ['/opt/"x"/python', "/opt/x\\y/python", "/opt/it's/python"])
 def test_quotes_in_the_program_path_are_refused(program: str) -> None:
     """systemd refuses such an executable name, so setup says so instead of writing it."""
     with pytest.raises(ServiceUnitError, match="quote or a backslash"):
-        service_unit.render_unit(UnitSpec((program,), (), "/tmp/listener.log"))
+        service_unit.render_unit(UnitSpec((program,), ()))
 
 
 @pytest.mark.parametrize("bad", ["a\nExecStartPre=/bin/rm -rf ~", "nul\x00", "cr\r", "esc\x1b"])
@@ -139,7 +137,7 @@ def test_relative_paths_and_bad_names_are_refused(tmp_path: Path) -> None:
     with pytest.raises(ServiceUnitError):
         service_unit.listener_spec(home, {}, python="python3")
     with pytest.raises(ServiceUnitError):
-        service_unit.render_unit(UnitSpec((PYTHON,), (), "relative.log"))
+        service_unit.render_unit(UnitSpec((), ()))
     with pytest.raises(ServiceUnitError):
         service_unit.quote_environment("BAD NAME", "x")
 
@@ -155,7 +153,6 @@ def test_systemd_accepts_the_rendered_unit(tmp_path: Path) -> None:
     spec = UnitSpec(
         argv=(str(python), "-m", 'say "hi" \\ %h $HOME', "listen"),
         environment=(("HOME", str(odd)), ("PATH", "/usr/bin:/bin")),
-        log_path=str(odd / "listener.log"),
     )
     unit = tmp_path / "agentcall-listener.service"
     unit.write_text(service_unit.render_unit(spec))
