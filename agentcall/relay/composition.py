@@ -18,6 +18,7 @@ from agentcall import limits
 from agentcall.relay.audit import BatchingAuditSink
 from agentcall.relay.calls import CallBook, restore_windows
 from agentcall.relay.door import Door, DoorConfig, GatedFactory, RelaySite
+from agentcall.relay.invitepage import InvitePages
 from agentcall.relay.jobs import JobDesk
 from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.mailbox import MailboxLimits
@@ -133,6 +134,8 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
     # Probes for a supervisor or load balancer, outside the versioned API.
     root.putChild(b"healthz", HealthPage())
     root.putChild(b"readyz", HealthPage(store))
+    # An invite link opened in a browser (the secret after # never reaches the relay).
+    root.putChild(b"invite", InvitePages())
     site = RelaySite(root, door, reactor)
     site.requestFactory = CappedRequest
     return Relay(
