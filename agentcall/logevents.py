@@ -20,8 +20,9 @@ import sys
 from collections.abc import Mapping
 from typing import Any, TypeVar
 
-from twisted.logger import ILogObserver, LogLevel, jsonFileLogObserver
+from twisted.logger import ILogObserver, LogLevel
 from twisted.logger import Logger as _TwistedLogger
+from zope.interface import implementer
 
 P = TypeVar("P")
 LEVEL_ENV = "AGENTCALL_LOG_LEVEL"
@@ -99,9 +100,83 @@ class Logger(_TwistedLogger):
         super().emit(level, format, **kwargs)
 
 
+# What every JSON line starts with; then the event's own fields.
+_LEVEL_NAMES = {
+    LogLevel.debug: "debug",
+    LogLevel.info: "info",
+    LogLevel.warn: "warning",
+    LogLevel.error: "error",
+    LogLevel.critical: "critical",
+}
+
+
+def json_line(event: Mapping[str, Any]) -> str:
+    """One event as one JSON object on one line: ``ts`` (UTC, ISO 8601, milliseconds),
+    ``level``, ``event`` (our event name; for Twisted's own events their formatted text), then
+    the fields. A value JSON cannot hold is written as its repr; a failure as its type, message
+    and traceback. No ``log_`` bookkeeping."""
+    import datetime
+    import json
+
+    from twisted.logger import formatEvent
+
+    at = datetime.datetime.fromtimestamp(event.get("log_time", 0.0), datetime.UTC)
+    level = event.get("log_level")
+    record: dict[str, Any] = {
+        "ts": at.isoformat(timespec="milliseconds").replace("+00:00", "Z"),
+        "level": _LEVEL_NAMES.get(level, "info"),
+        "event": event.get("event") or formatEvent(dict(event)),
+    }
+    for key, value in event.items():
+        if key in ("event", "log_failure") or key.startswith("log_") or key in record:
+            continue
+        record[key] = value if _plain(value) else repr(value)
+    failure = event.get("log_failure")
+    if failure is not None:
+        record["failure"] = {
+            "type": getattr(failure.type, "__name__", str(failure.type)),
+            "message": str(failure.value),
+            "traceback": failure.getTraceback(),
+        }
+    return json.dumps(record, ensure_ascii=False, separators=(",", ":"))
+
+
+def _plain(value: object) -> bool:
+    return value is None or isinstance(value, (str, int, float, bool))
+
+
+@implementer(ILogObserver)
+class JsonLinesObserver:
+    """Writes :func:`json_line` of each event to ``out``, flushed: journald, Loki, jq and
+    every line-based tool read it as is (no RFC 7464 record separators)."""
+
+    def __init__(self, out: Any) -> None:
+        self._out = out
+
+    def __call__(self, event: Mapping[str, Any]) -> None:
+        self._out.write(json_line(event) + "\n")
+        self._out.flush()
+
+
 def json_stdout_observer() -> ILogObserver:
-    """For ``twistd --logger agentcall.logevents.json_stdout_observer``: JSON lines on stdout."""
-    return jsonFileLogObserver(sys.stdout)
+    """For ``twistd --logger agentcall.logevents.json_stdout_observer`` (which ``--log-format
+    json`` of both daemons names): one JSON object per line on stdout."""
+    return JsonLinesObserver(sys.stdout)
+
+
+def use_log_format(options: Any, chosen: str) -> None:
+    """Act on a daemon's ``--log-format``: ``json`` asks twistd (the plugin's parent options)
+    for :func:`json_stdout_observer`; ``text`` leaves twistd's default. Twisted's own
+    factory start/stop lines are turned off either way (one per connection on the listener)."""
+    from twisted.internet import protocol
+    from twisted.python import usage
+
+    if chosen not in ("text", "json"):
+        raise usage.UsageError("--log-format must be text or json")
+    protocol.Factory.noisy = False
+    parent = getattr(options, "parent", None)
+    if chosen == "json" and parent is not None:
+        parent["logger"] = "agentcall.logevents.json_stdout_observer"
 
 
 def without_option_dump(cls: type[P]) -> type[P]:

@@ -56,7 +56,7 @@ def _refusal(exc: BaseException) -> str:
 
 def run(args: argparse.Namespace) -> int:
     from twisted.internet import reactor
-    from twisted.logger import globalLogBeginner, jsonFileLogObserver, textFileLogObserver
+    from twisted.logger import globalLogBeginner, textFileLogObserver
     from twisted.python import usage
 
     from agentcall.cli.main import CommandError
@@ -70,8 +70,10 @@ def run(args: argparse.Namespace) -> int:
     except (SystemExit, AgentCallError, usage.UsageError, OSError) as exc:
         raise CommandError(f"the listener cannot start: {_refusal(exc)}") from None
 
+    from agentcall.logevents import JsonLinesObserver
+
     observer = (
-        jsonFileLogObserver(sys.stdout)
+        JsonLinesObserver(sys.stdout)
         if args.log_format == "json"
         else textFileLogObserver(sys.stdout)
     )

@@ -42,6 +42,20 @@ class Options(usage.Options):
             "ceiling. Never used by `agentcall listen` or the installed service.",
         ],
     ]
+    optParameters = [
+        [
+            "log-format",
+            None,
+            "text",
+            "text (the default, for a terminal) or json: one JSON object per line (ts, level, "
+            "event, then its fields) on stdout, for the journal and log shippers.",
+        ],
+    ]
+
+    def postOptions(self) -> None:
+        from agentcall.logevents import use_log_format
+
+        use_log_format(self, self["log-format"])
 
 
 def local_calls(svc: ListenerService) -> CallHandler:

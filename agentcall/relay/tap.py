@@ -53,6 +53,13 @@ class Options(usage.Options):
     ]
     optParameters = [
         [
+            "log-format",
+            None,
+            "text",
+            "text (the default, for a terminal) or json: one JSON object per line (ts, level, "
+            "event, then its fields) on stdout, for the journal and log shippers.",
+        ],
+        [
             "database",
             "d",
             None,
@@ -188,8 +195,10 @@ class Options(usage.Options):
     ]
 
     def postOptions(self) -> None:
+        from agentcall.logevents import use_log_format
         from agentcall.relayurl import RelayUrl
 
+        use_log_format(self, self["log-format"])
         if not self["database"]:
             raise usage.UsageError("--database FILE is required")
         if not self["url"]:

@@ -29,6 +29,10 @@ BIN = Path(sys.executable).parent
 START_TIMEOUT_S = 60.0
 
 
+# The relay's "listening" line, as text or as a --log-format json object.
+LISTENING = r'relay_listening port=|"event":"relay_listening"'
+
+
 def child_env(**extra: str) -> dict[str, str]:
     env = dict(os.environ)
     # The checkout on sys.path is how twistd finds twisted/plugins/agentcall_plugins.py here.
@@ -146,7 +150,7 @@ class RelayProcess:
             cwd=self.database.parent,
         )
         self.log = LogFollower(self.process.stdout, self.database.parent / "relay.log")
-        self.log.wait_for(r"relay_listening port=")
+        self.log.wait_for(LISTENING)
 
     def alive(self) -> bool:
         return self.process.poll() is None
@@ -246,7 +250,7 @@ def _start_relay(
     log = LogFollower(process.stdout, workdir / "relay.log")
     relay = RelayProcess(url, database, str(cert.ca_cert_file), process, log, args)
     try:
-        log.wait_for(r"relay_listening port=")
+        log.wait_for(LISTENING)
     except Exception:
         relay.stop()
         if "Address already in use" in log.text():

@@ -73,3 +73,18 @@ def test_a_backup_taken_while_the_relay_runs_restores_into_a_working_relay(
             assert {row[0] for row in db.execute("SELECT org FROM orgs")} == {"acme", "beta"}
     finally:
         relay.stop()
+
+
+def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
+    relay, _ = start_relay(tmp_path / "relay", extra_args=("--log-format", "json"))
+    try:
+        assert _get(relay, "/readyz")[0] == 200
+    finally:
+        relay.stop()
+    lines = [line for line in relay.log.text().splitlines() if line.strip()]
+    records = [json.loads(line) for line in lines]  # every line, or this fails
+    assert all(list(r)[:3] == ["ts", "level", "event"] for r in records)
+    events = {r["event"] for r in records}
+    assert {"relay_configured", "relay_listening"} <= events
+    assert not [e for e in events if "Starting factory" in e or "Stopping factory" in e]
+    assert "\x1e" not in relay.log.text()  # no RFC 7464 record separators
