@@ -240,3 +240,80 @@ def uninstall(path: Path, systemctl: Systemctl) -> None:
     _checked(systemctl, "daemon-reload")
     # Only clears a remembered failure; nothing to reset is not an error.
     systemctl(["reset-failed", UNIT_NAME])
+
+
+# --- launchd (macOS) ------------------------------------------------------------------------------
+
+LAUNCHD_LABEL = "com.agentcall.listener"
+
+# Runs `launchctl ARGS…` and returns the finished process (never raises). Tests pass a fake.
+Launchctl = Callable[[Sequence[str]], "subprocess.CompletedProcess[str]"]
+
+
+def launchd_path(home: Home) -> Path:
+    """Where launchd looks for this user's agents."""
+    return home.user_home / "Library" / "LaunchAgents" / f"{LAUNCHD_LABEL}.plist"
+
+
+def launchd_log_path(home: Home) -> Path:
+    """launchd has no journal: the agent's output goes here (Console.app shows it)."""
+    return home.user_home / "Library" / "Logs" / "agentcall-listener.log"
+
+
+def render_launchd_plist(spec: UnitSpec, log_path: Path) -> bytes:
+    """The launchd agent for ``spec``, as an XML property list.
+
+    launchd starts it at login and again only if it crashed: a listener that exits (another one
+    took over its identity at the relay, or its configuration is broken) stays stopped, as the
+    systemd unit's RestartPreventExitStatus keeps it, instead of flapping.
+    """
+    import plistlib
+
+    if not spec.argv:
+        raise ServiceUnitError("the agent needs a program to run")
+    for value in (*spec.argv, *(v for _k, v in spec.environment)):
+        _refuse_controls(value, "a value of the launchd agent")
+    agent = {
+        "Label": LAUNCHD_LABEL,
+        "ProgramArguments": list(spec.argv),
+        "EnvironmentVariables": dict(spec.environment),
+        "RunAtLoad": True,
+        "KeepAlive": {"Crashed": True},
+        "ThrottleInterval": 10,
+        "ProcessType": "Background",
+        "StandardOutPath": str(log_path),
+        "StandardErrorPath": str(log_path),
+    }
+    return plistlib.dumps(agent, fmt=plistlib.FMT_XML, sort_keys=False)
+
+
+def run_launchctl(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    try:
+        return subprocess.run(
+            ["launchctl", *args],
+            capture_output=True,
+            text=True,
+            timeout=SYSTEMCTL_TIMEOUT_S,
+            check=False,
+        )
+    except FileNotFoundError:
+        return subprocess.CompletedProcess(args, 127, "", "launchctl: command not found")
+    except subprocess.TimeoutExpired:
+        return subprocess.CompletedProcess(args, 124, "", "launchctl did not answer in time")
+
+
+def install_launchd(path: Path, plist: bytes, launchctl: Launchctl, uid: int) -> None:
+    """Write the agent and (re)load it into the user's GUI session."""
+    try:
+        path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
+        replace_file(path, plist, mode=UNIT_FILE_MODE, durable=False)
+    except OSError as exc:
+        raise ServiceUnitError(f"cannot write {path}: {exc.strerror or exc}") from None
+    domain = f"gui/{uid}"
+    # Not loaded yet is not an error: bootout only makes the bootstrap below load the new file.
+    launchctl(["bootout", f"{domain}/{LAUNCHD_LABEL}"])
+    done = launchctl(["bootstrap", domain, str(path)])
+    if done.returncode != 0:
+        lines = [line.strip() for line in (done.stderr or "").splitlines() if line.strip()]
+        reason = lines[-1] if lines else f"exit status {done.returncode}"
+        raise ServiceUnitError(f"`launchctl bootstrap {domain} {path}` failed: {reason[:200]}")

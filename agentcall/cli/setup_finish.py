@@ -43,6 +43,8 @@ class SetupDeps:
     place: Callable[..., Any]  # agentcall.caller.call.place
     systemctl: Systemctl
     which: Callable[[str], str | None] = shutil.which
+    platform: str = sys.platform
+    launchctl: Callable[..., Any] | None = None  # agentcall.service_unit.run_launchctl
     environ: Mapping[str, str] = attrs.field(factory=lambda: os.environ)
     python: str = sys.executable
     presence_wait_s: float = 30.0
@@ -103,6 +105,41 @@ async def finish(
     return 0
 
 
+def _service_path(deps: SetupDeps, agent_executable: str | None) -> list[str]:
+    """The directories the service's PATH starts with: the agent's, node's, Python's."""
+    dirs = [os.path.dirname(agent_executable)] if agent_executable else []
+    node = deps.which("node")
+    if node:
+        # Claude Code and Codex are node programs started through `#!/usr/bin/env node`.
+        dirs.append(os.path.dirname(os.path.abspath(node)))
+    return [*dirs, os.path.dirname(deps.python)]
+
+
+def _install_launchd(
+    home: Home, config: Config, deps: SetupDeps, agent_executable: str | None
+) -> bool:
+    """macOS: a launchd agent in ~/Library/LaunchAgents, loaded into the login session."""
+    from agentcall import service_unit
+    from agentcall.cli.main import CommandError
+
+    launchctl = deps.launchctl or service_unit.run_launchctl
+    try:
+        spec = service_unit.listener_spec(
+            home, deps.environ, python=deps.python, path_dirs=_service_path(deps, agent_executable)
+        )
+        path = service_unit.launchd_path(home)
+        log = service_unit.launchd_log_path(home)
+        plist = service_unit.render_launchd_plist(spec, log)
+        service_unit.install_launchd(path, plist, launchctl, os.getuid())
+    except service_unit.ServiceUnitError as exc:
+        raise CommandError(
+            _resume_hint(config, "installing the listener agent", exc)
+            + " (or run `agentcall listen` yourself)"
+        ) from None
+    say(f"listener agent loaded: {path} (log: {log})")
+    return True
+
+
 def _run_yourself(why: str) -> str:
     return (
         f"{why}: to answer calls, run `agentcall listen` (or `twistd -n agentcall-listen`) "
@@ -117,17 +154,14 @@ def _install_service(
     from agentcall import service_unit
     from agentcall.cli.main import CommandError
 
+    if deps.platform == "darwin":
+        return _install_launchd(home, config, deps, agent_executable)
     if not service_unit.systemd_available(deps.systemctl):
         say(_run_yourself("no systemd user manager answers here"))
         return False
-    dirs = [os.path.dirname(agent_executable)] if agent_executable else []
-    node = deps.which("node")
-    if node:
-        # Claude Code and Codex are node programs started through `#!/usr/bin/env node`.
-        dirs.append(os.path.dirname(os.path.abspath(node)))
     try:
         spec = service_unit.listener_spec(
-            home, deps.environ, python=deps.python, path_dirs=[*dirs, os.path.dirname(deps.python)]
+            home, deps.environ, python=deps.python, path_dirs=_service_path(deps, agent_executable)
         )
         path = service_unit.unit_path(home, deps.environ)
         started = service_unit.install(path, service_unit.render_unit(spec), deps.systemctl)

@@ -391,6 +391,46 @@ def test_with_systemd_the_unit_is_installed_and_verified(
     assert "test call answered" in err and "fingerprint:" in out
 
 
+def test_on_macos_a_launchd_agent_is_loaded_instead(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The plist lands in ~/Library/LaunchAgents and is bootstrapped into the login session."""
+    import plistlib
+
+    asked: list[tuple[str, ...]] = []
+
+    def launchctl(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        asked.append(tuple(args))
+        return subprocess.CompletedProcess(list(args), 0, "", "")
+
+    monkeypatch.setattr(setup_cli, "DEPS", world.deps(platform="darwin", launchctl=launchctl))
+    code, _out, err = setup(capsys, *ENROL)
+    assert code == 0, err
+    path = world.home / "Library" / "LaunchAgents" / "com.agentcall.listener.plist"
+    agent = plistlib.loads(path.read_bytes())
+    assert agent["ProgramArguments"] == ["/usr/bin/python3", "-m", "agentcall", "listen"]
+    assert agent["EnvironmentVariables"]["HOME"] == str(world.home)
+    assert "/opt/claude/bin" in agent["EnvironmentVariables"]["PATH"]
+    assert agent["KeepAlive"] == {"Crashed": True} and agent["RunAtLoad"] is True
+    uid = f"gui/{os.getuid()}"
+    assert asked == [("bootout", f"{uid}/com.agentcall.listener"), ("bootstrap", uid, str(path))]
+    assert world.systemctl.calls == []
+    assert world.placed == ["@acme/ken"] and "listener agent loaded" in err
+
+
+def test_a_launchctl_that_refuses_is_a_resumable_failure(
+    world: World, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def launchctl(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+        code = 5 if args[0] == "bootstrap" else 0
+        return subprocess.CompletedProcess(list(args), code, "", "Bootstrap failed: 5: I/O error")
+
+    monkeypatch.setattr(setup_cli, "DEPS", world.deps(platform="darwin", launchctl=launchctl))
+    code, _out, err = setup(capsys, *ENROL)
+    assert code != 0
+    assert "launchctl bootstrap" in err and "agentcall setup --resume" in err
+
+
 def test_a_failed_self_check_exits_one_with_the_reason(
     world: World, capsys: pytest.CaptureFixture[str]
 ) -> None:

@@ -248,3 +248,17 @@ def test_the_reference_unit_matches_the_generated_one(tmp_path: Path) -> None:
 
     generated = service_unit.render_unit(spec_for(tmp_path))
     assert names(reference.read_text()) == names(generated)
+
+
+def test_the_launchd_agent_is_a_valid_property_list_that_refuses_controls(tmp_path: Path) -> None:
+    import plistlib
+
+    spec = spec_for(tmp_path, {})
+    data = service_unit.render_launchd_plist(spec, tmp_path / "agent.log")
+    agent = plistlib.loads(data)
+    assert agent["Label"] == "com.agentcall.listener"
+    assert agent["ProgramArguments"] == list(spec.argv)
+    assert agent["StandardOutPath"] == agent["StandardErrorPath"] == str(tmp_path / "agent.log")
+    bad = UnitSpec(argv=(PYTHON, "-m", "agentcall", "listen\n"), environment=())
+    with pytest.raises(ServiceUnitError, match="control character"):
+        service_unit.render_launchd_plist(bad, tmp_path / "agent.log")
