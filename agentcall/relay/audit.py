@@ -216,6 +216,8 @@ class BatchingAuditSink:
         self._writing = False
         self.batches = 0  # store calls made (for tests and the bench)
         self.dropped = 0
+        # Told of each refused batch (the relay's metrics count database errors).
+        self.on_failure: Callable[[], None] | None = None
 
     @property
     def pending(self) -> int:
@@ -288,6 +290,8 @@ class BatchingAuditSink:
         self._writing = False
         # Kept, in front of what came since: a busy database is no reason to forget.
         self._pending = batch + self._pending
+        if self.on_failure is not None:
+            self.on_failure()
         _log.failure(
             "audit_batch_failed",
             failure=failure,

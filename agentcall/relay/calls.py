@@ -34,6 +34,7 @@ from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.audit import AuditEntry, AuditSink
 from agentcall.relay.callerkeys import attachable_keys
+from agentcall.relay.metrics import NO_METRICS, RelayEvents
 from agentcall.relay.outgoing import CallPort
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store_interface import (
@@ -196,8 +197,10 @@ class CallBook:
         mint_call_id: Callable[[], str] = ids.mint_call_id,
         desk: QueueDesk | None = None,
         keys: KeySource | None = None,
+        metrics: RelayEvents = NO_METRICS,
     ) -> None:
         self._clock = clock
+        self._metrics = metrics
         self._switchboard = switchboard
         self._directory = directory
         self._audit_sink = audit
@@ -385,6 +388,7 @@ class CallBook:
     def _refuse(self, channel: Channel, org: str, caller: str, refusal: Refusal) -> None:
         code, detail, reason = refusal
         _log.info("call_refused", code=str(code), org=org, caller=caller, reason=reason)
+        self._metrics.call_refused(str(code))
         channel.send(fr.CallError(code=code, detail=detail))
         channel.close(CLOSE_NORMAL, str(code))
 
@@ -638,6 +642,8 @@ class CallBook:
 
         ``later``: at the reactor's next turn (``callLater(0)``), with the same fields.
         """
+        seconds = self._clock.seconds() - call.submitted_at
+        self._metrics.call_ended(event, seconds)
         fields = {
             "call_id": call.call_id,
             "org": call.org,
@@ -646,7 +652,7 @@ class CallBook:
             # Not "event": that key is the log event's own name.
             "audit_event": event,
             "outcome": detail,
-            "duration_ms": round((self._clock.seconds() - call.submitted_at) * 1000, 1),
+            "duration_ms": round(seconds * 1000, 1),
             "caller_present": caller_present,
             "caller_socket": "shared" if call.shared_socket else "own",
         }

@@ -7,6 +7,7 @@ listening port and the periodic jobs around it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Any
 
 import attrs
@@ -22,6 +23,7 @@ from agentcall.relay.invitepage import InvitePages
 from agentcall.relay.jobs import JobDesk
 from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.mailbox import MailboxLimits
+from agentcall.relay.metrics import NO_METRICS, RelayEvents
 from agentcall.relay.protocol import RelayWebSocketFactory
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.retention import Retention, RetentionPolicy
@@ -69,14 +71,22 @@ class Relay:
     retention: Retention = attrs.field(eq=False, repr=False)
 
 
-def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
-    """Wire one relay over ``store``, with ``reactor`` for its clock and autobahn's timers."""
+def compose(
+    settings: RelaySettings,
+    store: RelayStore,
+    reactor: Any,
+    metrics: Callable[[Switchboard], RelayEvents] | None = None,
+) -> Relay:
+    """Wire one relay over ``store``, with ``reactor`` for its clock and autobahn's timers;
+    ``metrics`` makes what counts its events (given the switchboard, for the listener gauge)."""
     switchboard = Switchboard()
+    events = NO_METRICS if metrics is None else metrics(switchboard)
     # The windows start from the calls of the last hour, so a restart grants no fresh hour.
     limiter = SlidingWindowLimiter(settings.calls_per_hour, limits.RATE_WINDOW_S)
     windows_restored = restore_windows(store, limiter, reactor.seconds())
     # The rows of one reactor turn go to the store together, in one transaction.
     audit_sink = BatchingAuditSink(store, reactor)
+    audit_sink.on_failure = events.database_error
 
     def live_call_to(org: str, handle: str) -> bool:
         # Bound late: the desk and the book each need the other; the book is made just below.
@@ -101,10 +111,12 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         deadline_s=settings.call_deadline_s,
         desk=jobs,
         keys=store,
+        metrics=events,
     )
     # Jobs outlive the process: the sweep is armed from the store (failures are logged).
     jobs.start()
     door = Door(settings.door, reactor, audit_sink)
+    door.turned_away.on_note = events.turned_away
     seen = LastSeen(store)
     ws_factory = RelayWebSocketFactory(
         settings.ws_url,
@@ -118,6 +130,7 @@ def compose(settings: RelaySettings, store: RelayStore, reactor: Any) -> Relay:
         seen=seen,
     )
     api = RelayApi(
+        metrics=events,
         store=store,
         jobs=jobs,
         calls=calls,

@@ -252,9 +252,13 @@ class TurnedAwayTally:
 
     def __init__(self) -> None:
         self._counts: Counter[TurnedAway] = Counter()
+        # Also told of each one as it happens (the relay's metrics, when it keeps them).
+        self.on_note: Callable[[str], None] | None = None
 
     def note(self, reason: TurnedAway) -> None:
         self._counts[reason] += 1
+        if self.on_note is not None:
+            self.on_note(str(reason))
 
     def drain(self) -> dict[str, int]:
         """The counts since the last drain, by reason name (empty when nothing was refused)."""

@@ -53,6 +53,14 @@ class Options(usage.Options):
     ]
     optParameters = [
         [
+            "metrics",
+            None,
+            None,
+            "Serve Prometheus metrics at /metrics on this Twisted endpoint, apart from the "
+            "relay's own, e.g. tcp:9464:interface=127.0.0.1 (keep it on loopback or a "
+            "private network: it needs no credentials). Off unless given.",
+        ],
+        [
             "log-format",
             None,
             "text",
@@ -410,7 +418,15 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     except StoreError as exc:
         # twistd prints this and exits non-zero before anything is started.
         raise SystemExit(f"agentcall-relay: {exc}") from None
-    relay = compose(settings, store, reactor)
+    kept: list[Any] = []
+
+    def prometheus(switchboard: Any) -> Any:
+        from agentcall.relay.metrics import PrometheusMetrics
+
+        kept.append(PrometheusMetrics(switchboard.count))
+        return kept[-1]
+
+    relay = compose(settings, store, reactor, metrics=prometheus if config["metrics"] else None)
 
     top = service.MultiService()
     # First in, so last to stop: it writes what the services stopped after it still recorded.
@@ -431,6 +447,13 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         top
     )
     _MailboxTimers(relay.jobs).setServiceParent(top)
+    if kept:
+        from twisted.application import strports
+
+        from agentcall.relay.metrics import metrics_site
+
+        # Apart from the relay's own endpoint: scraped by the operator's monitoring only.
+        strports.service(config["metrics"], metrics_site(kept[0])).setServiceParent(top)
     caps = settings.door.caps
     _log.info(
         "relay_configured",

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web import resource, server
 
 from agentcall import limits
-from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame
+from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame, StoreError
 from agentcall.invites import make_invite_url
 from agentcall.logevents import Logger
 from agentcall.relay import api_rules as rules
@@ -42,6 +42,7 @@ from agentcall.relay.door import (
 from agentcall.relay.gate import TurnedAway
 from agentcall.relay.jobs import JobDesk
 from agentcall.relay.lastseen import LastSeen
+from agentcall.relay.metrics import NO_METRICS, RelayEvents
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
@@ -98,8 +99,10 @@ class RelayApi(resource.Resource):
         door: Door,
         seen: LastSeen,
         audit_sink: AuditSink | None = None,
+        metrics: RelayEvents = NO_METRICS,
     ) -> None:
         super().__init__()
+        self._metrics = metrics
         # Rows a member's requests can cause at request rate (presence refusals) go through the
         # relay's batching sink: one transaction a reactor turn, a bounded backlog.
         self._audit: AuditSink = store if audit_sink is None else audit_sink
@@ -134,7 +137,10 @@ class RelayApi(resource.Resource):
             _log.info("api_client_gone", path=_path(request), status=None)
             return
         except Exception:
-            status, body = _refusal(request, Failure(), self._door)
+            failure = Failure()
+            if isinstance(failure.value, StoreError):
+                self._metrics.database_error()
+            status, body = _refusal(request, failure, self._door)
         if isinstance(body, ExportStream):
             # Written page by page from here on; a client already gone gets nothing.
             if not gone:

@@ -88,3 +88,24 @@ def test_json_logs_are_one_object_per_line(tmp_path: Path) -> None:
     assert {"relay_configured", "relay_listening"} <= events
     assert not [e for e in events if "Starting factory" in e or "Stopping factory" in e]
     assert "\x1e" not in relay.log.text()  # no RFC 7464 record separators
+
+
+def test_metrics_are_served_on_their_own_endpoint(tmp_path: Path) -> None:
+    from tests.e2e.processes import free_port
+
+    port = free_port()
+    relay, _ = start_relay(
+        tmp_path / "relay", extra_args=("--metrics", f"tcp:{port}:interface=127.0.0.1")
+    )
+    try:
+        _get(relay, "/v1/not-a-route")  # refused: counted by the front door
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=60)
+        conn.request("GET", "/metrics")
+        response = conn.getresponse()
+        text = response.read().decode()
+        conn.close()
+    finally:
+        relay.stop()
+    assert response.status == 200
+    assert "agentcall_listeners_connected 0.0" in text
+    assert 'agentcall_front_door_total{reason="api_refused"} 1.0' in text

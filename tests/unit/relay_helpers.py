@@ -177,6 +177,7 @@ def memory_relay(
     reactor: MemoryReactorClock | None = None,
     door: DoorConfig | None = None,
     wrap: Callable[[SqliteRelayStore], RelayStore] | None = None,
+    metrics: Callable[[Any], Any] | None = None,
 ) -> MemoryRelay:
     """A relay for organisation ``acme`` on a fresh database, its clock at ``now``; with
     ``wrap``, the relay reaches its store through what ``wrap`` makes of it."""
@@ -193,7 +194,7 @@ def memory_relay(
         door=door or roomy_door(),
     )
     seen_by_relay = store if wrap is None else wrap(store)
-    return MemoryRelay(reactor, store, compose(settings, seen_by_relay, reactor))
+    return MemoryRelay(reactor, store, compose(settings, seen_by_relay, reactor, metrics=metrics))
 
 
 class HeldStore:
