@@ -21,7 +21,8 @@ pytestmark = pytest.mark.e2e
 DIALLED = ("twisted.internet.reactor", "autobahn.websocket.protocol", "OpenSSL.SSL")
 # ... and never needed by a call sealed with kept keys: the HTTP API (Twisted's web client),
 # autobahn's WAMP layer, the urllib chain Twisted's compat module would pull in, and the
-# listener's stores in the state database.
+# listener's stores in the state database, and the HTTP API's bodies (the config's enums and the
+# key records are in modules of their own).
 NOT_NEEDED = (
     "twisted.web.client",
     "autobahn.twisted.wamp",
@@ -30,6 +31,7 @@ NOT_NEEDED = (
     "hyperlink._url",
     "agentcall.listener.journal",
     "agentcall.listener.contexts",
+    "agentcall.wire.http",
 )
 
 _PROBE = (
