@@ -8,7 +8,14 @@ Twisted and autobahn import, at module level, things a WebSocket client never to
 - ``autobahn.websocket.protocol`` imports ``hyperlink`` (about 7 ms), which only a server
   answering a redirect uses;
 - ``autobahn.twisted``'s package ``__init__`` imports the WAMP session layer (serializers,
-  rawsocket, ``twisted.application``), which a plain WebSocket needs none of.
+  rawsocket, ``twisted.application``), which a plain WebSocket needs none of;
+- ``autobahn.twisted.websocket`` imports ``twisted.internet.endpoints`` (for helpers we do not
+  use), which imports Twisted's TLS layer and through it service-identity and cryptography's
+  x509 (about 30 ms); a call to a relay named by its address dials without endpoints
+  (:class:`agentcall.client.ws.AddressEndpoint`); the reactor imports ``twisted.internet.ssl``
+  too, and looks at it only to listen or connect with TLS;
+- pyOpenSSL's ``SSL`` module (which autobahn imports to recognise TLS errors) imports
+  ``cryptography.x509`` (about 20 ms), used only once certificates are handled.
 
 :func:`lean_imports` puts each in ``sys.modules`` as a module that is set up (spec, path: an
 ``import`` of it, or of a submodule, finds it ready) but whose code has not run; the first time
@@ -33,7 +40,14 @@ if TYPE_CHECKING:  # the thin path of `agentcall call` loads this module and nev
     from typing import Any
 
 # Imported by Twisted or autobahn at module level; run only when something uses them.
-DEFERRED = ("http.cookiejar", "hyperlink", "autobahn.twisted")
+DEFERRED = (
+    "http.cookiejar",
+    "hyperlink",
+    "autobahn.twisted",
+    "twisted.internet.endpoints",
+    "twisted.internet.ssl",
+    "cryptography.x509",
+)
 
 
 def lean_imports() -> None:
