@@ -21,8 +21,9 @@ pytestmark = pytest.mark.e2e
 DIALLED = ("twisted.internet.reactor", "autobahn.websocket.protocol", "OpenSSL.SSL")
 # ... and never needed by a call sealed with kept keys: the HTTP API (Twisted's web client),
 # autobahn's WAMP layer, the urllib chain Twisted's compat module would pull in, and the
-# listener's stores in the state database, and the HTTP API's bodies (the config's enums and the
-# key records are in modules of their own).
+# listener's stores in the state database, the HTTP API's bodies (the config's enums and the
+# key records are in modules of their own), and all of asyncio but the four names Twisted's
+# Deferred takes from it.
 NOT_NEEDED = (
     "twisted.web.client",
     "autobahn.twisted.wamp",
@@ -32,6 +33,7 @@ NOT_NEEDED = (
     "agentcall.listener.journal",
     "agentcall.listener.contexts",
     "agentcall.wire.http",
+    "asyncio.base_events",
 )
 
 _PROBE = (

@@ -27,6 +27,9 @@ SKIPPED = (
     "twisted.internet._sslverify",
     "service_identity",
     "cryptography.x509.name",
+    # All of asyncio, where Twisted's Deferred takes four names from it.
+    "asyncio.base_events",
+    "asyncio.streams",
 )
 
 _PROBE = f"""
@@ -49,6 +52,10 @@ from cryptography import x509
 assert x509.Name([]).rfc4514_string() == "" and callable(ssl.optionsForClientTLS)
 assert HostnameEndpoint.__name__ == "HostnameEndpoint"
 assert "twisted.internet._sslverify" in sys.modules and "service_identity" in sys.modules
+import asyncio
+from twisted.internet import defer
+assert asyncio.Future is defer.Future and asyncio.iscoroutine is defer.iscoroutine
+assert asyncio.run(asyncio.sleep(0, "slept")) == "slept"
 print(json.dumps({{"loaded": loaded, "session": ApplicationSession.__name__,
                   "jar": type(jar).__name__, "wamp_now": "autobahn.twisted.wamp" in sys.modules}}))
 """
