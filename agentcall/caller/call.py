@@ -67,8 +67,12 @@ from agentcall.wire.frames import (
     CallStatus,
     SealedEnvelope,
 )
-from agentcall.wire.http import KeysResponse, SignedEncryptionKeyRecord, SignedIdentityRecord
-from agentcall.wire.keyrecords import RecoveryLink
+from agentcall.wire.keyrecords import (
+    KeysResponse,
+    RecoveryLink,
+    SignedEncryptionKeyRecord,
+    SignedIdentityRecord,
+)
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload
 
 if TYPE_CHECKING:

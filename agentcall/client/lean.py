@@ -8,7 +8,19 @@ Twisted and autobahn import, at module level, things a WebSocket client never to
 - ``autobahn.websocket.protocol`` imports ``hyperlink`` (about 7 ms), which only a server
   answering a redirect uses;
 - ``autobahn.twisted``'s package ``__init__`` imports the WAMP session layer (serializers,
-  rawsocket, ``twisted.application``), which a plain WebSocket needs none of.
+  rawsocket, ``twisted.application``), which a plain WebSocket needs none of;
+- ``autobahn.twisted.websocket`` imports ``twisted.internet.endpoints`` (for helpers we do not
+  use), which imports Twisted's TLS layer and through it service-identity and cryptography's
+  x509 (about 30 ms); a call to a relay named by its address dials without endpoints
+  (:class:`agentcall.client.ws.AddressEndpoint`); the reactor imports ``twisted.internet.ssl``
+  too, and looks at it only to listen or connect with TLS;
+- pyOpenSSL's ``SSL`` module (which autobahn imports to recognise TLS errors) imports
+  ``cryptography.x509`` (about 20 ms), used only once certificates are handled;
+- ``twisted.internet.defer`` (and txaio) take four names from ``asyncio``, whose package
+  ``__init__`` loads all of asyncio: event loops, streams, subprocesses, ``ssl``,
+  ``concurrent.futures`` (about 15 ms). The package is put in place like the modules above,
+  with the submodules that define those names loaded and their names set on it as its
+  ``__init__`` would set them (:data:`PARTLY`); the rest runs when anything asks for more.
 
 :func:`lean_imports` puts each in ``sys.modules`` as a module that is set up (spec, path: an
 ``import`` of it, or of a submodule, finds it ready) but whose code has not run; the first time
@@ -33,13 +45,50 @@ if TYPE_CHECKING:  # the thin path of `agentcall call` loads this module and nev
     from typing import Any
 
 # Imported by Twisted or autobahn at module level; run only when something uses them.
-DEFERRED = ("http.cookiejar", "hyperlink", "autobahn.twisted")
+DEFERRED = (
+    "http.cookiejar",
+    "hyperlink",
+    "autobahn.twisted",
+    "twisted.internet.endpoints",
+    "twisted.internet.ssl",
+    "cryptography.x509",
+)
+
+# Packages deferred with some submodules loaded beforehand: (package, the submodules in an order
+# in which each finds the ones it imports already there, the ones whose ``__all__`` the package's
+# ``__init__`` star-imports).
+PARTLY = (
+    (
+        "asyncio",
+        (
+            "asyncio.constants",
+            "asyncio.format_helpers",
+            "asyncio.exceptions",
+            "asyncio.base_futures",
+            "asyncio.coroutines",
+            "asyncio.events",
+            "asyncio.base_tasks",
+            "asyncio.futures",
+        ),
+        ("asyncio.coroutines", "asyncio.events", "asyncio.exceptions", "asyncio.futures"),
+    ),
+)
 
 
 def lean_imports() -> None:
-    """Put each of :data:`DEFERRED` not imported yet in place, its code not run yet."""
+    """Put each of :data:`DEFERRED` and :data:`PARTLY` not imported yet in place, its code not
+    run yet."""
     for name in DEFERRED:
         _deferred(name)
+    for package, submodules, starred in PARTLY:
+        if package in sys.modules or not _deferred(package):
+            continue
+        for name in submodules:
+            importlib.import_module(name)
+        for name in starred:
+            module = sys.modules[name]
+            for attribute in module.__all__:
+                setattr(sys.modules[package], attribute, getattr(module, attribute))
 
 
 @contextlib.contextmanager
@@ -55,12 +104,13 @@ def without_collections() -> Iterator[None]:
             gc.enable()
 
 
-def _deferred(name: str) -> None:
+def _deferred(name: str) -> bool:
+    """Whether ``name`` was put in place (False: already imported, or not found)."""
     if name in sys.modules:
-        return
+        return False
     spec = importlib.util.find_spec(name)
     if spec is None or spec.loader is None:
-        return
+        return False
     loader = spec.loader
     module = importlib.util.module_from_spec(spec)
     ran: list[bool] = []
@@ -79,3 +129,4 @@ def _deferred(name: str) -> None:
     parent, _, child = name.rpartition(".")
     if parent:
         setattr(sys.modules[parent], child, module)
+    return True

@@ -20,10 +20,18 @@ import attrs
 import txaio
 from autobahn.twisted.websocket import WebSocketClientFactory, WebSocketClientProtocol
 from twisted.internet import defer, error
-from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
-from twisted.internet.interfaces import IDelayedCall, IReactorTime, IStreamClientEndpoint
-from twisted.internet.protocol import connectionDone
+from twisted.internet.abstract import isIPAddress
+from twisted.internet.interfaces import (
+    IConnector,
+    IDelayedCall,
+    IProtocol,
+    IProtocolFactory,
+    IReactorTime,
+    IStreamClientEndpoint,
+)
+from twisted.internet.protocol import ClientFactory, connectionDone
 from twisted.python.failure import Failure
+from zope.interface import implementer
 
 from agentcall import ids, limits
 from agentcall.client.common import (
@@ -131,6 +139,10 @@ def relay_endpoint(
 
     :raises CaFileError: the chosen CA file cannot be used.
     """
+    # Imported here: twisted.internet.endpoints brings the TLS stack (pyOpenSSL, service-identity,
+    # cryptography's x509) even for plain TCP, which a call to an address need not load.
+    from twisted.internet.endpoints import HostnameEndpoint, wrapClientTLS
+
     endpoint: IStreamClientEndpoint = HostnameEndpoint(
         reactor, relay_url.host, relay_url.port, timeout=OPEN_TIMEOUT_S
     )
@@ -141,6 +153,78 @@ def relay_endpoint(
             tls = RelayTlsPolicy(ca_file)
         endpoint = wrapClientTLS(tls.for_host(relay_url.host), endpoint, clock=reactor)
     return endpoint
+
+
+def call_endpoint(
+    reactor: Any, relay_url: RelayUrl, ca_file: str | None, tls: RelayTlsPolicy | None = None
+) -> IStreamClientEndpoint:
+    """Where a call's own socket dials: :func:`relay_endpoint`, except that a plain ``http``
+    relay named by an IPv4 address (a relay URL takes no IPv6 literal) is dialled straight
+    (:class:`AddressEndpoint`)."""
+    host = relay_url.host
+    if not relay_url.secure and isIPAddress(host):
+        return AddressEndpoint(reactor, host, relay_url.port, OPEN_TIMEOUT_S)
+    return relay_endpoint(reactor, relay_url, ca_file, tls)
+
+
+@implementer(IStreamClientEndpoint)
+class AddressEndpoint:
+    """TCP to one IP address: what ``HostnameEndpoint`` does for a name that is an address,
+    without starting a resolver thread for it (nor importing ``twisted.internet.endpoints``).
+
+    ``connect`` fires with the protocol once the connection is made, fails as the connection
+    attempt failed (refused, timed out after ``timeout_s``), and cancelling it stops the attempt
+    (the Deferred then fails with CancelledError).
+    """
+
+    def __init__(self, reactor: Any, host: str, port: int, timeout_s: float) -> None:
+        self._reactor = reactor
+        self._host = host
+        self._port = port
+        self._timeout_s = timeout_s
+
+    def connect(self, protocolFactory: IProtocolFactory) -> defer.Deferred[IProtocol]:
+        attempt = _Attempt(protocolFactory)
+        connector = self._reactor.connectTCP(
+            self._host, self._port, attempt, timeout=self._timeout_s
+        )
+        attempt.connector = connector
+        return attempt.result
+
+
+class _Attempt(ClientFactory):
+    """One connection attempt of :class:`AddressEndpoint`, handing the connection to the
+    caller's factory."""
+
+    def __init__(self, wrapped: IProtocolFactory) -> None:
+        self._wrapped = wrapped
+        self.connector: IConnector | None = None
+        self._cancelled = False
+        self.result: defer.Deferred[IProtocol] = defer.Deferred(self._cancel)
+
+    def doStart(self) -> None:
+        self._wrapped.doStart()
+
+    def doStop(self) -> None:
+        self._wrapped.doStop()
+
+    def buildProtocol(self, addr: Any) -> Any:
+        protocol = self._wrapped.buildProtocol(addr)
+        if protocol is None:
+            self.result.errback(error.ConnectError("the factory built no protocol"))
+        elif not self.result.called:
+            # The transport connects it at once, in the same turn of the reactor.
+            self.result.callback(protocol)
+        return protocol
+
+    def clientConnectionFailed(self, connector: IConnector, reason: Failure) -> None:
+        if not self._cancelled and not self.result.called:
+            self.result.errback(reason)
+
+    def _cancel(self, _d: defer.Deferred[IProtocol]) -> None:
+        self._cancelled = True
+        if self.connector is not None:
+            self.connector.stopConnecting()
 
 
 class ClientSocket:
@@ -394,7 +478,7 @@ def open_socket(
     if to is not None and not ids.is_handle(to):
         return defer.fail(ValueError(f"not a valid handle: {to!r}"))
     try:
-        endpoint = relay_endpoint(reactor, relay_url, ca_file, tls)
+        endpoint = call_endpoint(reactor, relay_url, ca_file, tls)
     except AgentCallError as exc:
         return defer.fail(exc)
     query = {"role": str(role)} if to is None else {"role": str(role), "to": to}

@@ -22,7 +22,7 @@ from agentcall.errors import (
 )
 from agentcall.wire import canonical, codec
 from agentcall.wire.frames import Direction, SealedEnvelope
-from agentcall.wire.http import SUITE_X25519, EncryptionKeyRecord, IdentityRecord
+from agentcall.wire.keyrecords import SUITE_X25519, EncryptionKeyRecord, IdentityRecord
 from agentcall.wire.payloads import (
     CallFailure,
     Reply,

@@ -18,7 +18,7 @@ from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey, X
 
 from agentcall.errors import SignatureInvalid
 from agentcall.wire import canonical
-from agentcall.wire.http import IdentityRecord
+from agentcall.wire.keyrecords import IdentityRecord
 
 from . import transcripts
 

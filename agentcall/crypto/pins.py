@@ -16,8 +16,7 @@ from zope.interface import Interface, implementer
 from agentcall import ids
 from agentcall.errors import EpochRollback, IdentityChanged, KeyRecordInvalid
 from agentcall.wire import fields as f
-from agentcall.wire.http import SignedEncryptionKeyRecord, SignedIdentityRecord
-from agentcall.wire.keyrecords import RecoveryLink
+from agentcall.wire.keyrecords import RecoveryLink, SignedEncryptionKeyRecord, SignedIdentityRecord
 
 from . import keys, records, recovery
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from agentcall import limits
 from agentcall.errors import KeyRecordExpired, KeyRecordInvalid, SignatureInvalid
 from agentcall.wire import canonical
-from agentcall.wire.http import (
+from agentcall.wire.keyrecords import (
     SUITE_X25519,
     SUITES,
     EncryptionKeyRecord,

@@ -6,18 +6,21 @@ presented as another. The bytes themselves are always built by :mod:`agentcall.w
 
 from __future__ import annotations
 
-from typing import Protocol
+from typing import TYPE_CHECKING, Protocol
 
 from agentcall.wire import canonical
 from agentcall.wire.canonical import Item
 from agentcall.wire.frames import Direction
-from agentcall.wire.http import (
-    CardRecord,
+from agentcall.wire.keyrecords import (
     EncryptionKeyRecord,
     IdentityRecord,
+    RecoveryStatement,
     SignedEncryptionKeyRecord,
 )
-from agentcall.wire.keyrecords import RecoveryStatement
+
+if TYPE_CHECKING:
+    # The HTTP bodies are built only where a card is signed or checked: a call does neither.
+    from agentcall.wire.http import CardRecord
 from agentcall.wire.payloads import CallFailure, Reply, RequestPayload, ResponsePayload
 
 IDENTITY_DOMAIN = "agentcall/identity/v1"

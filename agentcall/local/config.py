@@ -26,7 +26,7 @@ from agentcall.errors import MalformedFrame
 from agentcall.local.home import Home, LocalStateError
 from agentcall.relayurl import InvalidRelayUrl, RelayUrl
 from agentcall.wire import codec
-from agentcall.wire.http import AgentKind, MemberRole
+from agentcall.wire.roles import AgentKind, MemberRole
 
 CONFIG_VERSION = 1
 MAX_CONFIG_BYTES = 64 * 1024

@@ -28,7 +28,7 @@ from agentcall.crypto.keys import EncryptionKey, IdentityKey, b64url_decode, b64
 from agentcall.errors import CryptoError, MalformedFrame
 from agentcall.local.home import Home, LocalStateError
 from agentcall.wire import codec
-from agentcall.wire.http import SignedEncryptionKeyRecord, SignedIdentityRecord
+from agentcall.wire.keyrecords import SignedEncryptionKeyRecord, SignedIdentityRecord
 
 KEYS_VERSION = 1
 MAX_EPOCHS = 8

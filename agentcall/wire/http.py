@@ -70,6 +70,9 @@ from agentcall.wire.keyrecords import (
     SignedRecoveryStatement,
 )
 
+# Shared with the config (agentcall.local.config), which loads without this module.
+from agentcall.wire.roles import AgentKind, MemberRole
+
 # Public names, the key records among them (defined in agentcall.wire.keyrecords).
 __all__ = [
     "SUITES",
@@ -120,17 +123,6 @@ __all__ = [
     "TokenRotated",
     "WhoAmIResponse",
 ]
-
-
-class MemberRole(enum.StrEnum):
-    MEMBER = "member"
-    ADMIN = "admin"
-
-
-class AgentKind(enum.StrEnum):
-    CLAUDE = "claude"
-    CODEX = "codex"
-    COMMAND = "command"
 
 
 class InviteStatus(enum.StrEnum):

@@ -21,7 +21,9 @@ pytestmark = pytest.mark.e2e
 DIALLED = ("twisted.internet.reactor", "autobahn.websocket.protocol", "OpenSSL.SSL")
 # ... and never needed by a call sealed with kept keys: the HTTP API (Twisted's web client),
 # autobahn's WAMP layer, the urllib chain Twisted's compat module would pull in, and the
-# listener's stores in the state database.
+# listener's stores in the state database, the HTTP API's bodies (the config's enums and the
+# key records are in modules of their own), all of asyncio but the four names Twisted's
+# Deferred takes from it, and importlib.resources (the schema files are read from disk).
 NOT_NEEDED = (
     "twisted.web.client",
     "autobahn.twisted.wamp",
@@ -30,6 +32,9 @@ NOT_NEEDED = (
     "hyperlink._url",
     "agentcall.listener.journal",
     "agentcall.listener.contexts",
+    "agentcall.wire.http",
+    "asyncio.base_events",
+    "importlib.resources",
 )
 
 _PROBE = (

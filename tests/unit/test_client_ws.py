@@ -19,18 +19,26 @@ from autobahn.websocket.types import ConnectionRequest
 from twisted.internet import defer
 from twisted.internet import reactor as _reactor
 from twisted.internet.endpoints import serverFromString
+from twisted.internet.error import ConnectionRefusedError
+from twisted.internet.protocol import Factory, Protocol
 from twisted.internet.task import Clock
+from twisted.internet.testing import MemoryReactorClock
 from twisted.logger import ILogObserver, formatEvent, globalLogPublisher
+from twisted.python.failure import Failure
 from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import Credentials, RelayUnreachable
+from agentcall.client.tls import RelayTlsPolicy
 from agentcall.client.ws import (
+    OPEN_TIMEOUT_S,
+    AddressEndpoint,
     CallAborted,
     ClientSocket,
     RelayBusy,
     SocketClosed,
     SocketRefused,
+    call_endpoint,
     open_socket,
     place_call,
 )
@@ -451,6 +459,70 @@ def test_role_and_target_must_agree() -> None:
         failures: list[Any] = []
         failed.addErrback(failures.append)
         assert failures and failures[0].check(ValueError)
+
+
+# --- dialling an address ------------------------------------------------------------------------
+
+
+def test_only_a_plain_relay_named_by_its_address_is_dialled_straight() -> None:
+    """(That it then starts no resolver thread is test_client_lean's real socket.)"""
+    memory = MemoryReactorClock()
+    for text, straight in (
+        ("http://127.0.0.1:8443", True),
+        ("http://localhost:8443", False),
+        ("https://127.0.0.1:8443", False),
+    ):
+        endpoint = call_endpoint(memory, RelayUrl.parse(text), None, RelayTlsPolicy(None))
+        assert isinstance(endpoint, AddressEndpoint) is straight, text
+    address = RelayUrl.parse("http://127.0.0.1:8443")
+    open_socket(memory, address, CREDS, Role.LISTEN, on_frame=lambda _f: None, on_close=print)
+    assert [(h, p, t) for h, p, _f, t, _b in memory.tcpClients] == [
+        ("127.0.0.1", 8443, OPEN_TIMEOUT_S)
+    ]
+
+
+def test_a_relay_named_by_a_name_is_resolved_first() -> None:
+    memory = MemoryReactorClock()
+    resolving: list[str] = []
+    memory.nameResolver = type(
+        "R", (), {"resolveHostName": lambda _s, _r, name, *a, **k: resolving.append(name)}
+    )()
+    url = RelayUrl.parse("http://localhost:8443")
+    open_socket(memory, url, CREDS, Role.LISTEN, on_frame=lambda _f: None, on_close=print)
+    assert (resolving, memory.tcpClients) == (["localhost"], [])
+
+
+def test_the_address_endpoint_hands_over_the_protocol_or_the_failure() -> None:
+    memory = MemoryReactorClock()
+    endpoint = AddressEndpoint(memory, "127.0.0.1", 9, 5.0)
+    factory = Factory.forProtocol(Protocol)
+    connected = endpoint.connect(factory)
+    got: list[Any] = []
+    connected.addBoth(got.append)
+    attempt = memory.tcpClients[0][2]
+    protocol = attempt.buildProtocol(None)
+    assert got == [protocol] and isinstance(protocol, Protocol)
+
+    refused = endpoint.connect(factory)
+    refused.addBoth(got.append)
+    memory.tcpClients[1][2].clientConnectionFailed(
+        memory.connectors[1], Failure(ConnectionRefusedError())
+    )
+    assert got[1].check(ConnectionRefusedError)
+
+
+def test_cancelling_the_address_endpoint_stops_the_attempt() -> None:
+    memory = MemoryReactorClock()
+    connecting = AddressEndpoint(memory, "127.0.0.1", 9, 5.0).connect(Factory.forProtocol(Protocol))
+    got: list[Any] = []
+    connecting.addBoth(got.append)
+    connecting.cancel()
+    assert memory.connectors[0].stoppedConnecting
+    # The reactor's report of the stopped attempt does not fail it a second time.
+    memory.tcpClients[0][2].clientConnectionFailed(
+        memory.connectors[0], Failure(ConnectionRefusedError())
+    )
+    assert len(got) == 1 and got[0].check(defer.CancelledError)
 
 
 # --- place_call -----------------------------------------------------------------------------------

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import re
 import sqlite3
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -252,3 +254,34 @@ def test_transaction_rolls_back_on_any_exception(tmp_path: Path) -> None:
         conn.execute("INSERT INTO notes (id, body) VALUES (2, 'no time')")
     assert not conn.in_transaction
     conn.close()
+
+
+def test_a_packaged_schema_on_disk_is_the_package_directory_importlib_resources_names() -> None:
+    """Read from the directory itself (no importlib.resources in a one-call process), the same
+    files as importlib.resources finds, and a schema that opens."""
+    from importlib.resources import files
+
+    from agentcall.db import packaged_schema
+
+    schema = packaged_schema("state")
+    assert isinstance(schema.directory, Path)
+    served = files("agentcall.db").joinpath("schema")
+    assert schema.directory == Path(str(served))
+    assert sorted(e.name for e in schema.directory.iterdir()) == sorted(
+        e.name for e in served.iterdir()
+    )
+    opened = open_database(":memory:", schema)
+    assert (opened.created, opened.schema_version) == (True, schema.newest)
+
+
+def test_a_packaged_schema_on_disk_needs_no_importlib_resources() -> None:
+    probe = (
+        "import sys\n"
+        "from agentcall.db import open_database, packaged_schema\n"
+        "open_database(':memory:', packaged_schema('state'))\n"
+        "print('importlib.resources' in sys.modules)\n"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
+    )
+    assert done.stdout.strip() == "False", done.stderr
