@@ -58,7 +58,10 @@ def test_twisteds_own_events_are_their_text() -> None:
 
 
 @pytest.mark.parametrize("options_class", [relay_tap.Options, listen_tap.Options])
-def test_the_daemons_ask_twistd_for_the_json_observer(options_class: type[usage.Options]) -> None:
+def test_the_daemons_ask_twistd_for_the_json_observer(
+    options_class: type[usage.Options], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(protocol.Factory, "noisy", True)  # put back after: it is process-wide
     parent: dict[str, str] = {}
     options = options_class()
     options.parent = parent  # type: ignore[assignment]
@@ -71,7 +74,8 @@ def test_the_daemons_ask_twistd_for_the_json_observer(options_class: type[usage.
         options_class().parseOptions(["--log-format", "xml", *extra])
 
 
-def test_text_stays_twistds_default() -> None:
+def test_text_stays_twistds_default(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(protocol.Factory, "noisy", True)
     parent: dict[str, str] = {}
 
     class Fake:
