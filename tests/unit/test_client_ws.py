@@ -17,6 +17,7 @@ import txaio as _txaio
 from autobahn.twisted.websocket import WebSocketServerFactory, WebSocketServerProtocol
 from autobahn.websocket.types import ConnectionRequest
 from twisted.internet import defer
+from twisted.internet import protocol as twisted_protocol
 from twisted.internet import reactor as _reactor
 from twisted.internet.endpoints import serverFromString
 from twisted.internet.error import ConnectionRefusedError
@@ -310,12 +311,16 @@ async def test_the_token_stays_out_of_debug_logs(relays: Relays) -> None:
         events.append(repr(event) + str(formatEvent(event)))
 
     before = txaio.get_global_log_level()
+    noisy = twisted_protocol.Factory.noisy
+    # A daemon's start-up turns Twisted's factory lines off, process-wide; not in this check.
+    twisted_protocol.Factory.noisy = True
     globalLogPublisher.addObserver(observe)
     txaio.set_global_log_level("debug")
     try:
         socket = await connect(url, Client())
     finally:
         txaio.set_global_log_level(before)
+        twisted_protocol.Factory.noisy = noisy
         globalLogPublisher.removeObserver(observe)
     socket.close()
     assert events, "autobahn logged nothing at debug level: the check would be empty"
