@@ -22,7 +22,7 @@ import enum
 import functools
 import math
 from collections.abc import Callable
-from typing import Protocol
+from typing import Protocol, TypeVar
 
 import attrs
 from twisted.internet import defer
@@ -78,6 +78,33 @@ def restore_windows(
         _log.info("rate_windows_restored", calls=kept, pairs=limiter.tracked_keys())
 
     return log.submissions_since(now - limiter.window_s).addCallback(restore)
+
+
+T = TypeVar("T")
+
+
+def when(
+    deferred: defer.Deferred[T],
+    then: Callable[[T], object],
+    failed: Callable[[Failure], object],
+) -> object:
+    """``then(result)`` or ``failed(failure)`` at once if ``deferred`` has fired, and what it
+    returned; otherwise a Deferred of that, once it fires.
+
+    A store that answers at once is then followed synchronously, without a chain of Deferreds
+    per step. ``failed`` sees only ``deferred``'s own failure; an exception in ``then`` is
+    raised (at once) or fails the returned Deferred (later). ``deferred`` is spent either way.
+    """
+    box: list[T | Failure] = []
+    deferred.addBoth(box.append)
+    if box:
+        result = box[0]
+        return failed(result) if isinstance(result, Failure) else then(result)
+
+    def fired(_: object) -> T | Failure:
+        return box[0]
+
+    return deferred.addCallback(fired).addCallbacks(then, failed)
 
 
 class Pending(Protocol):
@@ -263,41 +290,48 @@ class CallBook:
         self._held[channel] = []
 
         desk = self._desk
-
-        def mailbox(exists: bool) -> defer.Deferred[tuple[bool, MailboxStatus | None]]:
-            # Only a call that may be queued asks about the callee's mailbox.
-            if not exists or not request.queue or desk is None:
-                return defer.succeed((exists, None))
-            return desk.status(org, target).addCallback(lambda status: (exists, status))
-
         # Asked beside the directory, in the same stage; it never fails (None: not attached).
         caller_keys = attachable_keys(self._keys, org, caller)
-
-        def with_keys(
-            found: tuple[bool, MailboxStatus | None],
-        ) -> defer.Deferred[tuple[bool, MailboxStatus | None, KeysResponse | None]]:
-            return caller_keys.addCallback(lambda keys: (*found, keys))
-
-        def ring(
-            found: tuple[bool, MailboxStatus | None, KeysResponse | None],
-        ) -> defer.Deferred[None] | None:
-            exists, status, keys = found
-            return self._ring(exists, status, org, caller, target, channel, request, keys)
 
         def lookup_failed(failure: Failure) -> None:
             # Nothing is said about the target; the caller may try again.
             _log.failure("directory_failed", failure=failure, org=org, caller=caller)
             channel.close(CLOSE_NORMAL, "internal error")
 
+        def ring(exists: bool, status: MailboxStatus | None) -> object:
+            def go(keys: KeysResponse | None) -> object:
+                return self._ring(exists, status, org, caller, target, channel, request, keys)
+
+            return when(caller_keys, go, lookup_failed)
+
+        def mailbox(exists: bool) -> object:
+            # Only a call that may be queued asks about the callee's mailbox.
+            if not exists or not request.queue or desk is None:
+                return ring(exists, None)
+
+            def queued(status: MailboxStatus | None) -> object:
+                return ring(exists, status)
+
+            return when(desk.status(org, target), queued, lookup_failed)
+
         def release(result: object) -> object:
             self._release(channel)
             return result
 
-        looked_up = self._directory.handle_exists(org, target).addCallback(mailbox)
-        looked_up.addCallback(with_keys)
-        routed = looked_up.addCallbacks(ring, lookup_failed)
-        # A failure of the routing itself (a bug, not the directory) goes to the caller of submit.
-        return routed.addBoth(release)
+        # A store that has already answered (SQLite does) is followed at once, with no chain
+        # of Deferreds; one that answers later is waited for.
+        try:
+            routed = when(self._directory.handle_exists(org, target), mailbox, lookup_failed)
+        except Exception:
+            # A failure of the routing itself (a bug, not the directory) goes to the caller of
+            # submit, once what the connection sent meanwhile has been replayed.
+            failure = Failure()
+            self._release(channel)
+            return defer.fail(failure)
+        if isinstance(routed, defer.Deferred):
+            return routed.addBoth(release).addCallback(lambda _: None)
+        self._release(channel)
+        return defer.succeed(None)
 
     def _ring(
         self,

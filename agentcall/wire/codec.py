@@ -146,10 +146,45 @@ class _Unescaped(str):
 _UNESCAPED_MADE = [0]
 
 
+class _Verbatim(str):
+    """A sub-document's JSON text, already made, spliced into :func:`to_json`'s output as it is."""
+
+    __slots__ = ()
+
+
+# The JSON text of shapes that say ``encode_once`` (the key records a relay attaches to every
+# incoming_call), by the identity of the object encoded: (object, text). Frozen objects never
+# change, and a store that reads new records hands out a new object, which is encoded anew.
+_ENCODED_ONCE: dict[int, tuple[Any, str]] = {}
+ENCODED_ONCE_MAX = 1024
+# True while to_json unstructures: only then is a cached text handed out (a plain
+# converter.unstructure still gets the dict).
+_SPLICING = [False]
+
+
+def _encode_once(base: Any) -> Any:
+    def cached(value: Any) -> Any:
+        if not _SPLICING[0]:
+            return base(value)
+        entry = _ENCODED_ONCE.get(id(value))
+        if entry is None or entry[0] is not value:
+            made = _UNESCAPED_MADE[0]
+            text = _json_text(base(value), made)
+            if len(_ENCODED_ONCE) >= ENCODED_ONCE_MAX:
+                del _ENCODED_ONCE[next(iter(_ENCODED_ONCE))]
+            entry = _ENCODED_ONCE[id(value)] = (value, text)
+        _UNESCAPED_MADE[0] += 1
+        return _Verbatim(entry[1])
+
+    return cached
+
+
 def _unstructure_hook(cls: type[Any]) -> Any:
     """Frames (and local lines) carry their ``type``, outcomes their ``kind``: encode adds it,
     decode dispatches on it."""
     base = make_dict_unstructure_fn(cls, converter, **_overrides(cls))
+    if cls.__dict__.get("encode_once") is True:
+        return _encode_once(base)
     unescaped = [a.name for a in attrs.fields(cls) if a.metadata.get(UNESCAPED)]
     if unescaped:
         plain = base
@@ -250,8 +285,12 @@ _MARKER_JSON = json.dumps(_MARKER)
 
 
 def _lift(node: Any, lifted: list[str]) -> Any:
-    """``node`` with each unescaped text replaced by the marker, the texts kept in order."""
+    """``node`` with each unescaped text and each ready-made sub-document replaced by the
+    marker, their JSON texts kept in order."""
     if isinstance(node, _Unescaped):
+        lifted.append(f'"{node}"')
+        return _MARKER
+    if isinstance(node, _Verbatim):
         lifted.append(str(node))
         return _MARKER
     if isinstance(node, dict):
@@ -264,25 +303,43 @@ def _lift(node: Any, lifted: list[str]) -> Any:
 def to_json(value: Any) -> bytes:
     """Compact UTF-8 JSON. A ciphertext (up to a few hundred KB of base64url, which JSON never
     escapes) is copied into the text instead of being scanned character by character by
-    json.dumps: that scan was most of the cost of encoding a frame that carries one."""
+    json.dumps: that scan was most of the cost of encoding a frame that carries one. A shape
+    marked ``encode_once`` is encoded once per object and its text spliced in after that."""
     made = _UNESCAPED_MADE[0]
-    body = converter.unstructure(value)
+    splicing, _SPLICING[0] = _SPLICING[0], True
+    try:
+        body = converter.unstructure(value)
+    finally:
+        _SPLICING[0] = splicing
+    return _json_text(body, made).encode("utf-8")
+
+
+def _json_text(body: Any, made: int) -> str:
+    """The compact JSON text of an unstructured ``body``; ``made``: the count of spliced texts
+    before it was unstructured (unchanged: nothing to splice)."""
     if _UNESCAPED_MADE[0] == made:
-        return json.dumps(body, ensure_ascii=False, separators=(",", ":")).encode("utf-8")
+        return json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     lifted: list[str] = []
     body = _lift(body, lifted)
     text = json.dumps(body, ensure_ascii=False, separators=(",", ":"))
     if lifted:
         pieces = text.split(_MARKER_JSON)
         text = pieces[0] + "".join(
-            f'"{raw}"{rest}' for raw, rest in zip(lifted, pieces[1:], strict=True)
+            f"{raw}{rest}" for raw, rest in zip(lifted, pieces[1:], strict=True)
         )
-    return text.encode("utf-8")
+    return text
+
+
+# A class attribute naming a shape's hand-written encoder: for small, frequent shapes whose
+# every field its validators hold to text JSON never escapes. It must give the very bytes the
+# generic encoder gives (a test compares).
+HAND_WRITTEN = "hand_written_json"
 
 
 def encode(value: Any) -> bytes:
     """Any wire object (frame, body, payload) as compact UTF-8 JSON."""
-    return to_json(value)
+    write = getattr(type(value), HAND_WRITTEN, None)
+    return to_json(value) if write is None else write(value)
 
 
 def structure(raw: Any, cls: type[T]) -> T:

@@ -9,6 +9,8 @@ the relay that serves them is not trusted for them.
 
 from __future__ import annotations
 
+from typing import ClassVar
+
 import attrs
 
 from agentcall import limits
@@ -108,6 +110,9 @@ class RecoveryLink:
 
 @attrs.frozen
 class KeysResponse:
+    # The relay attaches the same (cached) records to every incoming_call of a caller: the
+    # codec encodes one object once and splices its text after that (codec.to_json).
+    encode_once: ClassVar[bool] = True
     identity: SignedIdentityRecord
     encryption: SignedEncryptionKeyRecord | None = None
     # Every recovery of this address, oldest first: how a caller who pinned an earlier

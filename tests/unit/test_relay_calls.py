@@ -9,14 +9,14 @@ from typing import Any
 
 import attrs
 import pytest
-from twisted.internet.defer import Deferred, fail
+from twisted.internet.defer import Deferred, fail, succeed
 from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
 from agentcall import limits
 from agentcall.errors import CallErrorCode, StoreError
 from agentcall.relay.audit import AuditEntry
-from agentcall.relay.calls import CallBook, Phase, restore_windows
+from agentcall.relay.calls import CallBook, Phase, restore_windows, when
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import open_relay_store
 from agentcall.relay.switchboard import Switchboard
@@ -842,3 +842,39 @@ def test_with_debug_off_a_call_reaches_the_observers_once(relay: Relay) -> None:
         relay.from_ken(reply(call_id))
         relay.clock.advance(0)
     assert [e.get("event") for e in events] == ["call_ended"]
+
+
+def test_a_store_answer_already_given_is_followed_at_once_and_a_later_one_waited_for() -> None:
+    """``when`` (how submit follows its store): with the answer in hand the next step runs now
+    and its own value comes back, no Deferred; a pending answer gives a Deferred of the same."""
+    steps: list[object] = []
+
+    def then(value: int) -> str:
+        steps.append(value)
+        return f"rang {value}"
+
+    def failed(failure: Any) -> str:
+        steps.append(failure.type)
+        return "refused"
+
+    assert when(succeed(7), then, failed) == "rang 7" and steps == [7]
+    assert when(fail(StoreError("down")), then, failed) == "refused" and steps[-1] is StoreError
+
+    later: Deferred[int] = Deferred()
+    pending = when(later, then, failed)
+    assert isinstance(pending, Deferred) and len(steps) == 2
+    later.callback(9)
+    assert fired(pending) == "rang 9" and steps == [7, StoreError, 9]
+
+    def broken(_value: int) -> str:
+        raise RuntimeError("a bug in routing")
+
+    # A bug in the next step is not the store's failure: it is raised, or fails the Deferred.
+    with pytest.raises(RuntimeError):
+        when(succeed(1), broken, failed)
+    waiting: Deferred[int] = Deferred()
+    result = when(waiting, broken, failed)
+    waiting.callback(1)
+    with pytest.raises(RuntimeError):
+        fired(result)  # type: ignore[arg-type]
+    assert len(steps) == 3

@@ -107,3 +107,47 @@ def test_the_largest_records_fit_the_room_the_listener_makes_for_them() -> None:
     )
     # ... and it also takes the answer to an outgoing call on the persistent socket.
     assert limits.MAX_TO_LISTENER_FRAME_BYTES >= limits.MAX_RESPONSE_FRAME_BYTES
+
+
+def test_attached_records_are_encoded_once_per_object_and_spliced_as_the_same_bytes() -> None:
+    """The relay attaches one caller's cached records to each of its incoming_calls: the codec
+    encodes a KeysResponse object once and splices that text afterwards. The bytes are those
+    of a plain encoding; new records (a new object, as after a publish) are encoded anew."""
+    from tests.unit.crypto_helpers import make_party
+
+    def plain(value: object) -> bytes:
+        raw = codec.converter.unstructure(value)
+        return json.dumps(raw, ensure_ascii=False, separators=(",", ":")).encode()
+
+    def incoming(keys: keyrecords.KeysResponse) -> frames.IncomingCall:
+        envelope = frames.SealedEnvelope(
+            v=1,
+            direction=frames.Direction.REQUEST,
+            relay_origin="relay.example",
+            from_="@acme/ann",
+            to="@acme/ken",
+            key_id="a" * 32,
+            epoch=1,
+            ct="Zm9vYmFy-_" * 20,
+        )
+        return frames.IncomingCall(
+            call_id="7d1b0d2e-5bd1-4b8a-9a43-3f8d2c3e0a11",
+            from_="ann",
+            envelope=envelope,
+            correlation_id="b" * 32,
+            caller_keys=keys,
+        )
+
+    ann = make_party("@acme/ann")
+    keys = keyrecords.KeysResponse(identity=ann.identity, encryption=ann.encryption)
+    first = codec.encode(incoming(keys))
+    assert codec._ENCODED_ONCE[id(keys)][0] is keys
+    assert first == plain(incoming(keys)) == codec.encode(incoming(keys))
+    assert codec.decode_frame(first) == incoming(keys)
+    # Outside the encoder the shape unstructures as ever (a dict, not text).
+    assert isinstance(codec.converter.unstructure(keys), dict)
+
+    renewed = keyrecords.KeysResponse(identity=make_party("@acme/ann").identity)
+    again = codec.encode(incoming(renewed))
+    assert again == plain(incoming(renewed)) != first
+    assert codec.decode_frame(again) == incoming(renewed)
