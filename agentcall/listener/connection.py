@@ -39,6 +39,7 @@ from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import USER_AGENT, Credentials
+from agentcall.client.common import parse_retry_after
 from agentcall.client.ws import OPEN_TIMEOUT_S, relay_endpoint, set_relay_protocol_options
 from agentcall.errors import AgentCallError, MalformedFrame
 from agentcall.logevents import Logger, without_option_dump
@@ -115,17 +116,6 @@ def counted_attempts(attempt: int, refused: int) -> int:
     dials since the last usable connection) less the ``refused`` ones among them (at most
     :data:`REFUSED_NOT_COUNTED`), at least 1."""
     return max(1, attempt - min(max(refused, 0), REFUSED_NOT_COUNTED))
-
-
-def parse_retry_after(value: str | None) -> float | None:
-    """A ``Retry-After`` in whole seconds (the form the relay sends), or None for anything else
-    (absent, an HTTP date, junk)."""
-    if value is None:
-        return None
-    text = value.strip()
-    if not text.isdigit() or len(text) > 6:
-        return None
-    return float(int(text))
 
 
 @attrs.frozen

@@ -30,6 +30,7 @@ from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.client.api import Credentials
+from agentcall.client.common import parse_retry_after
 from agentcall.client.ws import CallAborted
 from agentcall.listener.connection import (
     REFUSED_NOT_COUNTED,
@@ -38,7 +39,6 @@ from agentcall.listener.connection import (
     RelaySettings,
     counted_attempts,
     listen_query,
-    parse_retry_after,
     reconnect_delay,
 )
 from agentcall.listener.outgoing import OutgoingCalls
