@@ -1,8 +1,10 @@
 """``agentcall relay backup``: a consistent copy of a relay database, taken while it runs.
 
-SQLite's online backup API copies the database page by page inside read transactions, so the
-copy is one consistent state even while the relay writes (WAL readers never block the writer,
-nor it them). The copy is written to a new private file beside its final name and renamed into
+SQLite's online backup API copies the whole database in one step, inside one read transaction:
+the copy is the state of one moment even while the relay writes, and in WAL mode that reader
+never blocks the relay's writer, nor it the reader. (In several steps, a write by another
+connection between two of them would start the copy over, and a busy relay could keep it from
+ever finishing.) The copy is written to a new private file beside its final name and renamed into
 place only once it is whole and passes ``PRAGMA integrity_check``: an interrupted backup never
 leaves a file that looks like one. It is checked to be a relay database of a version this code
 knows, so restoring it (stop the relay, put the file at ``--database``, start it) is safe.
@@ -17,10 +19,6 @@ from pathlib import Path
 import attrs
 
 from agentcall.errors import StoreError
-
-# Pages per step: small steps let the relay's writes in between (the backup restarts a step a
-# write touched, never the whole copy, as the source connection is the writer's peer).
-PAGES_PER_STEP = 256
 
 
 @attrs.frozen
@@ -55,7 +53,7 @@ def backup_database(
             version = _relay_version(source, source_path)
             copy = sqlite3.connect(partial)
             try:
-                source.backup(copy, pages=PAGES_PER_STEP)
+                source.backup(copy)  # every page in one step: one snapshot
                 (pages,) = copy.execute("PRAGMA page_count").fetchone()
                 (verdict,) = copy.execute("PRAGMA integrity_check").fetchone()
                 if verdict != "ok":

@@ -5,7 +5,6 @@ from __future__ import annotations
 import sqlite3
 import stat
 from pathlib import Path
-from typing import Any
 
 import pytest
 
@@ -47,53 +46,26 @@ def test_a_backup_is_a_whole_private_relay_database(tmp_path: Path) -> None:
     assert [p.name for p in tmp_path.iterdir() if "partial" in p.name] == []
 
 
-def test_writes_during_the_backup_do_not_tear_it(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
-    """The relay writes between backup steps; the copy is one consistent state."""
-    from agentcall.relay import backup as backup_module
-
+def test_a_write_in_progress_neither_blocks_the_backup_nor_gets_into_it(tmp_path: Path) -> None:
+    """The relay is writing (a transaction open, not committed) while the backup runs: the
+    backup does not wait for it, holds the state before it, and the write then commits."""
     source = tmp_path / "relay.sqlite"
     store = relay_db(source)
-    writer = sqlite3.connect(source)
-    writer.execute("CREATE TABLE IF NOT EXISTS filler (n INTEGER, pad TEXT)")
-    # Enough pages for many small steps.
+    writer = sqlite3.connect(source, isolation_level=None, timeout=0)
+    writer.execute("CREATE TABLE filler (n INTEGER, pad TEXT)")
     writer.executemany("INSERT INTO filler VALUES (?, ?)", [(n, "p" * 500) for n in range(3000)])
-    writer.commit()
-    monkeypatch.setattr(backup_module, "PAGES_PER_STEP", 8)
-    real_connect = sqlite3.connect
-    steps: list[int] = []
-
-    class Source:
-        def __init__(self, conn: sqlite3.Connection) -> None:
-            self._conn = conn
-
-        def __getattr__(self, name: str) -> object:
-            return getattr(self._conn, name)
-
-        def backup(self, target: sqlite3.Connection, *, pages: int) -> None:
-            def progress(_status: int, remaining: int, _total: int) -> None:
-                steps.append(remaining)
-                if len(steps) == 2:  # a write lands in the middle of the copy
-                    writer.execute("INSERT INTO filler VALUES (-1, 'late')")
-                    writer.commit()
-
-            self._conn.backup(target, pages=pages, progress=progress)
-
-    def connect(name: str, *args: Any, **kwargs: Any) -> object:
-        conn = real_connect(name, *args, **kwargs)
-        return Source(conn) if "mode=ro" in str(name) else conn
-
-    monkeypatch.setattr(sqlite3, "connect", connect)
+    writer.execute("BEGIN IMMEDIATE")
+    writer.executemany("INSERT INTO filler VALUES (?, ?)", [(-n, "late") for n in range(500)])
     out = tmp_path / "backup.sqlite"
-    backup_database(source, out)
+    backup_database(source, out)  # with the write transaction still open
+    writer.execute("COMMIT")  # the backup's read did not get in the writer's way either
     writer.close()
     store.close()
-    assert len(steps) > 2
-    with real_connect(out) as copy:
-        count = copy.execute("SELECT COUNT(*) FROM filler").fetchone()[0]
-        assert count in (3000, 3001)  # before the write or after it, never half of it
+    with sqlite3.connect(out) as copy:
+        assert copy.execute("SELECT COUNT(*) FROM filler").fetchone() == (3000,)
         assert copy.execute("PRAGMA integrity_check").fetchone() == ("ok",)
+    with sqlite3.connect(source) as now:
+        assert now.execute("SELECT COUNT(*) FROM filler").fetchone() == (3500,)
 
 
 @pytest.mark.parametrize("case", ["missing", "exists", "not_relay"])
