@@ -165,18 +165,24 @@ def json_stdout_observer() -> ILogObserver:
 
 
 def use_log_format(options: Any, chosen: str) -> None:
-    """Act on a daemon's ``--log-format``: ``json`` asks twistd (the plugin's parent options)
-    for :func:`json_stdout_observer`; ``text`` leaves twistd's default. Twisted's own
-    factory start/stop lines are turned off either way (one per connection on the listener)."""
-    from twisted.internet import protocol
+    """Act on a daemon's ``--log-format`` while its options are parsed: ``json`` asks twistd
+    (the plugin's parent options, read before logging starts) for :func:`json_stdout_observer`;
+    ``text`` leaves twistd's default. Nothing outside ``options`` changes."""
     from twisted.python import usage
 
     if chosen not in ("text", "json"):
         raise usage.UsageError("--log-format must be text or json")
-    protocol.Factory.noisy = False
     parent = getattr(options, "parent", None)
     if chosen == "json" and parent is not None:
         parent["logger"] = "agentcall.logevents.json_stdout_observer"
+
+
+def quiet_factories() -> None:
+    """Turn Twisted's per-factory start/stop lines off, for the whole process (one pair per
+    connection on the listener's side). A daemon does this when it builds its service."""
+    from twisted.internet import protocol
+
+    protocol.Factory.noisy = False
 
 
 def without_option_dump(cls: type[P]) -> type[P]:

@@ -127,6 +127,9 @@ def local_service(svc: ListenerService) -> Handlers:
 def makeService(config: Options) -> IService:
     from twisted.internet import reactor
 
+    from agentcall.logevents import quiet_factories
+
+    quiet_factories()
     from agentcall.listener.service import (
         ListenerStartError,
         listener_environ,

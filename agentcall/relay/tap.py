@@ -405,7 +405,10 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
 
         reactor = global_reactor
     from agentcall.errors import StoreError
+    from agentcall.logevents import quiet_factories
     from agentcall.relay.composition import compose
+
+    quiet_factories()
     from agentcall.relay.store import open_relay_store
 
     try:

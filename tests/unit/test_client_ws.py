@@ -312,7 +312,7 @@ async def test_the_token_stays_out_of_debug_logs(relays: Relays) -> None:
 
     before = txaio.get_global_log_level()
     noisy = twisted_protocol.Factory.noisy
-    # A daemon's start-up turns Twisted's factory lines off, process-wide; not in this check.
+    # A daemon's makeService (run in-process by other tests) turns these lines off.
     twisted_protocol.Factory.noisy = True
     globalLogPublisher.addObserver(observe)
     txaio.set_global_log_level("debug")
