@@ -421,6 +421,10 @@ class RelayApi(resource.Resource):
             body.org, body.handle, CLOSE_RECOVERED, "recovered on another machine"
         )
         _log.info("member_recovered", org=body.org, handle=body.handle, sockets_closed=closed)
+        return self._enrolled(member, token)
+
+    def _enrolled(self, member: Member, token: str) -> http.RegisterResponse:
+        """What a registration or a recovery hands back: who, and the new token (shown once)."""
         return http.RegisterResponse(
             org=member.org,
             handle=member.handle,
@@ -436,14 +440,7 @@ class RelayApi(resource.Resource):
             body.org, body.invite, body.handle, body.agent_kind, self._clock.seconds()
         )
         _log.info("member_registered", org=member.org, handle=member.handle, role=str(member.role))
-        return http.RegisterResponse(
-            org=member.org,
-            handle=member.handle,
-            address=member.address,
-            role=member.role,
-            token=token,
-            relay_origin=self._origin,
-        )
+        return self._enrolled(member, token)
 
 
 def _release_when_gone(
