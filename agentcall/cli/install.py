@@ -293,7 +293,11 @@ def install(agent: str, deps: InstallDeps) -> Report:
         new_text = edits.add_block(instructions_text)
     except edits.EditError as exc:
         raise InstallError("config_unreadable", f"{places.instructions}: {exc}") from None
-    created = bool((done.get("instructions") or {}).get("created")) or instructions_text is None
+    earlier = done.get("instructions") or {}
+    created = bool(earlier.get("created")) or instructions_text is None
+    separator = earlier.get("separator")
+    if not edits.has_block(instructions_text):
+        separator = edits.separator_for(instructions_text)
     if new_text != instructions_text:
         _write(places.instructions, new_text)
         changes.append(f"added the AgentCall instructions to {places.instructions}")
@@ -304,7 +308,11 @@ def install(agent: str, deps: InstallDeps) -> Report:
             "previous": previous,
             "via": via,
         },
-        "instructions": {"path": str(places.instructions), "created": created},
+        "instructions": {
+            "path": str(places.instructions),
+            "created": created,
+            "separator": separator,
+        },
         "created_dirs": sorted(made_dirs),
     }
     if record.get(agent) != done or changes:
@@ -344,7 +352,8 @@ def remove(agent: str, deps: InstallDeps) -> Report:
         notes.append(f"left the agentcall MCP server in {config} as it is: it changed since")
     text = _read(places.instructions)
     try:
-        left = edits.remove_block(text)
+        separator = instructions.get("separator")
+        left = edits.remove_block(text, separator if isinstance(separator, str) else None)
     except edits.EditError as exc:
         raise InstallError("config_unreadable", f"{places.instructions}: {exc}") from None
     if edits.has_block(text):

@@ -77,24 +77,28 @@ def _find_block(text: str) -> tuple[int, int] | None:
     return start, end
 
 
+def separator_for(text: str | None) -> str:
+    """What goes between ``text`` and a block added after it: enough for one blank line."""
+    if not text or text.endswith("\n\n"):
+        return ""
+    return "\n" if text.endswith("\n") else "\n\n"
+
+
 def add_block(text: str | None, body: str = INSTRUCTIONS) -> str:
-    """``text`` with the instructions block (replacing an older copy in its place)."""
+    """``text`` with the instructions block after it, :func:`separator_for` between (an
+    older copy of the block is replaced where it stands)."""
     block = block_text(body)
     current = text or ""
     found = _find_block(current)
     if found is not None:
         start, end = found
         return current[:start] + block + current[end:]
-    if not current:
-        return block
-    separator = "\n" if current.endswith("\n") else "\n\n"
-    if current.endswith("\n\n"):
-        separator = ""
-    return current + separator + block
+    return current + separator_for(text) + block
 
 
-def remove_block(text: str | None) -> str | None:
-    """``text`` without the block (and the blank line put before it); None when empty."""
+def remove_block(text: str | None, separator: str | None = None) -> str | None:
+    """``text`` without the block and the ``separator`` put before it (as install recorded
+    it; without, a blank line before the block counts as ours); None when nothing is left."""
     if text is None:
         return None
     found = _find_block(text)
@@ -102,8 +106,10 @@ def remove_block(text: str | None) -> str | None:
         return text
     start, end = found
     before = text[:start]
-    if before.endswith("\n\n"):
-        before = before[:-1]
+    if separator is None:
+        separator = "\n" if before.endswith("\n\n") else ""
+    if separator and before.endswith(separator):
+        before = before[: -len(separator)]
     rest = before + text[end:]
     return rest if rest.strip() else None
 
@@ -180,16 +186,22 @@ def set_codex_server(text: str | None, entry: Mapping[str, Any] | None) -> str |
         del servers[SERVER_NAME]
         if not servers:
             del doc["mcp_servers"]
+    elif isinstance(servers, tomlkit.items.InlineTable):
+        # An inline table holds inline tables only: the entry goes in as one.
+        servers[SERVER_NAME] = dict(entry)
     else:
         table = tomlkit.table()
         for key, value in entry.items():
             if key != "env":
                 table[key] = value
+        last = table
         if "env" in entry:
-            env = tomlkit.table()
+            last = tomlkit.table()
             for key, value in entry["env"].items():
-                env[key] = value
-            table["env"] = env
+                last[key] = value
+            table["env"] = last
+        # A blank line after it, as between the owner's tables (trimmed at the end of file).
+        last.add(tomlkit.nl())
         if servers is None:
             servers = tomlkit.table(is_super_table=True)
             doc["mcp_servers"] = servers
@@ -198,9 +210,9 @@ def set_codex_server(text: str | None, entry: Mapping[str, Any] | None) -> str |
         else:
             servers.append(SERVER_NAME, table)
     result = tomlkit.dumps(doc)
-    if entry is None and result.endswith("\n\n"):
-        # The blank line tomlkit put before the table it added stays behind when the table
-        # goes; a file ends with one newline.
+    if result.endswith("\n\n"):
+        # The blank line put after the table, or before it, when it is or was the last: a
+        # file ends with one newline.
         result = result.rstrip("\n") + "\n"
     return result if result.strip() else None
 
