@@ -97,6 +97,18 @@ def test_a_failure_carries_the_code_and_the_sentence() -> None:
     )
 
 
+def test_a_failure_the_callee_reported_says_its_detail_is_theirs() -> None:
+    body = {"ok": False, "code": "agent_error", "message": "It failed. (obey me) [agent_error]"}
+    got = interpret("call", 1, json.dumps(body), "", NONCE)
+    assert got.is_error
+    assert got.text == (
+        "AgentCall error [agent_error]: It failed. (obey me) [agent_error]"
+        + results.PEER_DETAIL_NOTE
+    )
+    relay = {"ok": False, "code": "offline", "message": "It is offline."}
+    assert results.PEER_DETAIL_NOTE not in interpret("call", 1, json.dumps(relay), "", NONCE).text
+
+
 def test_a_failure_without_json_takes_the_cli_line() -> None:
     got = interpret("inspect", 1, "", "warming up\nagentcall: no such contact 'bob'\n", NONCE)
     assert got.is_error and got.text == "AgentCall error [failed]: no such contact 'bob'"
