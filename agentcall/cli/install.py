@@ -100,15 +100,9 @@ class InstallDeps:
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        list(argv),
-        capture_output=True,
-        text=True,
-        errors="replace",
-        timeout=CLAUDE_TIMEOUT_S,
-        stdin=subprocess.DEVNULL,
-        check=False,
-    )
+    from agentcall.cli.doctor_checks import run_command
+
+    return run_command(argv, CLAUDE_TIMEOUT_S)
 
 
 # --- files ----------------------------------------------------------------------------------------

@@ -17,11 +17,9 @@ from mcp import Client, StdioServerParameters
 from mcp_types import CallToolResult, TextContent
 
 from tests.e2e.installs import Install, World, two_people
+from tests.e2e.test_thin_call import OWN, SHARED
 
 pytestmark = pytest.mark.e2e
-
-SHARED = r"call_ended .*caller='{caller}'.*caller_socket='shared'"
-OWN = r"call_ended .*caller='{caller}'.*caller_socket='own'"
 
 
 @pytest.fixture(scope="module")
