@@ -121,6 +121,12 @@ def test_claude_mcp_list_shows_the_installed_server(caller: Caller) -> None:
     assert _listed_tools(caller, entry) == ALL_TOOLS
     again = caller.agentcall("install", "claude", "--json")
     assert '"changed": false' in again.stdout, again.stdout
+    # --remove undoes it through `claude mcp remove`: the real CLI lists no agentcall then.
+    removed = caller.agentcall("install", "--remove", "claude")
+    assert removed.returncode == 0, removed.stderr
+    listed = caller.run("claude", "mcp", "list", **QUIET)
+    assert not any(x.startswith("agentcall:") for x in listed.stdout.splitlines()), listed.stdout
+    assert not (caller.install.home / ".claude" / "CLAUDE.md").exists()
 
 
 def test_codex_mcp_list_shows_the_installed_server(caller: Caller) -> None:
@@ -139,6 +145,11 @@ def test_codex_mcp_list_shows_the_installed_server(caller: Caller) -> None:
     entry = edits.codex_server(text)
     assert entry is not None and entry["tool_timeout_sec"] == edits.CODEX_TOOL_TIMEOUT_S
     assert _listed_tools(caller, entry) == ALL_TOOLS
+    removed = caller.agentcall("install", "--remove", "codex")
+    assert removed.returncode == 0, removed.stderr
+    listed = caller.run("codex", "mcp", "list")
+    assert not any(x.startswith("agentcall ") for x in listed.stdout.splitlines()), listed.stdout
+    assert config.read_text() == '# the owner\'s own settings\nmodel = "gpt-5"  # keep me\n'
 
 
 def _fenced_answer(text: str, marker: str) -> None:
