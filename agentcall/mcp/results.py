@@ -20,6 +20,7 @@ Pure: no I/O.
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from typing import Any, Final
 
@@ -199,6 +200,27 @@ def _inspected(body: Mapping[str, Any], nonce: str) -> ToolOutcome:
     return ToolOutcome(
         head + "\n" + fence(text, f"{address or 'the other person'} (their card)", nonce)
     )
+
+
+# What `agentcall call` prints on stderr as a call goes (cli/call.py's _Progress): one line
+# extended as each state arrives, "ringing… 0.1s  answered 0.4s  working 0.9s".
+_LIFECYCLE: Final = re.compile(r"(?:^|\s)(ringing|answered|working)…? \d+(?:\.\d+)?s(?=\s|$)")
+LIFECYCLE_WORDS: Final = {
+    "ringing": "ringing",
+    "answered": "their listener took the call",
+    "working": "their agent is working on it",
+}
+
+
+def lifecycle(stderr: str) -> list[str]:
+    """The call's states so far, in order, from what the CLI printed on stderr (its own
+    ``agentcall: …`` lines, warnings and the reason of a failure, are not progress)."""
+    return [
+        match.group(1)
+        for line in stderr.split("\n")
+        if not line.startswith("agentcall: ")
+        for match in _LIFECYCLE.finditer(line)
+    ]
 
 
 def whoami(

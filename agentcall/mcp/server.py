@@ -11,7 +11,9 @@ Each tool runs the product's own CLI as a subprocess with ``--json`` (:class:`Cl
 - a call in flight is hung up exactly as the CLI hangs up: the client cancelling the tool call
   (or the server stopping) sends the subprocess SIGTERM, which the CLI turns into a hang-up.
 
-It costs a Python start per tool call (~0.2 s), small beside a call that runs an agent.
+It costs a Python start per tool call (~0.2 s), small beside a call that runs an agent. The
+CLI's progress line on stderr is read as it comes, and a call's lifecycle goes to the client as
+MCP progress.
 
 Tasks: mcp 2.3.0 carries the types of the MCP Tasks extension (2025-11-25) but dispatches none
 of its methods (``tasks/get``, ``tasks/result``), so a call that is queued is handed back as a
@@ -29,7 +31,7 @@ import os
 import secrets
 import signal
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from typing import Any, Final
 
 import anyio
@@ -64,13 +66,23 @@ def nested(environ: Mapping[str, str]) -> bool:
     return NESTED_CALL_ENV in environ
 
 
+StderrSink = Callable[[str], Awaitable[None]]
+
+
+async def _ignore(_text: str) -> None:
+    return None
+
+
 class CliRunner:
-    """Runs ``agentcall ARGS`` (this interpreter, this package) and collects its output."""
+    """Runs ``agentcall ARGS`` (this interpreter, this package) and collects its output;
+    ``on_stderr`` is handed all of stderr so far each time more arrives."""
 
     def __init__(self, program: Sequence[str] | None = None) -> None:
         self.program = tuple(program or (sys.executable, "-m", "agentcall"))
 
-    async def run(self, command: tools.Command) -> tuple[int, str, str]:
+    async def run(
+        self, command: tools.Command, on_stderr: StderrSink = _ignore
+    ) -> tuple[int, str, str]:
         process = await anyio.open_process(
             [*self.program, *command.argv],
             stdin=-1,  # subprocess.PIPE
@@ -78,24 +90,27 @@ class CliRunner:
             stderr=-1,
         )
         try:
-            return await self._collect(process, command.stdin)
+            return await self._collect(process, command.stdin, on_stderr)
         finally:
             if process.returncode is None:
                 with anyio.CancelScope(shield=True):
                     await _hang_up(process)
 
-    async def _collect(self, process: Process, stdin: bytes) -> tuple[int, str, str]:
+    async def _collect(
+        self, process: Process, stdin: bytes, on_stderr: StderrSink
+    ) -> tuple[int, str, str]:
         out = bytearray()
         err = bytearray()
 
-        async def drain(stream: Any, into: bytearray) -> None:
+        async def drain(stream: Any, into: bytearray, told: StderrSink) -> None:
             async for chunk in stream:
                 if len(into) < MAX_OUTPUT_BYTES:
                     into.extend(chunk)
+                    await told(into.decode("utf-8", "replace"))
 
         async with anyio.create_task_group() as group:
-            group.start_soon(drain, process.stdout, out)
-            group.start_soon(drain, process.stderr, err)
+            group.start_soon(drain, process.stdout, out, _ignore)
+            group.start_soon(drain, process.stderr, err, on_stderr)
             if process.stdin is not None:
                 if stdin:
                     await process.stdin.send(stdin)
@@ -170,11 +185,32 @@ def _as_result(outcome: results.ToolOutcome) -> types.CallToolResult:
     )
 
 
+ProgressSink = Callable[[float, str], Awaitable[None]]
+
+
+async def _no_progress(_step: float, _message: str) -> None:
+    return None
+
+
+def _progress_reporter(progress: ProgressSink) -> StderrSink:
+    """Each new lifecycle state of a call, as MCP progress (step 1, 2, 3 and its words)."""
+    told: list[str] = []
+
+    async def on_stderr(text: str) -> None:
+        states = results.lifecycle(text)
+        for state in states[len(told) :]:
+            told.append(state)
+            await progress(float(len(told)), results.LIFECYCLE_WORDS[state])
+
+    return on_stderr
+
+
 async def run_tool(
     name: str,
     arguments: Mapping[str, Any] | None,
     runner: CliRunner,
     environ: Mapping[str, str],
+    progress: ProgressSink = _no_progress,
 ) -> results.ToolOutcome:
     """One tool call, start to end; every way it can end is the returned outcome."""
     if name not in tools.BY_NAME:
@@ -192,7 +228,12 @@ async def run_tool(
     if command is None:
         return _whoami(environ)
     try:
-        code, out, err = await runner.run(command)
+        if name == tools.CALL:
+            # A call takes seconds to minutes: its lifecycle goes to the client as progress,
+            # which also tells clients that wait on progress that it is alive.
+            code, out, err = await runner.run(command, _progress_reporter(progress))
+        else:
+            code, out, err = await runner.run(command)
     except OSError as exc:
         return results.failure("local_error", f"could not run agentcall: {exc.strerror or exc}")
     return results.interpret(name, code, out, err, secrets.token_hex(8))
@@ -211,9 +252,13 @@ def build_server(
         return types.ListToolsResult(tools=tool_list())
 
     async def call_tool(
-        _ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
+        ctx: ServerRequestContext[Any], params: types.CallToolRequestParams
     ) -> types.CallToolResult:
-        outcome = await run_tool(params.name, params.arguments, used_runner, env)
+        async def progress(step: float, message: str) -> None:
+            # A no-op unless the client asked for progress (a progress token).
+            await ctx.session.report_progress(step, None, message)
+
+        outcome = await run_tool(params.name, params.arguments, used_runner, env, progress)
         return _as_result(outcome)
 
     return Server(

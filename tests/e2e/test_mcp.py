@@ -72,7 +72,26 @@ def text(result: CallToolResult) -> str:
 
 def test_a_call_without_a_service_dials_the_relay_and_comes_back_fenced(world: World) -> None:
     mark = world.relay.log.mark()
-    result = one(world.ann, "call", {"address": "ken", "message": "why is main red?"})
+    params = StdioServerParameters(
+        command=sys.executable, args=["-m", "agentcall", "mcp"], env=world.ann.env()
+    )
+    progress: list[str | None] = []
+
+    async def on_progress(_step: float, _total: float | None, message: str | None) -> None:
+        progress.append(message)
+
+    async def run() -> CallToolResult:
+        async with Client(params) as client:
+            args = {"address": "ken", "message": "why is main red?"}
+            return await client.call_tool("call", args, progress_callback=on_progress)
+
+    result = anyio.run(run)
+    # The lifecycle came as progress while the call went on.
+    assert progress == [
+        "ringing",
+        "their listener took the call",
+        "their agent is working on it",
+    ]
     assert not result.is_error, text(result)
     said = text(result)
     assert said.startswith("Answer from @acme/ken (call_id ")

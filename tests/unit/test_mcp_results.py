@@ -200,3 +200,18 @@ def test_whoami_says_which_path_calls_take() -> None:
     assert "through the local AgentCall service" in got.text
     off = results.whoami("@acme/ann", "https://r.example", None, "member", False)
     assert "dial the relay directly" in off.text
+
+
+@pytest.mark.parametrize(
+    ("stderr", "states"),
+    [
+        ("", []),
+        ("ringing… 0.1", []),
+        ("ringing… 0.1s", ["ringing"]),
+        ("ringing… 0.1s  answered 0.4s  working 1.2s\n", ["ringing", "answered", "working"]),
+        ("agentcall: warning: working 3s late\nringing… 0.1s", ["ringing"]),
+        ("reworking 1s", []),
+    ],
+)
+def test_the_lifecycle_is_read_from_the_cli_progress_line(stderr: str, states: list[str]) -> None:
+    assert results.lifecycle(stderr) == states

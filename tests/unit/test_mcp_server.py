@@ -31,8 +31,13 @@ class RecordingRunner(CliRunner):
         self.reply = (code, out, err)
         self.commands: list[tools.Command] = []
 
-    async def run(self, command: tools.Command) -> tuple[int, str, str]:
+    async def run(
+        self, command: tools.Command, on_stderr: server.StderrSink = server._ignore
+    ) -> tuple[int, str, str]:
         self.commands.append(command)
+        # The stderr as it arrives: in pieces, the lifecycle extended on one line.
+        for end in range(1, len(self.reply[2]) + 1):
+            await on_stderr(self.reply[2][:end])
         return self.reply
 
 
@@ -90,6 +95,28 @@ def test_a_call_runs_the_cli_and_fences_the_answer() -> None:
     assert runner.commands == [tools.Command(("call", "--json", "--", "ken", "-"), b"which port?")]
     assert not result.is_error and result.structured_content is None
     assert "8080" in text_of(result) and "<<<agentcall-untrusted-" in text_of(result)
+
+
+def test_a_calls_lifecycle_goes_to_the_client_as_progress() -> None:
+    body = {"ok": True, "address": "@acme/ken", "call_id": "c1", "text": "8080", "task": "ask"}
+    err = "ringing… 0.1s  answered 0.4s  working 1.2s\nagentcall: warning: x\n"
+    runner = RecordingRunner(out=json.dumps(body), err=err)
+    seen: list[tuple[float, float | None, str | None]] = []
+
+    async def on_progress(progress: float, total: float | None, message: str | None) -> None:
+        seen.append((progress, total, message))
+
+    async def work(client: Client) -> Any:
+        args = {"address": "ken", "message": "m"}
+        return await client.call_tool("call", args, progress_callback=on_progress)
+
+    result = session(runner, {}, work)
+    assert not result.is_error
+    assert seen == [
+        (1.0, None, "ringing"),
+        (2.0, None, "their listener took the call"),
+        (3.0, None, "their agent is working on it"),
+    ]
 
 
 def test_each_answer_gets_its_own_nonce() -> None:
