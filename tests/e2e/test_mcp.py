@@ -75,10 +75,10 @@ def test_a_call_without_a_service_dials_the_relay_and_comes_back_fenced(world: W
     params = StdioServerParameters(
         command=sys.executable, args=["-m", "agentcall", "mcp"], env=world.ann.env()
     )
-    said: list[str | None] = []
+    heard: list[str | None] = []
 
     async def on_progress(progress: float, total: float | None, message: str | None) -> None:
-        said.append(message)
+        heard.append(message)
 
     async def run() -> CallToolResult:
         async with Client(params) as client:
@@ -87,7 +87,7 @@ def test_a_call_without_a_service_dials_the_relay_and_comes_back_fenced(world: W
 
     result = anyio.run(run)
     # The lifecycle came as progress while the call went on.
-    assert said == [
+    assert heard == [
         "ringing",
         "their listener took the call",
         "their agent is working on it",
