@@ -100,9 +100,16 @@ class InstallDeps:
 
 
 def _run(argv: Sequence[str]) -> subprocess.CompletedProcess[str]:
-    from agentcall.cli.doctor_checks import run_command
-
-    return run_command(argv, CLAUDE_TIMEOUT_S)
+    # Not doctor_checks.run_command: doctor imports this module for its check.
+    return subprocess.run(
+        list(argv),
+        capture_output=True,
+        text=True,
+        errors="replace",
+        timeout=CLAUDE_TIMEOUT_S,
+        stdin=subprocess.DEVNULL,
+        check=False,
+    )
 
 
 # --- files ----------------------------------------------------------------------------------------
