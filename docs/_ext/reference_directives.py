@@ -126,7 +126,19 @@ class CliReference(_Reference):
 # --- the wire -----------------------------------------------------------------------------------
 
 
-def _shape_section(shape: model.Shape | model.EnumShape) -> nodes.section:
+def _type_cell(annotation: str, anchors: dict[str, str]) -> nodes.paragraph:
+    """The annotation as code, each name of a shape on the page a link to its entry."""
+    para = nodes.paragraph()
+    for piece, is_name in model.type_words(annotation):
+        code = nodes.literal(piece, piece)
+        if is_name and piece in anchors:
+            para += nodes.reference("", "", code, refid=anchors[piece], internal=True)
+        else:
+            para += code
+    return para
+
+
+def _shape_section(shape: model.Shape | model.EnumShape, anchors: dict[str, str]) -> nodes.section:
     section = _section(shape.anchor, shape.name, code=True)
     if isinstance(shape, model.EnumShape):
         section.extend(_paragraph(p) for p in shape.doc)
@@ -149,11 +161,11 @@ def _shape_section(shape: model.Shape | model.EnumShape) -> nodes.section:
         if field.only_when_set:
             notes.append("Left out while at its default.")
         if field.comment:
-            notes.append(field.comment)
+            notes.append(model.sentence(field.comment))
         rows.append(
             [
                 nodes.paragraph("", "", nodes.literal(field.name, field.name)),
-                nodes.paragraph("", "", nodes.literal(field.type, field.type)),
+                _type_cell(field.type, anchors),
                 _paragraph(" ".join(notes)),
             ]
         )
@@ -166,23 +178,34 @@ _MODULE_TITLES = {
     "agentcall.wire.payloads": "Sealed payloads (inside an envelope)",
     "agentcall.wire.keyrecords": "Published key records",
     "agentcall.wire.http": "HTTP bodies",
+    "agentcall.wire.roles": "Roles and agent kinds",
     "agentcall.wire.local": "Local socket lines",
+    "agentcall.errors": "Error codes",
 }
+
+
+# Which paragraph of the module's docstring opens its section (the first, unless named here).
+_INTRO = {"agentcall.errors": 1}
 
 
 class WireReference(_Reference):
     def run(self) -> list[nodes.Node]:
         self.depend_on("wire/*.py")
+        self.env.note_dependency(str(_PACKAGE / "errors.py"))
+        modules = model.wire_modules()
+        shapes = {module.__name__: model.module_shapes(module) for module in modules}
+        anchors = {s.name: s.anchor for found in shapes.values() for s in found}
         sections: list[nodes.Node] = []
-        for module in model.wire_modules():
+        for module in modules:
             title = _MODULE_TITLES[module.__name__]
             section = _section(model.slug(module.__name__), title)
-            first = model.paragraphs(module.__doc__)[:1]
-            section.extend(_paragraph(p) for p in first)
+            intro = model.paragraphs(module.__doc__)
+            at = _INTRO.get(module.__name__, 0)
+            section.extend(_paragraph(p) for p in intro[at : at + 1])
             source = module.__name__.replace(".", "/") + ".py"
             section += _paragraph(f"Defined in ``{source}``.")
-            for shape in model.module_shapes(module):
-                section += _shape_section(shape)
+            for shape in shapes[module.__name__]:
+                section += _shape_section(shape, anchors)
             sections.append(section)
         return sections
 

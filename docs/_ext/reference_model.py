@@ -30,7 +30,10 @@ WIRE_MODULES = (
     "agentcall.wire.payloads",
     "agentcall.wire.keyrecords",
     "agentcall.wire.http",
+    "agentcall.wire.roles",
     "agentcall.wire.local",
+    # The codes that travel in call_error frames, sealed failures and HTTP error bodies.
+    "agentcall.errors",
 )
 
 
@@ -86,6 +89,22 @@ def spans(text: str) -> list[tuple[str, str]]:
     if at < len(text):
         pieces.append(("text", text[at:]))
     return pieces
+
+
+def sentence(text: str) -> str:
+    """``text`` with a capital first letter and a full stop (a source comment, shown as prose)."""
+    text = text.strip()
+    if not text:
+        return ""
+    text = text[0].upper() + text[1:]
+    return text if text.endswith((".", "!", "?", ":", ")")) else text + "."
+
+
+def type_words(annotation: str) -> list[tuple[str, bool]]:
+    """``annotation`` cut into ``(piece, is_a_name)``: the names a reader may follow to their
+    own entry (``"tuple[JobInfo, ...]"`` gives ``tuple``, ``[``, ``JobInfo``, ``, ...]``)."""
+    pieces = re.split(r"([A-Za-z_][A-Za-z0-9_]*)", annotation)
+    return [(piece, index % 2 == 1) for index, piece in enumerate(pieces) if piece]
 
 
 def own_doc(cls: type[Any]) -> list[str]:
