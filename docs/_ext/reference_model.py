@@ -205,13 +205,16 @@ def _tag(cls: type[Any]) -> tuple[str, str] | None:
 def attrs_shape(cls: type[Any], source: str) -> Shape:
     """An attrs wire class as a :class:`Shape`."""
     comments = field_comments(source, cls.__name__)
+    # As written in the source: a.type is replaced by the class itself once anything resolves
+    # the annotations (attrs.resolve_types), and then reads with its module's path.
+    annotations = inspect.get_annotations(cls)
     fields = []
     for a in attrs.fields(cls):
         required = a.default is attrs.NOTHING
         fields.append(
             Field(
                 name=a.name.rstrip("_") if a.name.endswith("_") else a.name,
-                type=_type_text(a.type),
+                type=_type_text(annotations.get(a.name, a.type)),
                 required=required,
                 default=None if required else _default_text(a.default),
                 only_when_set=bool(a.metadata.get("agentcall.omit_if_default")),
@@ -269,7 +272,10 @@ def enum_shape(cls: type[enum.Enum]) -> EnumShape:
 def _type_text(annotation: object) -> str:
     if isinstance(annotation, str):
         return annotation
-    return getattr(annotation, "__name__", None) or str(annotation)
+    if isinstance(annotation, type):
+        return annotation.__name__
+    # A resolved union or generic: its names without their modules' paths.
+    return re.sub(r"\b(?:[A-Za-z_]\w*\.)+([A-Za-z_]\w*)", r"\1", str(annotation))
 
 
 def _default_text(value: object) -> str:

@@ -26,7 +26,7 @@ from twisted.python import usage
 from agentcall.cli.main import build_parser
 from agentcall.compose.listen import Options as ListenOptions
 from agentcall.relay.tap import Options as RelayOptions
-from agentcall.wire import frames, local
+from agentcall.wire import frames, keyrecords, local
 from docs._ext import reference_model as model
 from docs._ext.optional_pages import drop_absent
 
@@ -125,6 +125,24 @@ def test_a_local_line_has_its_wire_names_requirement_and_defaults() -> None:
     assert "continue" in by_name and "continue_" not in by_name
     assert by_name["target"].required and by_name["target"].type == "str"
     assert not by_name["queue"].required and by_name["queue"].default == "True"
+
+
+def test_types_read_as_written_even_once_resolved() -> None:
+    """Other code may resolve the annotations of the wire classes; the page still names them
+    as the source does."""
+
+    @attrs.frozen
+    class Resolved:
+        keys: keyrecords.KeysResponse | None
+        count: int
+
+    attrs.resolve_types(Resolved, globals(), {"keyrecords": keyrecords})
+    assert not isinstance(attrs.fields(Resolved).keys.type, str)  # resolved: no longer text
+    shape = model.attrs_shape(Resolved, "")
+    assert [f.type for f in shape.fields] == ["keyrecords.KeysResponse | None", "int"]
+    assert model._type_text(keyrecords.KeysResponse | None) == "KeysResponse | None"
+    assert model._type_text(tuple[frames.Ready, ...]) == "tuple[Ready, ...]"
+    assert model._type_text(int) == "int"
 
 
 def test_an_enumeration_lists_its_values() -> None:
