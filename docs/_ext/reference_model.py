@@ -202,6 +202,16 @@ def _tag(cls: type[Any]) -> tuple[str, str] | None:
     return None
 
 
+def _shape(cls: type[Any], fields: list[Field]) -> Shape:
+    return Shape(
+        name=cls.__name__,
+        module=cls.__module__,
+        tag=_tag(cls),
+        doc=tuple(own_doc(cls)),
+        fields=tuple(fields),
+    )
+
+
 def attrs_shape(cls: type[Any], source: str) -> Shape:
     """An attrs wire class as a :class:`Shape`."""
     comments = field_comments(source, cls.__name__)
@@ -221,13 +231,7 @@ def attrs_shape(cls: type[Any], source: str) -> Shape:
                 comment=comments.get(a.name, ""),
             )
         )
-    return Shape(
-        name=cls.__name__,
-        module=cls.__module__,
-        tag=_tag(cls),
-        doc=tuple(own_doc(cls)),
-        fields=tuple(fields),
-    )
+    return _shape(cls, fields)
 
 
 def line_shape(cls: type[Any], source: str) -> Shape:
@@ -251,13 +255,7 @@ def line_shape(cls: type[Any], source: str) -> Shape:
                 comment=comments.get(spec.name, ""),
             )
         )
-    return Shape(
-        name=cls.__name__,
-        module=cls.__module__,
-        tag=_tag(cls),
-        doc=tuple(own_doc(cls)),
-        fields=tuple(fields),
-    )
+    return _shape(cls, fields)
 
 
 def enum_shape(cls: type[enum.Enum]) -> EnumShape:
