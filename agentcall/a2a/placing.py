@@ -149,7 +149,7 @@ class CallPlacer:
 
             factory = Factory.forProtocol(build)
             self._reactor.adoptStreamConnection(sock.fileno(), socket.AF_UNIX, factory)
-        log.debug("a2a_via_service")
+        log.info("a2a_call_placed", target=request.target, path="service")
         return done
 
     def _directly(self, request: LocalCall, on_state: StateSink) -> defer.Deferred[LocalEnded]:
@@ -175,5 +175,5 @@ class CallPlacer:
             except AgentCallError as exc:
                 return LocalEnded.refused("local_error", str(exc))
 
-        log.debug("a2a_direct")
+        log.info("a2a_call_placed", target=request.target, path="direct")
         return defer.ensureDeferred(work())

@@ -195,6 +195,10 @@ class TaskBook:
     def get(self, task_id: str) -> TaskRecord | None:
         return self._tasks.get(task_id)
 
+    def ids(self) -> list[str]:
+        """The ids of the tasks kept, oldest first."""
+        return list(self._tasks)
+
     def put(self, record: TaskRecord) -> TaskRecord:
         self._tasks[record.task_id] = record
         self._tasks.move_to_end(record.task_id)

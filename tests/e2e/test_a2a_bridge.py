@@ -10,6 +10,7 @@ in the same contextId, reads a task back with GetTask, and meets an unknown addr
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import subprocess
 import sys
 import uuid
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.e2e.installs import World, two_people
+from tests.e2e.installs import Install, World, two_people
 from tests.e2e.processes import LogFollower
 
 pytestmark = pytest.mark.e2e
@@ -39,9 +40,10 @@ def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
         yield world
 
 
-@pytest.fixture(scope="module")
-def bridge(world: World) -> Iterator[str]:
-    """ann's bridge on a free loopback port; its base URL, read from its first line."""
+@contextlib.contextmanager
+def _serving(install: Install) -> Iterator[tuple[str, LogFollower]]:
+    """``install``'s bridge on a free loopback port: its base URL (from its first line) and
+    its log."""
     process = subprocess.Popen(
         [
             sys.executable,
@@ -52,16 +54,16 @@ def bridge(world: World) -> Iterator[str]:
             "--listen",
             "tcp:0:interface=127.0.0.1",
         ],
-        env=world.ann.env(),
+        env=install.env(),
         stdout=subprocess.PIPE,
         stderr=subprocess.STDOUT,
         text=True,
-        cwd=world.ann.root,
+        cwd=install.root,
     )
-    log = LogFollower(process.stdout, world.ann.root / "bridge.log")
+    log = LogFollower(process.stdout, install.root / "bridge.log")
     try:
         url = log.wait_for(r"a2a_listening url=(\S+)").group(1)
-        yield url
+        yield url, log
     finally:
         process.terminate()
         try:
@@ -69,6 +71,16 @@ def bridge(world: World) -> Iterator[str]:
         except subprocess.TimeoutExpired:
             process.kill()
             process.wait(timeout=5)
+
+
+@pytest.fixture(scope="module")
+def bridge(world: World) -> Iterator[str]:
+    """ann's bridge: she is caller-only, so it dials the relay itself."""
+    with _serving(world.ann) as (url, log):
+        yield url
+        # Every call through ann's bridge went the direct way.
+        assert "path='service'" not in log.text()
+        assert "path='direct'" in log.text()
 
 
 def _message(text: str, context_id: str | None = None) -> pb.SendMessageRequest:
@@ -169,3 +181,19 @@ def test_a_card_outside_the_organisation_is_not_found(world: World, bridge: str)
 
     with pytest.raises(a2a_client.AgentCardResolutionError):
         asyncio.run(fetch())
+
+
+def test_with_a_running_service_the_call_goes_through_it(world: World) -> None:
+    """ken runs his listener service: his own bridge hands the call to it (a call to himself,
+    as setup's self-check places one)."""
+    world.ken.set_scenario("happy")
+    with _serving(world.ken) as (url, log):
+        mark = log.mark()
+        _card, rounds, fetched = asyncio.run(
+            _exchange(url, "/agents/acme/ken", streaming=True, texts=["through the service?"])
+        )
+        log.wait_for(r"a2a_call_placed .*path='service'", since=mark)
+    assert fetched.status.state == pb.TASK_STATE_COMPLETED
+    assert _answer_text(fetched) == "FAKE-AGENT-ANSWER: through the service?"
+    states = [e.status_update.status.state for e in rounds[0] if e.HasField("status_update")]
+    assert pb.TASK_STATE_WORKING in states
