@@ -121,7 +121,9 @@ def agent_card(base_url: str, address: str, version: str) -> dict[str, Any]:
                 "name": "Ask",
                 "description": (
                     f"Ask {address}'s agent a question about their code or work; a follow-up "
-                    "with the same contextId continues the conversation while it is open."
+                    "with the same contextId continues the conversation while it is open. To "
+                    "run one of their named tasks instead, put "
+                    '{"agentcall": {"task": "ID"}} in the message\'s metadata.'
                 ),
                 "tags": ["agentcall", "coding-agent", "coworker"],
                 "examples": ["Why does the nightly build fail on arm64?"],

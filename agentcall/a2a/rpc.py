@@ -9,7 +9,8 @@ of the protocol's error table, as the ``a2a-sdk`` names them), so the web layer 
 
 The params are ProtoJSON of the A2A messages (lowerCamelCase members, enums by name). Members
 this bridge does not know are refused rather than ignored, so a client learns at once that a
-field it relies on has no effect here; the one open object is ``metadata``.
+field it relies on has no effect here; the one open object is ``metadata``, of which the bridge
+reads ``agentcall.task`` on the message (one of the callee's named tasks, ``--task``).
 """
 
 from __future__ import annotations
@@ -21,7 +22,7 @@ from typing import Any, Final
 
 import attrs
 
-from agentcall import limits, strictjson
+from agentcall import ids, limits, strictjson
 
 # The methods of A2A v1.0's JSON-RPC binding (its service's method names).
 SEND = "SendMessage"
@@ -38,6 +39,8 @@ PUSH_METHODS: Final = (
 )
 UNSUPPORTED: Final = ("ListTasks", "SubscribeToTask", "GetExtendedAgentCard")
 
+# The member of a message's metadata that carries AgentCall's own options.
+METADATA_KEY: Final = "agentcall"
 VERSION_HEADER: Final = "A2A-Version"
 PROTOCOL_VERSION: Final = "1.0"
 # A request without the header speaks the protocol's previous version (A2A's rule).
@@ -122,6 +125,7 @@ class SendParams:
     task_id: str | None
     return_immediately: bool
     history_length: int | None
+    task: str | None = None  # one of the callee's named tasks (``metadata.agentcall.task``)
 
 
 @attrs.frozen
@@ -290,6 +294,20 @@ def _metadata(raw: Mapping[str, Any], what: str) -> None:
         _object(raw["metadata"], f"{what}.metadata")
 
 
+def _agentcall_task(message: Mapping[str, Any]) -> str | None:
+    """The AgentCall task a message names in ``metadata.agentcall.task``, if any."""
+    metadata = message.get("metadata")
+    if not isinstance(metadata, dict) or metadata.get(METADATA_KEY) is None:
+        return None
+    what = f"message.metadata.{METADATA_KEY}"
+    ours = _object(metadata[METADATA_KEY], what)
+    _only(ours, what, {"task"})
+    task = _string(ours, "task", what)
+    if task is not None and not ids.is_task_id(task):
+        raise _invalid(f"{what}.task {task[:80]!r} is not a task id (lowercase, digits, '-')")
+    return task
+
+
 def _text_part(raw: object, index: int) -> str:
     what = f"message.parts[{index}]"
     part = _object(raw, what)
@@ -390,6 +408,7 @@ def send_params(raw: Mapping[str, Any]) -> SendParams:
         task_id=_client_id(message, "taskId", what="message"),
         return_immediately=return_immediately,
         history_length=history_length,
+        task=_agentcall_task(message),
     )
 
 

@@ -66,6 +66,7 @@ class Bridge:
         self.contexts = tasks.ContextBook()
         self._mint = mint
         self._running: dict[str, defer.Deferred[LocalEnded]] = {}
+        self._started: dict[str, float] = {}
         self._watchers: dict[str, list[Watcher]] = {}
 
     # --- the methods --------------------------------------------------------------------
@@ -89,6 +90,7 @@ class Bridge:
             request = LocalCall(
                 target=address,
                 message=params.text,
+                task=params.task,
                 context_id=joined.agentcall_context,
                 # A2A clients wait on the task; a job kept for days has no place in one.
                 queue=False,
@@ -104,7 +106,7 @@ class Bridge:
         record = self.tasks.put(
             tasks.new_task(task_id, joined.context_id, address, message, self.reactor.seconds())
         )
-        start = self.reactor.seconds()
+        self._started[task_id] = self.reactor.seconds()
 
         def on_state(call_state: str) -> None:
             current = self.tasks.get(task_id)
@@ -117,7 +119,7 @@ class Bridge:
 
         def ended(outcome: LocalEnded) -> None:
             self._running.pop(task_id, None)
-            self._end(task_id, tasks.finish(outcome, _describe), start)
+            self._end(task_id, tasks.finish(outcome, _describe))
 
         def failed(failure: Failure) -> None:
             self._running.pop(task_id, None)
@@ -130,7 +132,7 @@ class Bridge:
                     "the bridge failed placing the call [internal]",
                     "internal",
                 )
-            self._end(task_id, end, start)
+            self._end(task_id, end)
 
         running = self.placer.place(request, on_state)
         self._running[task_id] = running
@@ -153,7 +155,7 @@ class Bridge:
         end = tasks.Finish(
             tasks.TaskState.CANCELED, "canceled by the client: the call was hung up", "canceled"
         )
-        self._end(params.task_id, end, record.updated)
+        self._end(params.task_id, end)
         running.cancel()  # hangs up; what it reports later changes nothing
         current = self.tasks.get(params.task_id) or record
         return tasks.task_json(current)
@@ -176,7 +178,8 @@ class Bridge:
         for watcher in list(self._watchers.get(task_id, [])):
             watcher(event)
 
-    def _end(self, task_id: str, end: tasks.Finish, start: float) -> None:
+    def _end(self, task_id: str, end: tasks.Finish) -> None:
+        start = self._started.pop(task_id, None)
         current = self.tasks.get(task_id)
         if current is None or current.done:
             return
@@ -188,7 +191,7 @@ class Bridge:
             address=record.address,
             state=str(record.state),
             code=end.code,
-            elapsed_s=round(self.reactor.seconds() - start, 3),
+            elapsed_s=None if start is None else round(self.reactor.seconds() - start, 3),
         )
         artifact = tasks.artifact_update(record)
         if artifact is not None:

@@ -69,6 +69,23 @@ def test_text_parts_are_joined_and_configuration_is_read() -> None:
     assert request.params.history_length == 0
 
 
+def test_a_message_may_name_an_agentcall_task() -> None:
+    message = _message(metadata={"agentcall": {"task": "review"}, "other": 1})
+    request = rpc.parse_request(_body(params={"message": message}), V1)
+    assert isinstance(request.params, rpc.SendParams)
+    assert request.params.task == "review"
+    plain = rpc.parse_request(_body(params={"message": _message(metadata={"x": 1})}), V1)
+    assert isinstance(plain.params, rpc.SendParams) and plain.params.task is None
+
+
+@pytest.mark.parametrize(
+    "ours", ["review", {"task": "Review!"}, {"task": 5}, {"task": "ok", "model": "x"}]
+)
+def test_a_bad_agentcall_task_is_invalid(ours: Any) -> None:
+    message = _message(metadata={"agentcall": ours})
+    assert _refused(_body(params={"message": message})).code is Code.INVALID_PARAMS
+
+
 def test_get_and_cancel_read_the_task_id() -> None:
     got = rpc.parse_request(_body("GetTask", {"id": "t1", "historyLength": 2}), V1)
     assert got.params == rpc.TaskIdParams("t1", 2)

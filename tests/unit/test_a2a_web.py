@@ -222,6 +222,16 @@ def test_send_message_waits_for_the_answer(bridge: Harness) -> None:
     assert task["history"][0]["messageId"] == "m1"
 
 
+def test_a_named_task_is_asked_for(bridge: Harness) -> None:
+    bridge.open(
+        "POST",
+        "/agents/acme/ken",
+        _rpc("SendMessage", _send(metadata={"agentcall": {"task": "review"}})),
+    )
+    (placed,) = bridge.placer.calls
+    assert placed.request.task == "review"
+
+
 def test_streaming_reports_the_lifecycle_then_the_answer(bridge: Harness) -> None:
     transport = bridge.open("POST", "/agents/acme/ken", _rpc("SendStreamingMessage", _send()))
     (placed,) = bridge.placer.calls
