@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import socket
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from twisted.internet.error import ConnectionDone
 from twisted.internet.testing import MemoryReactorClock, StringTransport
 from twisted.python.failure import Failure
 
+from agentcall import limits
 from agentcall.a2a import placing
 from agentcall.local.home import Home
 from agentcall.wire.local import (
@@ -82,7 +84,7 @@ def test_a_line_it_cannot_read_ends_the_call() -> None:
 
 def test_an_oversize_line_ends_the_call() -> None:
     connected = Connected()
-    connected.protocol.dataReceived(b"x" * (placing.limits.MAX_LOCAL_EVENT_BYTES + 10))
+    connected.protocol.dataReceived(b"x" * (limits.MAX_LOCAL_EVENT_BYTES + 10))
     (ended,) = connected.ended
     assert ended.code == "service_error"
 
@@ -158,8 +160,8 @@ def test_a_socket_of_another_user_is_not_used(
     """The peer must be this user: pretend to be someone else and the service is not used."""
     home = _home(tmp_path)
     reactor = MemoryReactorClock()
-    real_uid = placing.os.getuid()
-    monkeypatch.setattr(placing.os, "getuid", lambda: real_uid + 1)
+    real_uid = os.getuid()
+    monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)
     with _listening(home.service_socket_path):
         placing.CallPlacer(reactor, home).place(REQUEST, lambda _s: None)
     assert reactor.adoptedStreamConnections == []

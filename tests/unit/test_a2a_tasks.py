@@ -180,9 +180,8 @@ def test_a_new_task_shows_no_status_message() -> None:
 
 def test_the_sdk_reads_what_the_bridge_writes() -> None:
     """Every shape parses as A2A's own messages (ProtoJSON), none of its fields lost."""
-    pytest.importorskip("a2a.types")
-    from a2a.types import a2a_pb2 as pb
-    from google.protobuf.json_format import ParseDict
+    pb = pytest.importorskip("a2a.types.a2a_pb2")
+    ParseDict = pytest.importorskip("google.protobuf.json_format").ParseDict
 
     working = tasks.advanced(_record(), "working", NOW)
     assert working is not None

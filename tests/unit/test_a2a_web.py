@@ -15,6 +15,7 @@ from twisted.internet.testing import StringTransport
 
 from agentcall.a2a import web
 from agentcall.wire.local import EndKind, LocalCall, LocalEnded
+from tests.unit.relay_helpers import Answer, parse_answer
 
 PORT = 8470
 KEN = "@acme/ken"
@@ -49,19 +50,11 @@ class FakePlacer:
         return placed.done
 
 
-@attrs.define
-class Answer:
-    status: int
-    headers: dict[str, str]
-    body: bytes
-
-    def json(self) -> Any:
-        return json.loads(self.body)
-
-    def events(self) -> list[Any]:
-        chunks = [c for c in self.body.split(b"\n\n") if c]
-        assert all(c.startswith(b"data: ") for c in chunks), self.body
-        return [json.loads(c[len(b"data: ") :]) for c in chunks]
+def _events(answer: Answer) -> list[Any]:
+    """The SSE events of a stream's body, each a JSON-RPC response."""
+    chunks = [c for c in answer.body.split(b"\n\n") if c]
+    assert all(c.startswith(b"data: ") for c in chunks), answer.body
+    return [json.loads(c[len(b"data: ") :]) for c in chunks]
 
 
 class Harness:
@@ -110,13 +103,7 @@ class Harness:
 
 
 def parse(transport: StringTransport) -> Answer:
-    head, _, body = transport.value().partition(b"\r\n\r\n")
-    lines = head.decode("latin-1").split("\r\n")
-    headers = {}
-    for line in lines[1:]:
-        name, _, value = line.partition(":")
-        headers[name.strip().lower()] = value.strip()
-    return Answer(int(lines[0].split()[1]), headers, body)
+    return parse_answer(transport.value())
 
 
 def _rpc(method: str, params: dict[str, Any], request_id: Any = "r1") -> bytes:
@@ -242,8 +229,8 @@ def test_streaming_reports_the_lifecycle_then_the_answer(bridge: Harness) -> Non
     placed.done.callback(_answer())
     answer = parse(transport)
     assert answer.headers["content-type"] == "text/event-stream"
-    results = [event["result"] for event in answer.events()]
-    assert all(event["id"] == "r1" for event in answer.events())
+    results = [event["result"] for event in _events(answer)]
+    assert all(event["id"] == "r1" for event in _events(answer))
     assert results[0]["task"]["status"]["state"] == "TASK_STATE_SUBMITTED"
     states = [r["statusUpdate"]["status"]["state"] for r in results if "statusUpdate" in r]
     assert states == [
@@ -269,7 +256,7 @@ def test_a_call_that_ends_at_once_still_answers(bridge: Harness) -> None:
     answer = bridge.rpc("SendMessage", _send())
     assert answer["result"]["task"]["status"]["state"] == "TASK_STATE_FAILED"
     streamed = bridge.request("POST", "/agents/acme/ken", _rpc("SendStreamingMessage", _send()))
-    results = [event["result"] for event in streamed.events()]
+    results = [event["result"] for event in _events(streamed)]
     assert results[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_FAILED"
     assert "not_set_up" in results[-1]["statusUpdate"]["status"]["message"]["parts"][0]["text"]
 
@@ -311,7 +298,7 @@ def test_a_cancelled_stream_ends_canceled(bridge: Harness) -> None:
     transport = bridge.open("POST", "/agents/acme/ken", _rpc("SendStreamingMessage", _send()))
     (task_id,) = bridge.bridge.tasks.ids()
     bridge.rpc("CancelTask", {"id": task_id})
-    results = [event["result"] for event in parse(transport).events()]
+    results = [event["result"] for event in _events(parse(transport))]
     assert results[-1]["statusUpdate"]["status"]["state"] == "TASK_STATE_CANCELED"
 
 
