@@ -15,17 +15,19 @@ import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.e2e.installs import Install, World, two_people
+from tests.e2e.installs import AgentGate, Install, World, two_people
 from tests.e2e.processes import LogFollower
 
 pytestmark = pytest.mark.e2e
 
 a2a_client = pytest.importorskip("a2a.client", reason="the a2a-sdk test client is not installed")
 httpx = pytest.importorskip("httpx")
+a2a_errors = pytest.importorskip("a2a.utils.errors")
 from a2a.types import a2a_pb2 as pb  # noqa: E402
 
 # Bounds each wait for the bridge's answer (never a delay): generous for a loaded machine.
@@ -36,7 +38,8 @@ CLIENT_TIMEOUT_S = 120.0
 def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
     with two_people(tmp_path_factory.mktemp("a2a")) as world:
         world.ken.edit_config(agent_timeout_s=120)
-        world.ken.start_listener()
+        # At debug, ken's listener logs call_cancelled: how the cancel test sees the hang-up.
+        world.ken.start_listener(AGENTCALL_LOG_LEVEL="debug")
         yield world
 
 
@@ -197,3 +200,48 @@ def test_with_a_running_service_the_call_goes_through_it(world: World) -> None:
     assert _answer_text(fetched) == "FAKE-AGENT-ANSWER: through the service?"
     states = [e.status_update.status.state for e in rounds[0] if e.HasField("status_update")]
     assert pb.TASK_STATE_WORKING in states
+
+
+async def _client(http: Any, base: str, **config: Any) -> Any:
+    card = await a2a_client.A2ACardResolver(http, base).get_agent_card()
+    return a2a_client.ClientFactory(a2a_client.ClientConfig(httpx_client=http, **config)).create(
+        card
+    )
+
+
+def test_cancel_task_hangs_up_the_call(world: World, bridge: str, tmp_path: Path) -> None:
+    """A task sent to return at once, then cancelled while ken's agent works: the task ends
+    CANCELED and ken's listener hears the hang-up; an unknown task is the SDK's own error."""
+    assert world.ken.listener is not None
+    gate = AgentGate.make(tmp_path / "gate")
+    world.ken.set_scenario({"name": "happy", "hold": gate.scenario()})
+    mark = world.ken.listener.log.mark()
+    base = f"{bridge}/agents/acme/ken"
+
+    async def send() -> pb.Task:
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
+            client = await _client(http, base, streaming=False, polling=True)
+            (event,) = [e async for e in client.send_message(_message("take your time"))]
+            task: pb.Task = event.task
+            return task
+
+    async def cancel(task_id: str) -> pb.Task:
+        async with httpx.AsyncClient(timeout=CLIENT_TIMEOUT_S) as http:
+            client = await _client(http, base, streaming=False)
+            task: pb.Task = await client.cancel_task(pb.CancelTaskRequest(id=task_id))
+            with pytest.raises(a2a_errors.TaskNotCancelableError):
+                await client.cancel_task(pb.CancelTaskRequest(id=task_id))
+            with pytest.raises(a2a_errors.TaskNotFoundError):
+                await client.get_task(pb.GetTaskRequest(id="no-such-task"))
+            return task
+
+    try:
+        sent = asyncio.run(send())
+        assert sent.status.state in (pb.TASK_STATE_SUBMITTED, pb.TASK_STATE_WORKING)
+        gate.wait_started()
+        canceled = asyncio.run(cancel(sent.id))
+        world.ken.listener.log.wait_for(r"call_cancelled", since=mark)
+    finally:
+        world.ken.set_scenario("happy")
+        gate.release()
+    assert canceled.status.state == pb.TASK_STATE_CANCELED
