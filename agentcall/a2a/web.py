@@ -361,9 +361,24 @@ class BridgeResource(resource.Resource):
         return server.NOT_DONE_YET
 
 
+class CappedRequest(server.Request):
+    """A request that keeps at most one byte more of its body than a JSON-RPC request may
+    have, so a huge upload costs neither memory nor disk; the rest is read and dropped, and
+    :func:`agentcall.a2a.rpc.read_envelope` refuses what was kept as too large."""
+
+    _kept = 0
+
+    def handleContentChunk(self, data: bytes) -> None:
+        room = rpc.MAX_BODY_BYTES + 1 - self._kept
+        if room > 0:
+            kept = data[:room]
+            self._kept += len(kept)
+            super().handleContentChunk(kept)
+
+
 def make_site(bridge: Bridge, port: Callable[[], int], names: frozenset[str]) -> server.Site:
     """The HTTP site of ``bridge``; ``port`` says the port it listens on (for Host checks)."""
-    site = server.Site(BridgeResource(bridge, port, names))
+    site = server.Site(BridgeResource(bridge, port, names), requestFactory=CappedRequest)
     site.displayTracebacks = False
     site.noisy = False
     site.timeOut = limits.CLIENT_CALL_TIMEOUT_S + 60

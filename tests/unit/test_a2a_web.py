@@ -189,6 +189,36 @@ def test_errors_are_json_rpc_with_http_200(bridge: Harness) -> None:
     assert bridge.rpc("GetTask", {"id": "nope"})["error"]["code"] == -32001
 
 
+def test_a_huge_body_is_refused_and_not_kept(bridge: Harness) -> None:
+    from agentcall.a2a import rpc
+
+    huge = (
+        b'{"jsonrpc": "2.0", "id": 1, "method": "SendMessage", "params": "'
+        + b"x" * (rpc.MAX_BODY_BYTES * 3)
+        + b'"}'
+    )
+    answer = parse(bridge.open("POST", "/agents/acme/ken", huge)).json()
+    assert answer["error"]["code"] == -32600
+    assert "larger than" in answer["error"]["message"]
+    assert bridge.placer.calls == []
+
+
+def test_a_request_keeps_at_most_one_byte_over_the_limit(bridge: Harness) -> None:
+    from twisted.web.http import HTTPChannel
+
+    from agentcall.a2a import rpc
+
+    channel = HTTPChannel()
+    channel.site = bridge.site  # type: ignore[attr-defined]
+    channel.transport = StringTransport()
+    request = web.CappedRequest(channel)
+    request.gotLength(None)
+    for _ in range(5):
+        request.handleContentChunk(b"x" * rpc.MAX_BODY_BYTES)
+    assert request.content is not None
+    assert request.content.seek(0, 2) == rpc.MAX_BODY_BYTES + 1
+
+
 def test_send_message_waits_for_the_answer(bridge: Harness) -> None:
     transport = bridge.open("POST", "/agents/acme/ken", _rpc("SendMessage", _send("why?")))
     assert transport.value() == b""  # nothing until the call ends
