@@ -28,12 +28,14 @@ dialled from this process, exactly like `agentcall call`. The stream reports the
 lifecycle as task status updates (ringing: SUBMITTED; answered, working: WORKING); the answer
 is the task's text artifact, marked as written by another person's agent. A follow-up with the
 same contextId continues the conversation the answer opened (like `agentcall call
---continue`). GetTask reads a task; CancelTask hangs up its call. Tasks are kept in memory.
+--continue`); {{"agentcall": {{"task": "ID"}}}} in a message's metadata runs one of the callee's
+named tasks (like --task). GetTask reads a task; CancelTask hangs up its call. Tasks are kept
+in memory. See docs/a2a.md.
 
-ENDPOINT is a Twisted server endpoint string (default {DEFAULT_LISTEN}). The bridge places calls
-in your name, so it answers only requests whose Host names it on loopback (or the interface
-ENDPOINT names); keep it on loopback. The first line on stdout says where it listens:
-`a2a_listening url=http://127.0.0.1:8470`."""
+ENDPOINT is a Twisted server endpoint string (default {DEFAULT_LISTEN}).
+The bridge places calls in your name, so it answers only requests whose Host names it on
+loopback (or the interface ENDPOINT names); keep it on loopback. The first line on stdout says
+where it listens: `a2a_listening url=http://127.0.0.1:8470`."""
 
 EPILOG = """\
 examples:
