@@ -134,7 +134,8 @@ class Bridge:
                 )
             self._end(task_id, end)
 
-        running = self.placer.place(request, on_state)
+        # A placer that raises instead of answering fails this task, not the request.
+        running = defer.maybeDeferred(self.placer.place, request, on_state)
         self._running[task_id] = running
         running.addCallbacks(ended, failed)
         log.info("a2a_task_started", task_id=task_id, address=address)

@@ -366,6 +366,19 @@ def test_a_placer_that_crashes_fails_the_task(bridge: Harness) -> None:
     assert "boom" not in json.dumps(task)
 
 
+def test_a_placer_that_raises_fails_the_task(bridge: Harness) -> None:
+    class Raising(FakePlacer):
+        def place(
+            self, request: LocalCall, on_state: Callable[[str], None]
+        ) -> defer.Deferred[LocalEnded]:
+            raise RuntimeError("boom")
+
+    bridge.bridge.placer = Raising()
+    task = bridge.rpc("SendMessage", _send())["result"]["task"]
+    assert task["status"]["state"] == "TASK_STATE_FAILED"
+    assert "[internal]" in task["status"]["message"]["parts"][0]["text"]
+
+
 def test_a_client_that_hangs_up_leaves_the_task_running(bridge: Harness) -> None:
     from twisted.internet.error import ConnectionDone
     from twisted.python.failure import Failure
