@@ -11,11 +11,8 @@ The answer is text from another person's agent: it is cleaned with
 :func:`agentcall.safetext.safe_text`, like everything the CLI prints, and the artifact says
 where it came from and that it is not an instruction (:func:`answer_artifact`).
 
-A2A's ``contextId`` groups messages into a conversation; AgentCall's conversations
-(``--continue``) have ids of their own, opened by the callee's answer. :class:`ContextBook`
-ties the two: a message with a contextId bound to an open AgentCall conversation continues it.
-
-Both books live in memory, bounded; time is passed in.
+The tasks live in memory (:class:`TaskBook`), bounded; time is passed in. How a ``contextId``
+maps to an AgentCall conversation is :mod:`agentcall.a2a.contexts`.
 """
 
 from __future__ import annotations
@@ -28,13 +25,11 @@ from typing import Any, Final
 
 import attrs
 
-from agentcall import ids
 from agentcall.errors import CallErrorCode
 from agentcall.safetext import safe_cell, safe_text
 from agentcall.wire.local import EndKind, LocalEnded
 
 MAX_TASKS: Final = 1000
-MAX_CONTEXTS: Final = 1000
 MAX_REASON_CHARS: Final = 600
 METADATA_KEY: Final = "agentcall"
 
@@ -361,76 +356,3 @@ def artifact_update(record: TaskRecord) -> dict[str, Any] | None:
             "lastChunk": True,
         }
     }
-
-
-# --- contextId <-> AgentCall conversation ----------------------------------------------------
-
-
-@attrs.frozen
-class Conversation:
-    """An A2A context: whom it is with, and the AgentCall conversation it continues (if open)."""
-
-    address: str
-    agentcall_context: str | None
-    used: float
-
-
-@attrs.frozen
-class Continue:
-    """What a message's contextId means: the A2A context the task joins, and the AgentCall
-    conversation to continue (None: a fresh call)."""
-
-    context_id: str
-    agentcall_context: str | None
-
-
-class ContextMismatch(Exception):
-    """The contextId belongs to a conversation with someone else."""
-
-
-class ContextBook:
-    """A2A contexts this bridge has seen, the most recently used last; at most ``limit``."""
-
-    def __init__(self, limit: int = MAX_CONTEXTS) -> None:
-        self._limit = limit
-        self._contexts: OrderedDict[str, Conversation] = OrderedDict()
-
-    def __len__(self) -> int:
-        return len(self._contexts)
-
-    def get(self, context_id: str) -> Conversation | None:
-        return self._contexts.get(context_id)
-
-    def resolve(self, context_id: str | None, address: str, minted: str) -> Continue:
-        """The conversation a message to ``address`` joins. No contextId: a new context
-        (``minted``). One this bridge bound: its open AgentCall conversation, if any. An
-        AgentCall conversation id itself (``ctx_…``, as ``agentcall call --json`` prints it):
-        that conversation. Any other: a new context under the client's id."""
-        if context_id is None:
-            return Continue(minted, None)
-        known = self._contexts.get(context_id)
-        if known is not None:
-            if known.address != address:
-                raise ContextMismatch(
-                    f"contextId {context_id} is a conversation with {known.address}, not {address}"
-                )
-            return Continue(context_id, known.agentcall_context)
-        if ids.CONTEXT_ID_RE.match(context_id) is not None:
-            return Continue(context_id, context_id)
-        return Continue(context_id, None)
-
-    def settle(self, context_id: str, address: str, end: Finish, now: float) -> None:
-        """Remember what the call made of the conversation: the AgentCall conversation an
-        answer opened (or none, if it opened none); a conversation the callee no longer knows
-        is dropped; any other failure leaves it to be tried again."""
-        known = self._contexts.get(context_id)
-        if end.state is TaskState.COMPLETED:
-            bound = end.conversation
-        elif end.code == str(CallErrorCode.CONTEXT_UNKNOWN):
-            bound = None
-        else:
-            bound = None if known is None else known.agentcall_context
-        self._contexts[context_id] = Conversation(address, bound, now)
-        self._contexts.move_to_end(context_id)
-        while len(self._contexts) > self._limit:
-            self._contexts.popitem(last=False)

@@ -23,7 +23,7 @@ from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 
 from agentcall import __version__, limits
-from agentcall.a2a import cards, rpc, tasks
+from agentcall.a2a import cards, contexts, rpc, tasks
 from agentcall.cli.render import describe_error
 from agentcall.errors import CallErrorCode
 from agentcall.logevents import Logger
@@ -63,7 +63,7 @@ class Bridge:
         self.placer = placer
         self.org = org
         self.tasks = tasks.TaskBook()
-        self.contexts = tasks.ContextBook()
+        self.contexts = contexts.ContextBook()
         self._mint = mint
         self._running: dict[str, defer.Deferred[LocalEnded]] = {}
         self._started: dict[str, float] = {}
@@ -84,7 +84,7 @@ class Bridge:
             )
         try:
             joined = self.contexts.resolve(params.context_id, address, self._mint())
-        except tasks.ContextMismatch as exc:
+        except contexts.ContextMismatch as exc:
             raise rpc.RpcError(rpc.Code.INVALID_PARAMS, str(exc)) from None
         try:
             request = LocalCall(
