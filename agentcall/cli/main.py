@@ -67,6 +67,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("agentcall.cli.doctor", "Check that this installation can place and answer calls."),
     "history": ("agentcall.cli.history", "Show recent inbound calls and tool attempts."),
     "trust": ("agentcall.cli.trust", "Forget a pinned identity after checking it out of band."),
+    "a2a": ("agentcall.cli.a2a", "Serve your coworkers' agents to local A2A clients."),
     "completion": ("agentcall.cli.completion", "Print a shell completion script."),
     "relay": (
         "agentcall.cli.relay",
