@@ -72,6 +72,7 @@ COMMANDS: dict[str, tuple[str, str]] = {
         "agentcall.cli.install",
         "Register AgentCall with Claude Code or Codex (or --remove it).",
     ),
+    "a2a": ("agentcall.cli.a2a", "Serve your coworkers' agents to local A2A clients."),
     "completion": ("agentcall.cli.completion", "Print a shell completion script."),
     "relay": (
         "agentcall.cli.relay",
