@@ -10,14 +10,12 @@ from __future__ import annotations
 
 import sys
 from pathlib import Path
-from typing import Any
 
 DOCS = Path(__file__).resolve().parent
 # The checkout first, so the reference is made from this tree's code, installed or not.
 sys.path.insert(0, str(DOCS.parent))
 
 import agentcall  # noqa: E402
-from docs._ext.optional_pages import drop_absent  # noqa: E402
 
 project = "AgentCall"
 author = "The AgentCall authors"
@@ -38,17 +36,3 @@ html_theme = "alabaster"
 html_title = f"AgentCall {release}"
 html_theme_options = {"description": "Call a coworker's coding agent", "fixed_sidebar": True}
 # Nothing is fetched while building: no intersphinx, no remote images.
-
-# Guides written alongside the site: the index names them, and while a file is absent its entry
-# is dropped (docs/_ext/optional_pages.py), so the site builds either way.
-OPTIONAL_PAGES = ("agents", "a2a")
-
-
-def _drop_absent_pages(app: Any, docname: str, source: list[str]) -> None:
-    if docname == root_doc:
-        present = {p.stem for p in DOCS.glob("*.md")}
-        source[0] = drop_absent(source[0], OPTIONAL_PAGES, present)
-
-
-def setup(app: Any) -> None:
-    app.connect("source-read", _drop_absent_pages)

@@ -28,7 +28,6 @@ from agentcall.compose.listen import Options as ListenOptions
 from agentcall.relay.tap import Options as RelayOptions
 from agentcall.wire import frames, keyrecords, local
 from docs._ext import reference_model as model
-from docs._ext.optional_pages import drop_absent
 
 REPO = Path(__file__).resolve().parents[2]
 
@@ -192,18 +191,6 @@ def test_type_words_pick_out_the_names_to_link() -> None:
         (", ...]", False),
     ]
     assert model.type_words("str | None") == [("str", True), (" | ", False), ("None", True)]
-
-
-def test_optional_pages_are_dropped_only_while_absent() -> None:
-    index = "```{toctree}\nuser\nagents\n  a2a\nagentsmith\n```\n"
-    assert (
-        drop_absent(index, ["agents", "a2a"], {"user"}) == "```{toctree}\nuser\nagentsmith\n```\n"
-    )
-    assert drop_absent(index, ["agents", "a2a"], {"user", "agents", "a2a"}) == index
-    assert drop_absent(index, [], set()) == index
-
-
-# --- the built site -------------------------------------------------------------------------
 
 
 @pytest.fixture(scope="module")
