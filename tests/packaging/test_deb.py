@@ -438,3 +438,20 @@ def test_the_installed_relay_runs_as_its_unit_says_and_carries_a_call(
         assert relay.returncode in (0, -signal.SIGTERM), text
         # twistd found its plugin cache written by postinst, and nothing failed on the way.
         assert "plugin cache" not in text and "Traceback" not in text, text
+
+        # Removing the package leaves nothing of it behind (prerm takes what postinst made),
+        # but keeps the relay's data and its user.
+        purged = subprocess.run(
+            ["chroot", str(root), "apt-get", "purge", "-y", "agentcall"],
+            env=apt_env,
+            capture_output=True,
+            text=True,
+            timeout=WAIT_S,
+            check=False,
+        )
+        assert purged.returncode == 0, purged.stdout + purged.stderr
+        left = [line for line in purged.stderr.splitlines() if "/usr/lib/agentcall" in line]
+        assert left == [], purged.stderr
+        assert not (root / "usr" / "lib" / "agentcall").exists()
+        assert not (root / "etc" / "agentcall" / "relay.env").exists()
+        assert database.exists()
