@@ -108,7 +108,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         )
         return FAILED_EXIT
     try:
-        os.execvp(args[1], args[1:])
+        # The agent's argv as the listener built it, never through a shell.
+        os.execvp(args[1], args[1:])  # noqa: S606
     except OSError as exc:
         sys.stderr.write(f"{PREFIX}cannot execute the agent: {exc.strerror}\n")
     return NOT_FOUND_EXIT

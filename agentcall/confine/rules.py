@@ -70,7 +70,8 @@ SYSTEM_READ: tuple[str, ...] = (
     "/sys",
     "/run",
 )
-SYSTEM_WRITE: tuple[str, ...] = ("/dev/shm",)
+# Shared memory (a tmpfs) that runtimes create their segments in.
+SYSTEM_WRITE: tuple[str, ...] = ("/dev/shm",)  # noqa: S108
 SYSTEM_DEVICE: tuple[str, ...] = ("/dev",)
 # How deep a read root is opened child by child before the rest of that branch is left out.
 MAX_DEPTH = 16
@@ -142,7 +143,8 @@ class Confinement(NamedTuple):
     (granted ``WRITE`` as they are, denylisted or not); ``append_files`` existing files it may
     only append to (the guard's log); ``extra`` more places the owner lets it write (subject to
     the denylist like the roots); ``runtime`` what the agent's programs are made of (read,
-    subject to the denylist), ``runtime_list`` directories only listed. ``required``: the admin ceiling demands the boundary.
+    subject to the denylist), ``runtime_list`` directories only listed. ``required``: the
+    admin ceiling demands the boundary.
     """
 
     read_roots: tuple[str, ...]

@@ -33,8 +33,8 @@ payload on stdin; a deny JSON or exit 2 refuses the call (Claude lists it in the
 Claude 2.1.332 has ``onFailure: "block"``. Settings that fail validation run no hook at all,
 silently, as the real CLI does. ``hook_timeout`` overrides the hooks' timeout; ``perform``
 makes allowed Read/Write calls touch the file and Bash calls run their command under
-``/bin/sh -c`` (a real child process); ``report`` makes the answer the tools' outputs. What happened to each call is logged as one
-``{"tool_calls": [...]}`` line.
+``/bin/sh -c`` (a real child process); ``report`` makes the answer the tools' outputs. What
+happened to each call is logged as one ``{"tool_calls": [...]}`` line.
 
 The facts imitated come from ``reference/agent-clis/ANALYSIS.md`` §1-§5. Standard library only.
 """
