@@ -73,6 +73,16 @@ def _interpreter_of(program: str, search_path: str) -> str | None:
     return shebang_interpreter(first, search_path)
 
 
+def command_paths(args: tuple[str, ...]) -> list[str]:
+    """The installations that the absolute paths among an agent command's words name."""
+    found: list[str] = []
+    for arg in args:
+        if os.path.isabs(arg) and os.path.exists(arg):
+            real = os.path.realpath(arg)
+            found.append(real if os.path.isdir(real) else install_root(real))
+    return found
+
+
 def guard_runtime() -> tuple[list[str], list[str]]:
     """What the tool guard (``python -I -m agentcall.guard``, a child of the agent) reads:
     this Python's prefixes and the agentcall package (read), and the directory the package
@@ -85,13 +95,18 @@ def guard_runtime() -> tuple[list[str], list[str]]:
     return list(dict.fromkeys(read)), [os.path.dirname(package)]
 
 
-def agent_state(kind: str, home: str, environ: Mapping[str, str]) -> list[str]:
-    """The agent's own configuration and session paths, which it reads and writes."""
+def agent_state(
+    kind: str, home: str, environ: Mapping[str, str], uid: int
+) -> tuple[list[str], list[str]]:
+    """The agent's own configuration and session directories, and its files beside them,
+    which it reads and writes."""
     if kind == "claude":
         configured = environ.get("CLAUDE_CONFIG_DIR", "")
         if configured:
-            return [configured]
-        return [os.path.join(home, ".claude"), os.path.join(home, ".claude.json")]
+            return [configured], []
+        return [os.path.join(home, ".claude")], [os.path.join(home, ".claude.json")]
     if kind == "codex":
-        return [environ.get("CODEX_HOME", "") or os.path.join(home, ".codex")]
-    return []
+        codex_home = environ.get("CODEX_HOME", "") or os.path.join(home, ".codex")
+        # Codex keeps the state of its sandbox helper in /tmp whatever TMPDIR says.
+        return [codex_home, f"/tmp/codex-daemon-{uid}"], []  # noqa: S108
+    return [], []

@@ -65,6 +65,10 @@ def prepare(conf: rules.Confinement, argv: Sequence[str], env: Mapping[str, str]
     try:
         for path in conf.append_files:
             _touch_private(path)
+        for path in conf.agent_state:
+            # Inside a home opened child by child the agent could not create it itself.
+            with contextlib.suppress(OSError):
+                os.makedirs(path, mode=0o700, exist_ok=True)
         search_path = env.get("PATH", os.defpath)
         program = argv[0] if os.sep in argv[0] else shutil.which(argv[0], path=search_path)
         runtime = list(conf.runtime)

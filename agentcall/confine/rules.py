@@ -139,8 +139,10 @@ class FileView(Protocol):
 class Confinement(NamedTuple):
     """What one agent run may use, as the call's task and the installation say.
 
-    All paths absolute. ``agent_state`` are the agent's own configuration and session paths
-    (granted ``WRITE`` as they are, denylisted or not); ``append_files`` existing files it may
+    All paths absolute. ``agent_state`` are the agent's own configuration and session
+    directories (granted ``WRITE`` as they are, denylisted or not; made when missing, since
+    the agent could not make them), ``agent_files`` its files beside them (the same, when
+    they exist); ``append_files`` existing files it may
     only append to (the guard's log); ``extra`` more places the owner lets it write (subject to
     the denylist like the roots); ``runtime`` what the agent's programs are made of (read,
     subject to the denylist), ``runtime_list`` directories only listed. ``required``: the
@@ -151,6 +153,7 @@ class Confinement(NamedTuple):
     write_roots: tuple[str, ...]
     home: str
     agent_state: tuple[str, ...] = ()
+    agent_files: tuple[str, ...] = ()
     append_files: tuple[str, ...] = ()
     runtime: tuple[str, ...] = ()
     runtime_list: tuple[str, ...] = ()
@@ -234,7 +237,7 @@ def plan(
         planner.grant(path, READ)
     for path in (*conf.write_roots, *conf.extra):
         planner.grant(path, WRITE)
-    for path in conf.agent_state:
+    for path in (*conf.agent_state, *conf.agent_files):
         if view.exists(path):
             planner.add(view.realpath(path), WRITE)
     for path in conf.append_files:

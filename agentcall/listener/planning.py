@@ -38,6 +38,13 @@ BOUNDARY_MISSING_DETAIL: Final = (
     "the administrator requires the kernel read boundary (Landlock), which this machine "
     "does not offer, so no agent may run"
 )
+# Codex 0.171's own sandbox is bubblewrap, which needs mounts and a user namespace that a
+# process inside a Landlock domain may not make, and its Landlock fallback refuses restricted
+# runs without it: Codex keeps its own sandbox, and runs outside the kernel boundary.
+BOUNDARY_CODEX_DETAIL: Final = (
+    "the administrator requires the kernel read boundary (Landlock), which cannot confine "
+    "Codex (its own sandbox cannot run inside it), so no Codex agent may run"
+)
 # More places (os.pathsep-separated, in the listener's environment) a confined agent may read
 # and write, such as a build cache its tools need; the denylist still applies.
 CONFINE_EXTRA_ENV: Final = "AGENTCALL_CONFINE_EXTRA"
@@ -123,6 +130,7 @@ def confinement(
     env: Mapping[str, str],
     environ: Mapping[str, str],
     required: bool,
+    command_args: tuple[str, ...] = (),
 ) -> Confinement:
     """What the kernel lets one agent run use: the task's roots and workdir, its write root,
     the agent's own configuration, the guard's log (append only) and the owner's extras."""
@@ -130,14 +138,19 @@ def confinement(
     extra = tuple(
         p for p in environ.get(CONFINE_EXTRA_ENV, "").split(os.pathsep) if os.path.isabs(p)
     )
+    state_dirs, state_files = needs.agent_state(kind, home, env, os.getuid())
     return Confinement(
         read_roots=tuple(dict.fromkeys((*roots, workdir))),
         write_roots=(workdir,) if may_write else (),
         home=guard.home,
-        agent_state=tuple(needs.agent_state(kind, home, env)),
+        agent_state=tuple(state_dirs),
+        agent_files=tuple(state_files),
         append_files=(guard.tools_log,),
         extra=extra,
         required=required,
+        # A custom agent command's absolute arguments (`python /opt/agent/main.py`) are part
+        # of its installation.
+        runtime=tuple(needs.command_paths(command_args)),
     )
 
 
@@ -164,6 +177,8 @@ def plan_run(
     """
     if boundary_required and kernel_abi < 1:
         return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=BOUNDARY_MISSING_DETAIL)
+    if boundary_required and config.agent_kind == AgentKind.CODEX:
+        return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=BOUNDARY_CODEX_DETAIL)
     found = resolve_program(config, environ, which)
     if found is None:
         return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
@@ -238,7 +253,7 @@ def plan_run(
         )
     )
     confine = None
-    if kernel_abi >= 1:
+    if kernel_abi >= 1 and kind != AgentKind.CODEX:
         confine = confinement(
             kind=kind,
             roots=roots,
@@ -248,6 +263,7 @@ def plan_run(
             env=env,
             environ=environ,
             required=boundary_required,
+            command_args=extra_args,
         )
     timeout_s = config.agent_timeout_s
     if task.timeout_s is not None:
@@ -272,8 +288,6 @@ def plan_run(
             stdin=guardwire.preflight_payload(invocation.cwd),
             timeout_s=guardwire.PREFLIGHT_TIMEOUT_S,
             kill_grace_s=guardwire.PREFLIGHT_KILL_GRACE_S,
-            # Codex runs its hook inside its own boundary: the check must see the same.
-            confine=confine,
         )
     return RunPlan(
         run=run,

@@ -75,7 +75,7 @@ def _bash(*commands: str) -> dict[str, object]:
     return {"name": "happy", "perform": True, "report": True, "tools": tools}
 
 
-def _answer(world: World, task: str, *commands: str) -> list[str]:
+def _answer(world: World, task: str, *commands: str) -> str:
     world.ken.set_scenario(_bash(*commands))
     done = world.ann.cli("call", "ken", "--task", task, "run the commands")
     assert done.returncode == 0, done.stderr
