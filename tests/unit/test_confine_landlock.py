@@ -132,13 +132,13 @@ def test_a_confined_shell_reads_its_root_and_nothing_of_the_denylist(tmp_path: P
     conf = Confinement((str(home),), (), str(home), append_files=(str(log),))
     script = (
         f"cat {home}/notes.txt; cat {home}/.ssh/id_ed25519; cat {tmp_path}/outside.txt;"
-        f" ls {home}; echo logged >> {log}; echo x > {home}/new.txt; echo t > $TMPDIR/t && cat $TMPDIR/t"
+        f" ls {home}; echo logged >> {log}; echo x > {home}/new.txt;"
+        " echo t > $TMPDIR/t && cat $TMPDIR/t"
     )
     done = run_confined(conf, script, home)
     assert "NOTES" in done.stdout
     assert "KEY" not in done.stdout and "OUTSIDE" not in done.stdout
     assert done.stderr.count("Permission denied") == 3, done.stderr
-    assert ".ssh" not in done.stdout.split()  # ls shows names except hidden ones: none here
     assert log.read_text() == "logged\n"
     assert not (home / "new.txt").exists()
     assert done.stdout.rstrip().endswith("t")

@@ -19,7 +19,7 @@ class FakeView:
     def __init__(
         self,
         dirs: dict[str, list[str]],
-        files: set[str] = frozenset(),
+        files: frozenset[str] | set[str] = frozenset(),
         links: dict[str, str] | None = None,
     ) -> None:
         self.dirs = dirs
