@@ -3,33 +3,22 @@
 The scripted model asks Claude Code's Bash tool to ``cat`` the owner's SSH key, a file outside
 every root and the notes inside the root, and to write outside the working directory. The
 guard lets every Bash call through (the task grants ``exec``); the run is confined exactly as
-the listener plans it (:func:`tests.realagents.harness.confinement`), so every refusal seen in
-the tool results the mock received is the kernel's.
+the listener plans it (``run_claude`` passes :func:`tests.realagents.harness.confinement`), so
+every refusal seen in the tool results the mock received is the kernel's.
 """
 
 from __future__ import annotations
 
-import secrets
 from pathlib import Path
 
 import pytest
 
 from agentcall.confine.landlock import probe
-from agentcall.listener.agents.base import AgentAnswer, AgentSpec
-from agentcall.listener.agents.claude import ADAPTER
-from tests.realagents.harness import (
-    CLAUDE_QUIET_ENV,
-    DUMMY_ANTHROPIC_KEY,
-    GuardWiring,
-    Layout,
-    RealRun,
-    base_environ,
-    confinement,
-    run_real,
-)
+from agentcall.listener.agents.base import AgentAnswer
+from tests.realagents.harness import GuardWiring, Layout
 from tests.realagents.install import InstalledAgent
 from tests.realagents.mock_anthropic import Final, MockAnthropic, ToolUse
-from tests.realagents.test_claude_guard import result_for, twisted_test
+from tests.realagents.test_claude_guard import result_for, run_claude, twisted_test
 
 ABI, WHY_NOT = probe()
 pytestmark = [
@@ -37,40 +26,6 @@ pytestmark = [
     pytest.mark.slow,
     pytest.mark.skipif(ABI < 1, reason=f"no Landlock on this kernel: {WHY_NOT}"),
 ]
-
-
-async def run_with_shell(
-    install: InstalledAgent,
-    layout: Layout,
-    mock: MockAnthropic,
-    guard: GuardWiring,
-    caps: set[str],
-) -> RealRun:
-    read_roots = (layout.home,)
-    spec = AgentSpec(
-        binary=str(install.binary),
-        workdir=str(layout.workdir),
-        tools=frozenset(caps),
-        read_roots=tuple(str(r) for r in read_roots),
-        max_turns=8,
-        extra_env=CLAUDE_QUIET_ENV,
-        settings_json=guard.claude_settings(),
-    )
-    call_id = f"call-{secrets.token_hex(6)}"
-    environ = base_environ(
-        layout, ANTHROPIC_BASE_URL=mock.base_url, ANTHROPIC_API_KEY=DUMMY_ANTHROPIC_KEY
-    )
-    conf = confinement(layout, "claude", caps, read_roots, environ)
-    assert conf is not None
-    return await run_real(
-        ADAPTER,
-        spec,
-        "Please run the commands.",
-        environ=environ,
-        guard_env=guard.env(layout, caps, read_roots, call_id),
-        call_id=call_id,
-        confine=conf,
-    )
 
 
 def bash(command: str) -> ToolUse:
@@ -103,7 +58,7 @@ async def test_claude_bash_reads_inside_the_root_and_is_refused_the_rest(
     )
     key_id, outside_id, notes_id, escape_id, inside_id = ids
 
-    run = await run_with_shell(claude_install, layout, anthropic_mock, guard, caps={"read", "exec"})
+    run = await run_claude(claude_install, layout, anthropic_mock, guard, caps={"read", "exec"})
 
     assert isinstance(run.outcome, AgentAnswer), run.describe()
     assert_kernel_refused(result_for(anthropic_mock, key_id, run).text, layout.ssh_key)
@@ -141,7 +96,7 @@ async def test_claude_bash_in_a_write_task_writes_only_its_working_directory(
         ]
     )
 
-    run = await run_with_shell(
+    run = await run_claude(
         claude_install, layout, anthropic_mock, guard, caps={"read", "write", "exec"}
     )
 
