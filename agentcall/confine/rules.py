@@ -159,6 +159,9 @@ class Confinement(NamedTuple):
     runtime_list: tuple[str, ...] = ()
     extra: tuple[str, ...] = ()
     required: bool = False
+    # More denied roots for the read and write roots and the extras (the guard's own: its code
+    # and the owner's tasks directory); the agent's runtime may still read them.
+    denied_extra: tuple[str, ...] = ()
 
 
 def denied_paths(home: str, view: FileView) -> tuple[str, ...]:
@@ -172,10 +175,12 @@ def denied_paths(home: str, view: FileView) -> tuple[str, ...]:
 
 
 class _Planner:
-    def __init__(self, denied: tuple[str, ...], view: FileView) -> None:
+    def __init__(
+        self, denied: tuple[str, ...], view: FileView, rules: dict[str, set[str]] | None = None
+    ) -> None:
         self._denied = tuple(d.casefold() for d in denied)
         self._view = view
-        self.rules: dict[str, set[str]] = {}
+        self.rules: dict[str, set[str]] = {} if rules is None else rules
 
     def add(self, path: str, kind: str) -> None:
         self.rules.setdefault(path, set()).add(kind)
@@ -216,7 +221,13 @@ def plan(
 
     A path with several kinds keeps each (Landlock ORs them). Missing paths are left out.
     """
-    planner = _Planner(denied_paths(conf.home, view), view)
+    denied = denied_paths(conf.home, view)
+    planner = _Planner(denied, view)
+    extra_denied = tuple(
+        form for p in conf.denied_extra for form in (os.path.normpath(p), view.realpath(p))
+    )
+    # The task's roots and the owner's extras: the guard's extra denied roots apply too.
+    strict = _Planner(denied + extra_denied, view, planner.rules)
     for path in SYSTEM_READ:
         if view.exists(path):
             planner.add(path, READ)
@@ -234,9 +245,9 @@ def plan(
         if view.exists(path) and not planner.is_denied(view.realpath(path)):
             planner.add(view.realpath(path), LIST)
     for path in conf.read_roots:
-        planner.grant(path, READ)
+        strict.grant(path, READ)
     for path in (*conf.write_roots, *conf.extra):
-        planner.grant(path, WRITE)
+        strict.grant(path, WRITE)
     for path in (*conf.agent_state, *conf.agent_files):
         if view.exists(path):
             planner.add(view.realpath(path), WRITE)

@@ -148,6 +148,7 @@ def confinement(
         append_files=(guard.tools_log,),
         extra=extra,
         required=required,
+        denied_extra=guard.extra_denied,
         # A custom agent command's absolute arguments (`python /opt/agent/main.py`) are part
         # of its installation.
         runtime=tuple(needs.command_paths(command_args)),

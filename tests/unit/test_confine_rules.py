@@ -251,3 +251,18 @@ def test_what_each_kind_allows() -> None:
 def test_an_unknown_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown access kind"):
         rules.rights_for("everything", 7, is_dir=True)
+
+
+def test_the_guards_extra_denied_roots_stay_out_of_roots_but_not_the_runtime() -> None:
+    """The owner's tasks directory inside a write root is not writable; the guard's own
+    package stays readable to the guard (runtime) while no root grants it."""
+    view = home_view(**{"/h/project/tasks": [], "/pkg": []})
+    view.dirs["/h/project"] = ["src", "tasks"]
+    conf = Confinement(
+        (), ("/h/project",), HOME, runtime=("/pkg",), denied_extra=("/h/project/tasks", "/pkg")
+    )
+    planned = kinds(rules.plan(conf, view))
+    assert planned["/h/project"] == {LIST}
+    assert planned["/h/project/src"] == {WRITE}
+    assert "/h/project/tasks" not in planned
+    assert planned["/pkg"] == {READ}
