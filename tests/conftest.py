@@ -9,6 +9,7 @@ import pytest
 from hypothesis import settings
 
 from tests.hypothesis_profiles import default_profile
+from tests.netguard import loopback_only
 
 # ``--hypothesis-profile=NAME`` still wins: Hypothesis's plugin loads it after this file.
 settings.load_profile(default_profile(os.environ))
@@ -24,3 +25,16 @@ def _log_level_restored() -> Iterator[None]:
         yield
     finally:
         logevents.set_level(before)
+
+
+@pytest.fixture(autouse=True)
+def _off_the_network(request: pytest.FixtureRequest) -> Iterator[None]:
+    """Only tests marked ``network`` may dial beyond loopback (tests/netguard.py)."""
+    if request.node.get_closest_marker("network") is not None:
+        yield
+        return
+    attempts: list[str] = []
+    with loopback_only(attempts):
+        yield
+    if attempts:
+        pytest.fail(f"a test not marked `network` dialled beyond loopback: {', '.join(attempts)}")

@@ -183,6 +183,7 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
     from agentcall.cli.doctor_keys import recovery_code
 
     checks.append(recovery_code(home))
+    checks += dc.agent_tools(deps)
 
     from agentcall.cli.card import doctor_fetch
 

@@ -548,3 +548,23 @@ def _ceiling_requires_boundary() -> bool:
     except CeilingError:
         return False  # reported by the admin ceiling check
     return ceiling is not None and ceiling.require_kernel_boundary
+
+
+# --- coding agents calling through `agentcall mcp` -----------------------------------------------
+
+
+def agent_tools(deps: DoctorDeps) -> list[Check]:
+    """One line per coding agent ``agentcall install`` registered ``agentcall mcp`` with: pass
+    while its entry still starts this agentcall, fail once it does not. Agents never
+    installed into get no line (setup says how to install)."""
+    from agentcall.cli.install import AGENTS, installed
+
+    checks = []
+    for agent in AGENTS:
+        ok, detail = installed(agent, deps.environ)
+        if ok:
+            checks.append(Check(f"{agent} tools", OK, detail))
+        elif not detail.startswith("not installed"):
+            hint = f"run `agentcall install {agent}` again (or `--remove` it)"
+            checks.append(Check(f"{agent} tools", FAIL, detail, hint))
+    return checks

@@ -67,6 +67,12 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "doctor": ("agentcall.cli.doctor", "Check that this installation can place and answer calls."),
     "history": ("agentcall.cli.history", "Show recent inbound calls and tool attempts."),
     "trust": ("agentcall.cli.trust", "Forget a pinned identity after checking it out of band."),
+    "mcp": ("agentcall.cli.mcp", "Serve AgentCall's tools to a coding agent (MCP, on stdio)."),
+    "install": (
+        "agentcall.cli.install",
+        "Register AgentCall with Claude Code or Codex (or --remove it).",
+    ),
+    "a2a": ("agentcall.cli.a2a", "Serve your coworkers' agents to local A2A clients."),
     "completion": ("agentcall.cli.completion", "Print a shell completion script."),
     "relay": (
         "agentcall.cli.relay",

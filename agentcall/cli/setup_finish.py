@@ -95,6 +95,7 @@ async def finish(
         listener_started = _install_service(home, config, deps, agent_executable)
 
     summary = f"address: {config.address}\nfingerprint: {fingerprint(keys.identity_record.record)}"
+    offer_agent_tools(deps)
     if not listener_started or args.no_verify:
         print(summary)
         return 0
@@ -103,6 +104,27 @@ async def finish(
     if failure is not None:
         raise CommandError(failure)
     return 0
+
+
+AGENT_NAMES = {"claude": "Claude Code", "codex": "Codex"}
+
+
+def offer_agent_tools(deps: SetupDeps) -> list[str]:
+    """For each coding agent on PATH that ``agentcall install`` has not set up, say how to
+    let it place calls itself (setup asks nothing: it also runs from scripts)."""
+    from agentcall.cli.install import installed
+
+    offers = []
+    for agent, name in AGENT_NAMES.items():
+        if deps.which(agent) is None or installed(agent, deps.environ)[0]:
+            continue
+        offers.append(
+            f"found {name}: `agentcall install {agent}` lets it call your coworkers' agents "
+            "itself (an MCP server and a short instruction)"
+        )
+    for line in offers:
+        say(line)
+    return offers
 
 
 def _service_path(deps: SetupDeps, agent_executable: str | None) -> list[str]:

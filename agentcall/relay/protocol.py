@@ -38,6 +38,7 @@ from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.outgoing import SocketCalls
 from agentcall.relay.store_interface import Member, RelayStore
 from agentcall.relay.switchboard import Switchboard
+from agentcall.relay.wsmask import unmask
 from agentcall.wire import codec, frames
 from agentcall.wire.closecodes import (
     CLOSE_BAD_REQUEST,
@@ -190,6 +191,15 @@ class RelayWebSocket(WebSocketServerProtocol):
         finally:
             unsent.reading = False
             unsent.flush()
+
+    def onFrameData(self, payload: bytes) -> bool | None:
+        # The factory sets applyMask=False: autobahn passes each chunk of a frame as it came,
+        # still masked (its null masker only counts), and it is unmasked here in one pass.
+        mask: bytes | None = self.current_frame.mask  # type: ignore[assignment] # bytes, not str
+        if payload and mask is not None:
+            offset = self.current_frame_masker.pointer() - len(payload)
+            payload = unmask(payload, mask, offset)
+        return super().onFrameData(payload)
 
     def send_text(self, payload: bytes) -> None:
         """One unfragmented, uncompressed, unmasked text message: the bytes autobahn's
@@ -519,6 +529,9 @@ class RelayWebSocketFactory(WebSocketServerFactory):
             perMessageCompressionAccept=lambda _offers: None,
             # Frames are decoded as strict UTF-8 by agentcall.wire.codec; no second pass.
             utf8validateIncoming=False,
+            # Client frames are unmasked by RelayWebSocket.onFrameData (agentcall.relay.wsmask):
+            # autobahn would build a masker object per frame.
+            applyMask=False,
         )
 
     def authenticate(self, headers: dict[str, str]) -> Deferred[Member | None]:

@@ -339,7 +339,12 @@ HAND_WRITTEN = "hand_written_json"
 def encode(value: Any) -> bytes:
     """Any wire object (frame, body, payload) as compact UTF-8 JSON."""
     write = getattr(type(value), HAND_WRITTEN, None)
-    return to_json(value) if write is None else write(value)
+    return to_json(value) if write is None else write(value, _nested_text)
+
+
+def _nested_text(value: Any) -> str:
+    """A sub-document's JSON text, for a hand-written encoder."""
+    return to_json(value).decode("utf-8")
 
 
 def structure(raw: Any, cls: type[T]) -> T:

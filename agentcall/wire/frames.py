@@ -26,7 +26,7 @@ from __future__ import annotations
 
 import enum
 from collections.abc import Callable
-from typing import ClassVar
+from typing import ClassVar, TypeVar
 
 import attrs
 
@@ -35,9 +35,17 @@ from agentcall.errors import RELAY_CALL_ERRORS, CallErrorCode
 from agentcall.wire import fields as f
 from agentcall.wire.keyrecords import KeysResponse
 
+T = TypeVar("T")
+
 # Written only when set (see agentcall.wire.codec.OMIT_IF_DEFAULT): a frame that does not use a
 # later field reads exactly as it did before the field existed.
 _LATER = {"agentcall.omit_if_default": True}
+
+# A hand-written encoder (codec.HAND_WRITTEN): the frame, and the codec's generic encoder for a
+# sub-document it does not write itself (passed in: the codec imports this module, not the
+# reverse). It must give the very bytes the generic encoder gives (tests compare).
+NestedText = Callable[[object], str]
+HandWritten = Callable[[T, NestedText], bytes]
 
 
 class Direction(enum.StrEnum):
@@ -153,7 +161,7 @@ class CallQueued:
 @attrs.frozen
 class CallStatus:
     type: ClassVar[str] = "call_status"
-    hand_written_json: ClassVar[Callable[[CallStatus], bytes]]
+    hand_written_json: ClassVar[HandWritten[CallStatus]]
     call_id: str = attrs.field(validator=f.call_id)
     state: CallState = attrs.field(converter=CallState)
     # The request's correlation_id, on a socket that carries several calls.
@@ -162,7 +170,7 @@ class CallStatus:
     )
 
 
-def _call_status_json(status: CallStatus) -> bytes:
+def _call_status_json(status: CallStatus, _nested: NestedText) -> bytes:
     # The relay writes three a call. Every field is held by its validator to characters JSON
     # never escapes (a call id, a state name, a hex correlation id): no escaping to do.
     head = f'{{"type":"call_status","call_id":"{status.call_id}","state":"{status.state.value}"'
@@ -204,6 +212,7 @@ class CallOutcome:
 @attrs.frozen
 class IncomingCall:
     type: ClassVar[str] = "incoming_call"
+    hand_written_json: ClassVar[HandWritten[IncomingCall]]
     call_id: str = attrs.field(validator=f.call_id)
     from_: str = attrs.field(validator=f.handle)  # relay-verified caller handle (same org)
     envelope: SealedEnvelope
@@ -214,6 +223,49 @@ class IncomingCall:
     # ``GET /v1/keys/<caller>`` would serve them, so the listener need not fetch them. Not
     # trusted: the listener verifies them against its pin and their signatures like fetched ones.
     caller_keys: KeysResponse | None = attrs.field(default=None, metadata=_LATER)
+
+
+def _incoming_call_json(call: IncomingCall, nested: NestedText) -> bytes:
+    # One a call, the relay's largest frame on the request's path. Every field but the caller's
+    # key records is held by its validator to text JSON never escapes (ids, addresses, an
+    # origin, base64url, digits); the records are the codec's (encoded once per object).
+    env = call.envelope
+    text = "".join(
+        (
+            '{"type":"incoming_call","call_id":"',
+            call.call_id,
+            '","from":"',
+            call.from_,
+            '","envelope":{"v":',
+            str(env.v),
+            ',"direction":"',
+            env.direction.value,
+            '","relay_origin":"',
+            env.relay_origin,
+            '","from":"',
+            env.from_,
+            '","to":"',
+            env.to,
+            '","key_id":"',
+            env.key_id,
+            '","epoch":',
+            str(env.epoch),
+            ',"ct":"',
+            env.ct,
+            '"},"correlation_id":"',
+            call.correlation_id,
+            '","groups":[',
+            ",".join(f'"{group}"' for group in call.groups),
+            "]",
+            "" if call.caller_keys is None else ',"caller_keys":' + nested(call.caller_keys),
+            "}",
+        )
+    )
+    return text.encode("utf-8")
+
+
+# Written by agentcall.wire.codec.encode (codec.HAND_WRITTEN).
+IncomingCall.hand_written_json = staticmethod(_incoming_call_json)
 
 
 @attrs.frozen

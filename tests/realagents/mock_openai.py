@@ -62,6 +62,17 @@ def patch(body: str) -> CodeExec:
     )
 
 
+def mcp_tool(server: str, tool: str, arguments: Mapping[str, Any]) -> CodeExec:
+    """A tool of a configured MCP server, which Codex 0.171 defers to ``exec`` as
+    ``tools.mcp__<server>__<tool>``; the text blocks of its result go back as the output,
+    after a first line saying whether it was an error."""
+    return CodeExec(
+        f"const r = await tools.mcp__{server}__{tool}({json.dumps(dict(arguments))});\n"
+        'text("isError=" + String(r.isError === true));\n'
+        'text((r.content || []).map((c) => c.text || "").join("\\n"));'
+    )
+
+
 def add_file_patch(path: str, content: str) -> str:
     """The patch text that adds one file holding ``content`` (one ``+`` line per line)."""
     lines = "".join(f"+{line}\n" for line in content.splitlines())

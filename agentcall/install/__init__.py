@@ -1,0 +1,1 @@
+"""``agentcall install claude|codex``: register ``agentcall mcp`` with a coding agent."""

@@ -1,0 +1,1 @@
+"""``agentcall mcp``: AgentCall as tools of a coding agent, over the Model Context Protocol."""
