@@ -202,6 +202,7 @@ def _checks(deps: DoctorDeps) -> tuple[list[Check], list[str]]:
         checks.append(dc.listener_connected(facts, config))
         checks += dc.agent(config, deps)
         checks += dc.guard(home, config, deps)
+        checks.append(dc.kernel_boundary(config))
     owned, shell = _owner_checks(home, config)
     checks += owned
     if not config.caller_only:

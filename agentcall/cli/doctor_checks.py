@@ -511,6 +511,45 @@ def _claude_settings(deps: DoctorDeps, nowhere: str) -> Check:
     return Check(name, OK, "no Claude settings switch hooks off")
 
 
+# --- the kernel read boundary ------------------------------------------------------------------
+
+
+def kernel_boundary(
+    config: Config,
+    *,
+    probe: Callable[[], tuple[int, str]] | None = None,
+    required: Callable[[], bool] | None = None,
+) -> Check:
+    """Whether answering agents run inside the Landlock ruleset (``agentcall.confine``)."""
+    from agentcall.confine import landlock
+    from agentcall.wire.http import AgentKind
+
+    name = "kernel read boundary"
+    abi, why = (probe or landlock.probe)()
+    needed = (required or _ceiling_requires_boundary)()
+    if abi >= 1 and config.agent_kind is AgentKind.CODEX:
+        why = f"Codex's own sandbox cannot run inside Landlock (ABI {abi} here)"
+        abi = 0
+    if abi >= 1:
+        return Check(name, OK, f"on, Landlock ABI {abi}")
+    if needed:
+        detail = f"off: {why}; the admin ceiling requires it, so no agent is started"
+        hint = "answer with Claude Code or a command agent on Linux 5.13 or later with Landlock"
+        return Check(name, FAIL, detail, hint)
+    return Check(name, WARN, f"off: {why}; the tool guard is the only boundary")
+
+
+def _ceiling_requires_boundary() -> bool:
+    from agentcall.cli import owner
+    from agentcall.listener.ceiling import CeilingError
+
+    try:
+        ceiling = owner.load_admin_ceiling()
+    except CeilingError:
+        return False  # reported by the admin ceiling check
+    return ceiling is not None and ceiling.require_kernel_boundary
+
+
 # --- coding agents calling through `agentcall mcp` -----------------------------------------------
 
 

@@ -9,7 +9,8 @@ setting can move it: ``/etc/agentcall/policy.json`` on Linux (and other Unix),
       "allowed_tasks": ["ask", "review"],   # omitted: unconstrained; []: nothing may run
       "blocked_callers": ["mallory"],       # refused whatever the owner says
       "max_tools": ["read", "fetch"],       # a cap: other tools are removed from every task
-      "assertions": [{"caller": "mallory", "deny": ["*"]}]
+      "assertions": [{"caller": "mallory", "deny": ["*"]}],
+      "require_kernel_boundary": true       # no agent runs where Landlock cannot confine it
     }
 
 A task whose every tool is removed by ``max_tools`` cannot run at all. Layers compose one way:
@@ -53,7 +54,16 @@ TEST_OVERRIDE_ENV: Final = "AGENTCALL_TEST_CEILING_PATH"
 MAX_CEILING_BYTES: Final = 1024 * 1024
 MAX_BLOCKED_CALLERS: Final = 1000
 
-_KEYS: Final = frozenset({"version", "allowed_tasks", "blocked_callers", "max_tools", "assertions"})
+_KEYS: Final = frozenset(
+    {
+        "version",
+        "allowed_tasks",
+        "blocked_callers",
+        "max_tools",
+        "assertions",
+        "require_kernel_boundary",
+    }
+)
 
 
 class CeilingError(AgentCallError):
@@ -76,6 +86,8 @@ class Ceiling:
     # None: no cap on tools.
     max_tools: frozenset[str] | None = None
     assertions: tuple[Assertion, ...] = ()
+    # True: every agent runs inside the kernel boundary (Landlock), and none runs without it.
+    require_kernel_boundary: bool = False
 
     def allows_task(self, task_id: str) -> bool:
         return self.allowed_tasks is None or task_id in self.allowed_tasks
@@ -124,7 +136,10 @@ def _parse(data: Any, source: str) -> Ceiling:
     blocked = _handles(data.get("blocked_callers", []), "blocked_callers")
     max_tools = _tools(data["max_tools"], "max_tools") if "max_tools" in data else None
     assertions = parse_assertions(data.get("assertions", []), "assertions")
-    return Ceiling(source, allowed, blocked, max_tools, assertions)
+    require = data.get("require_kernel_boundary", False)
+    if type(require) is not bool:
+        raise SchemaProblem(f'"require_kernel_boundary" must be true or false, not {show(require)}')
+    return Ceiling(source, allowed, blocked, max_tools, assertions, require)
 
 
 def parse_ceiling(data: Any, *, source: str) -> Ceiling:

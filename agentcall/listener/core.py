@@ -294,6 +294,8 @@ class CallPipeline:
             binding,
             guard=fx.guard,
             shell_allowed=planning.shell_allowed(loaded[-1].ceiling if loaded else None),
+            kernel_abi=fx.kernel_abi(),
+            boundary_required=planning.boundary_required(loaded[-1].ceiling if loaded else None),
             environ=fx.environ,
             which=fx.which,
             is_dir=fx.is_dir,

@@ -15,6 +15,7 @@ import attrs
 from twisted.internet import defer
 from twisted.internet.interfaces import IReactorTime
 
+from agentcall.confine.landlock import cached_abi
 from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.listener import planning, stages
@@ -81,3 +82,5 @@ class Effects:
     # A request was sealed to an epoch this listener does not hold in memory: keys.json may
     # have a newer one (minted by a call this installation placed, or another process).
     keys_stale: Callable[[], None] = lambda: None
+    # The kernel's Landlock ABI (0: none), which decides whether agents run confined.
+    kernel_abi: Callable[[], int] = cached_abi

@@ -16,6 +16,8 @@ from typing import Final
 
 import attrs
 
+from agentcall.confine import needs
+from agentcall.confine.rules import Confinement
 from agentcall.errors import CallErrorCode
 from agentcall.listener import connectors, guardwire
 from agentcall.listener.admission import Admitted
@@ -32,6 +34,20 @@ from agentcall.wire.http import AgentKind
 from agentcall.wire.payloads import CallFailure
 
 NOT_INSTALLED_DETAIL: Final = "the answering agent is not installed"
+BOUNDARY_MISSING_DETAIL: Final = (
+    "the administrator requires the kernel read boundary (Landlock), which this machine "
+    "does not offer, so no agent may run"
+)
+# Codex 0.171's own sandbox is bubblewrap, which needs mounts and a user namespace that a
+# process inside a Landlock domain may not make, and its Landlock fallback refuses restricted
+# runs without it: Codex keeps its own sandbox, and runs outside the kernel boundary.
+BOUNDARY_CODEX_DETAIL: Final = (
+    "the administrator requires the kernel read boundary (Landlock), which cannot confine "
+    "Codex (its own sandbox cannot run inside it), so no Codex agent may run"
+)
+# More places (os.pathsep-separated, in the listener's environment) a confined agent may read
+# and write, such as a build cache its tools need; the denylist still applies.
+CONFINE_EXTRA_ENV: Final = "AGENTCALL_CONFINE_EXTRA"
 
 PromptBuilder = Callable[[PromptParts, str], str]
 # (program name, PATH) -> absolute path of the executable, or None; shutil.which in service.
@@ -99,6 +115,46 @@ def shell_allowed(ceiling: Ceiling | None) -> bool:
     return ceiling is None or ceiling.max_tools is None or "exec" in ceiling.max_tools
 
 
+def boundary_required(ceiling: Ceiling | None) -> bool:
+    """Whether the admin ceiling demands the kernel boundary for every agent."""
+    return ceiling is not None and ceiling.require_kernel_boundary
+
+
+def confinement(
+    *,
+    kind: str,
+    roots: tuple[str, ...],
+    workdir: str,
+    may_write: bool,
+    guard: GuardSetup,
+    env: Mapping[str, str],
+    environ: Mapping[str, str],
+    required: bool,
+    command_args: tuple[str, ...] = (),
+) -> Confinement:
+    """What the kernel lets one agent run use: the task's roots and workdir, its write root,
+    the agent's own configuration, the guard's log (append only) and the owner's extras."""
+    home = env.get("HOME") or guard.home
+    extra = tuple(
+        p for p in environ.get(CONFINE_EXTRA_ENV, "").split(os.pathsep) if os.path.isabs(p)
+    )
+    state_dirs, state_files = needs.agent_state(kind, home, env, os.getuid())
+    return Confinement(
+        read_roots=tuple(dict.fromkeys((*roots, workdir))),
+        write_roots=(workdir,) if may_write else (),
+        home=guard.home,
+        agent_state=tuple(state_dirs),
+        agent_files=tuple(state_files),
+        append_files=(guard.tools_log,),
+        extra=extra,
+        required=required,
+        denied_extra=guard.extra_denied,
+        # A custom agent command's absolute arguments (`python /opt/agent/main.py`) are part
+        # of its installation.
+        runtime=tuple(needs.command_paths(command_args)),
+    )
+
+
 def plan_run(
     config: Config,
     opened: OpenedCall,
@@ -112,8 +168,18 @@ def plan_run(
     which: Which,
     is_dir: Callable[[str], bool],
     build_prompt: PromptBuilder,
+    kernel_abi: int = 0,
+    boundary_required: bool = False,
 ) -> RunPlan | CallFailure:
-    """Build the prompt and the process to run, or the failure that says why not."""
+    """Build the prompt and the process to run, or the failure that says why not.
+
+    With a Landlock ABI the agent runs confined (:mod:`agentcall.confine`); without one the
+    guard is the only boundary, unless the admin ceiling requires the kernel's.
+    """
+    if boundary_required and kernel_abi < 1:
+        return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=BOUNDARY_MISSING_DETAIL)
+    if boundary_required and config.agent_kind == AgentKind.CODEX:
+        return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=BOUNDARY_CODEX_DETAIL)
     found = resolve_program(config, environ, which)
     if found is None:
         return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
@@ -187,6 +253,19 @@ def plan_run(
             mcp_servers=tuple(servers),
         )
     )
+    confine = None
+    if kernel_abi >= 1 and kind != AgentKind.CODEX:
+        confine = confinement(
+            kind=kind,
+            roots=roots,
+            workdir=workdir,
+            may_write="write" in tools,
+            guard=guard,
+            env=env,
+            environ=environ,
+            required=boundary_required,
+            command_args=extra_args,
+        )
     timeout_s = config.agent_timeout_s
     if task.timeout_s is not None:
         timeout_s = min(timeout_s, float(task.timeout_s))
@@ -197,6 +276,7 @@ def plan_run(
         stdin=invocation.stdin_bytes,
         timeout_s=timeout_s,
         kill_grace_s=config.kill_grace_s,
+        confine=confine,
     )
     preflight = None
     if kind == AgentKind.CODEX:

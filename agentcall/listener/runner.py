@@ -37,6 +37,7 @@ from twisted.internet.protocol import ProcessProtocol
 from twisted.python.failure import Failure
 
 from agentcall import limits
+from agentcall.confine.rules import Confinement
 from agentcall.logevents import Logger
 
 _log = Logger(namespace="agentcall.listener.runner")
@@ -134,6 +135,8 @@ class AgentRun:
     finish_grace_s: float = 2.0
     # After the main process exits, read the pipes at most this long before giving up on them.
     drain_s: float = 0.5
+    # The kernel boundary (Landlock) to apply in the child before the exec; None: none.
+    confine: Confinement | None = None
 
     def __attrs_post_init__(self) -> None:
         if not self.argv:
@@ -521,7 +524,28 @@ def run_agent(
     run_id = secrets.token_hex(16)
     env = dict(run.env)
     env[RUN_ID_ENV] = run_id
+    argv: tuple[str, ...] = run.argv
+    private_tmp = None
+    if run.confine is not None:
+        # Imported here: only a confined run pays for it.
+        from agentcall.confine import prepare
+
+        prepared = prepare.prepare(run.confine, run.argv, env)
+        argv, env, private_tmp = prepared.argv, prepared.env, prepared.private_tmp
     process = AgentProcess(reactor, run, parser, run_id)
-    args = session_argv(run.argv)
-    reactor.spawnProcess(process, args[0], args, env=env, path=run.cwd)
+    args = session_argv(argv)
+    try:
+        reactor.spawnProcess(process, args[0], args, env=env, path=run.cwd)
+    except BaseException:
+        if private_tmp is not None:
+            prepare.cleanup(private_tmp)
+        raise
+    if private_tmp is not None:
+        tmp = private_tmp
+
+        def _cleanup(result: RunResult) -> RunResult:
+            prepare.cleanup(tmp)
+            return result
+
+        process.result.addCallback(_cleanup)
     return process.result, RunHandle(process)

@@ -121,6 +121,9 @@ class Install:
 
     def env(self, **extra: str) -> dict[str, str]:
         bin_dir = fake_bin(self.root / "bin")
+        # Made up front: the directory holding it also holds HOME, which the kernel boundary
+        # opens child by child, so the confined fake agent may write the file, not create it.
+        self.agent_log.touch()
         base = child_env()
         for key in [k for k in base if k.startswith(("AGENTCALL_", "FAKE_AGENT_"))]:
             del base[key]
@@ -130,6 +133,10 @@ class Install:
             SSL_CERT_FILE=self.ca_file,
             FAKE_AGENT_LOG=str(self.agent_log),
             FAKE_AGENT_SCENARIO_FILE=str(self.scenario_file),
+            # The fake agent runs inside the kernel boundary: let it reach its scenario, its
+            # log and the tests' gate files, all under the session's temporary directory
+            # (the denylist still keeps it out of ~/.ssh and the rest).
+            AGENTCALL_CONFINE_EXTRA=str(self.root.parents[1]),
         )
         base.update(extra)
         return base

@@ -32,8 +32,9 @@ payload on stdin; a deny JSON or exit 2 refuses the call (Claude lists it in the
 ``permission_denials``; Codex emits no item for it), a crash or timeout lets it run unless
 Claude 2.1.332 has ``onFailure: "block"``. Settings that fail validation run no hook at all,
 silently, as the real CLI does. ``hook_timeout`` overrides the hooks' timeout; ``perform``
-makes allowed Read/Write calls touch the file. What happened to each call is logged as one
-``{"tool_calls": [...]}`` line.
+makes allowed Read/Write calls touch the file and Bash calls run their command under
+``/bin/sh -c`` (a real child process); ``report`` makes the answer the tools' outputs. What
+happened to each call is logged as one ``{"tool_calls": [...]}`` line.
 
 The facts imitated come from ``reference/agent-clis/ANALYSIS.md`` §1-§5. Standard library only.
 """
@@ -440,6 +441,7 @@ class ClaudeOut:
         self.results = 0
         self.hooks = claude_hooks(opts)
         self.permission_denials: list[dict[str, Any]] = []
+        self.tool_outputs: list[str] = []
 
     def frame(self, obj: dict[str, Any]) -> None:
         if self.format == "stream-json":
@@ -700,6 +702,17 @@ def perform_tool(name: str, tool_input: dict[str, Any], sc: Scenario) -> tuple[b
     """What an allowed tool returns: synthetic, or the real file for Read/Write with perform."""
     if not sc.get("perform"):
         return False, f"{name} ran"
+    if name == "Bash":
+        # A real child process, as the real CLI's Bash tool starts one.
+        done = subprocess.run(
+            ["/bin/sh", "-c", str(tool_input.get("command", ""))],
+            capture_output=True,
+            text=True,
+            errors="replace",
+            timeout=60,
+            check=False,
+        )
+        return done.returncode != 0, (done.stdout + done.stderr)[:4000]
     path = str(tool_input.get("file_path", ""))
     try:
         if name == "Read":
@@ -783,6 +796,7 @@ def claude_tool_calls(o: ClaudeOut, sc: Scenario) -> None:
             {"type": "tool_result", "tool_use_id": ident, "content": output, "is_error": is_error}
         ]
         o.frame({"type": "user", "message": {"role": "user", "content": content}})
+        o.tool_outputs.append(output)
         calls.append(call)
     record_tool_calls(calls, hooks_active=bool(o.hooks))
 
@@ -879,7 +893,8 @@ def claude_happy(o: ClaudeOut, prompt: str, sc: Scenario) -> int:
             "1\tnotes",
         )
         o.tool_round("toolu_fake_02", "Glob", {"pattern": "**/*.txt"}, "notes.txt")
-    answer = answer_text(prompt, sc)
+    # ``report``: the answer is what the tools returned, as a model quoting them would say it.
+    answer = "\n".join(o.tool_outputs) if sc.get("report") else answer_text(prompt, sc)
     o.text(answer)
     o.result(answer)
     return 0

@@ -23,7 +23,9 @@ from typing import Any
 import attrs
 from twisted.internet import reactor as _reactor
 
-from agentcall.listener import guardwire
+from agentcall.confine.landlock import cached_abi
+from agentcall.confine.rules import Confinement
+from agentcall.listener import guardwire, planning
 from agentcall.listener.agent_env import CALL_ID_ENV, agent_environment
 from agentcall.listener.agents.base import (
     AgentAdapter,
@@ -197,6 +199,35 @@ class GuardWiring:
         )
 
 
+def confinement(
+    layout: Layout,
+    kind: str,
+    caps: Iterable[str],
+    read_roots: Sequence[Path],
+    environ: Mapping[str, str],
+) -> Confinement | None:
+    """The kernel boundary the listener's planning would give this run, or None where the
+    kernel has no Landlock (then the guard is the only boundary, as in the listener)."""
+    if cached_abi() < 1:
+        return None
+    setup = planning.GuardSetup(
+        argv=tuple(guardwire.guard_argv()),
+        tools_log=str(layout.guard_log),
+        home=str(layout.home),
+        extra_denied=tuple(guardwire.default_extra_denied(layout.tasks_dir)),
+    )
+    return planning.confinement(
+        kind=kind,
+        roots=tuple(str(r) for r in read_roots),
+        workdir=str(layout.workdir),
+        may_write="write" in set(caps),
+        guard=setup,
+        env=environ,
+        environ={},
+        required=False,
+    )
+
+
 # --- running ------------------------------------------------------------------------------------
 
 
@@ -246,6 +277,7 @@ async def run_real(
     guard_env: Mapping[str, str],
     call_id: str,
     timeout_s: float = RUN_TIMEOUT_S,
+    confine: Confinement | None = None,
 ) -> RealRun:
     """``adapter.build`` run exactly through ``run_agent``, then ``adapter.interpret``.
 
@@ -262,6 +294,7 @@ async def run_real(
         stdin=invocation.stdin_bytes,
         timeout_s=timeout_s,
         kill_grace_s=5.0,
+        confine=confine,
     )
     parser = adapter.new_parser()
     reactor: Any = _reactor

@@ -28,6 +28,7 @@ from tests.realagents.harness import (
     Layout,
     RealRun,
     base_environ,
+    confinement,
     run_real,
 )
 from tests.realagents.install import InstalledAgent
@@ -82,6 +83,7 @@ async def run_claude(
         environ=environ,
         guard_env=guard.env(layout, caps, read_roots, call_id),
         call_id=call_id,
+        confine=confinement(layout, "claude", caps, read_roots, environ),
     )
 
 

@@ -96,6 +96,7 @@ BAD = {
     "tools not list": ({"version": 1, "max_tools": "read"}, "max_tools must be a list"),
     "tool twice": ({"version": 1, "max_tools": ["read", "read"]}, "a tool twice"),
     "bad assertion": ({"version": 1, "assertions": [{"caller": "bob"}]}, "assertions[0]"),
+    "boundary not bool": ({"version": 1, "require_kernel_boundary": 1}, "true or false"),
 }
 
 
@@ -209,6 +210,13 @@ def test_the_default_path_depends_on_the_platform() -> None:
     assert default_ceiling_path("darwin") == MACOS_PATH
     assert MACOS_PATH == "/Library/Application Support/agentcall/policy.json"
     assert default_ceiling_path("freebsd14") == LINUX_PATH
+
+
+def test_the_kernel_boundary_can_be_required() -> None:
+    """Omitted: not required; true: every agent must run inside the kernel boundary."""
+    assert parse_ceiling({"version": 1}, source="x").require_kernel_boundary is False
+    required = parse_ceiling({"version": 1, "require_kernel_boundary": True}, source="x")
+    assert required.require_kernel_boundary is True
 
 
 def test_parse_ceiling_names_the_source() -> None:

@@ -51,6 +51,7 @@ ALL_CHECKS = [
     "agent login",
     "tool guard",
     "claude settings",
+    "kernel read boundary",
     "tasks",
     "policy",
     "admin ceiling",
@@ -704,6 +705,7 @@ SKIPPED_WHEN_CALLER_ONLY = {
     "agent login",
     "tool guard",
     "claude settings",
+    "kernel read boundary",
     "limits",
 }
 

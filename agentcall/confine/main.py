@@ -1,0 +1,115 @@
+"""``python -I -m agentcall.confine RULESET PROGRAM [ARGS...]``: confine, then exec the agent.
+
+Twisted's ``spawnProcess`` has no hook that runs in the child before exec, so the listener's
+runner starts this small program in front of the agent. It reads the ruleset the runner wrote
+(a 0600 JSON file of this user, deleted as soon as it is read), applies it with Landlock, and
+execs the agent in place, which keeps the pid. A ruleset that cannot be read or applied stops
+here (exit 126): an agent never starts without the boundary it was planned with.
+
+The file is ``{"version": 1, "rules": [[path, kind], ...]}`` with the kinds of
+:mod:`agentcall.confine.rules`. A path that no longer exists is skipped.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import sys
+
+from agentcall.confine import landlock, rules
+
+FORMAT_VERSION = 1
+FAILED_EXIT = 126
+NOT_FOUND_EXIT = 127
+MAX_RULESET_BYTES = 4 * 1024 * 1024
+PREFIX = "agentcall: "
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Sequence
+
+
+class RulesetError(Exception):
+    """The ruleset file is missing, not private, or not the expected shape."""
+
+
+def read_ruleset(path: str) -> list[tuple[str, str]]:
+    """The rules in ``path`` (a private file of this user), which is removed once read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o077:
+            raise RulesetError("the ruleset is not a private file of this user")
+        raw = os.read(fd, MAX_RULESET_BYTES + 1)
+    finally:
+        os.close(fd)
+        os.unlink(path)
+    if len(raw) > MAX_RULESET_BYTES:
+        raise RulesetError("the ruleset is too large")
+    try:
+        data = json.loads(raw)
+    except ValueError:
+        raise RulesetError("the ruleset is not JSON") from None
+    if not isinstance(data, dict) or data.get("version") != FORMAT_VERSION:
+        raise RulesetError("the ruleset has an unknown format")
+    entries = data.get("rules")
+    if not isinstance(entries, list):
+        raise RulesetError("the ruleset has no rules")
+    found: list[tuple[str, str]] = []
+    for entry in entries:
+        if (
+            not isinstance(entry, list)
+            or len(entry) != 2
+            or not isinstance(entry[0], str)
+            or not os.path.isabs(entry[0])
+            or "\0" in entry[0]
+            or entry[1] not in rules.KINDS
+        ):
+            raise RulesetError("the ruleset holds a malformed rule")
+        found.append((entry[0], entry[1]))
+    return found
+
+
+def apply(entries: Sequence[tuple[str, str]], abi: int) -> None:
+    """Open each path, grant its rights, and restrict this process for good."""
+    opened: list[tuple[int, int]] = []
+    try:
+        for path, kind in entries:
+            try:
+                fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
+            except FileNotFoundError:
+                continue
+            opened.append((fd, 0))
+            is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
+            opened[-1] = (fd, rules.rights_for(kind, abi, is_dir=is_dir))
+        landlock.restrict(rules.handled_rights(abi), [(fd, r) for fd, r in opened if r])
+    finally:
+        for fd, _rights in opened:
+            os.close(fd)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = list(sys.argv[1:] if argv is None else argv)
+    if len(args) < 2:
+        sys.stderr.write(PREFIX + "usage: python -I -m agentcall.confine RULESET PROGRAM...\n")
+        return FAILED_EXIT
+    try:
+        entries = read_ruleset(args[0])
+        abi, why = landlock.probe()
+        if abi < 1:
+            raise RulesetError(why)
+        apply(entries, abi)
+    except (OSError, RulesetError) as exc:
+        detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
+        sys.stderr.write(
+            f"{PREFIX}the kernel boundary could not be applied, so the agent was not started"
+            f" ({detail})\n"
+        )
+        return FAILED_EXIT
+    try:
+        # The agent's argv as the listener built it, never through a shell.
+        os.execvp(args[1], args[1:])  # noqa: S606
+    except OSError as exc:
+        sys.stderr.write(f"{PREFIX}cannot execute the agent: {exc.strerror}\n")
+    return NOT_FOUND_EXIT

@@ -1,0 +1,112 @@
+"""What an agent needs in order to run under the kernel boundary: its installation, its
+interpreter, the guard's Python and package, and its own configuration directory.
+
+Reads a little of the file system (real paths, the first line of a script), never walks a tree.
+Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+from collections.abc import Mapping
+
+_SHEBANG_BYTES = 256
+
+
+def install_root(real_program: str) -> str:
+    """The directory that holds a program's installation.
+
+    An npm package runs helpers from sibling packages (Codex's launcher starts the native
+    binary of another package), so a program inside ``node_modules`` gets the outermost
+    ``node_modules`` directory; anything else the directory it is in.
+    """
+    parts = real_program.split(os.sep)
+    if "node_modules" in parts:
+        return os.sep.join(parts[: parts.index("node_modules") + 1]) or os.sep
+    return os.path.dirname(real_program)
+
+
+def shebang_interpreter(first_line: bytes, search_path: str) -> str | None:
+    """The interpreter a ``#!`` line names (through ``env``, looked up on ``search_path``)."""
+    if not first_line.startswith(b"#!"):
+        return None
+    words = first_line[2:].split(b"\n", 1)[0].decode("utf-8", "replace").split()
+    if not words:
+        return None
+    program, rest = words[0], words[1:]
+    if os.path.basename(program) == "env":
+        names = [w for w in rest if not w.startswith("-") and "=" not in w]
+        if not names:
+            return None
+        return shutil.which(names[0], path=search_path)
+    return program
+
+
+def _venv_of(program: str) -> str | None:
+    """The virtual environment a ``…/bin/python`` belongs to (Python reads its pyvenv.cfg)."""
+    prefix = os.path.dirname(os.path.dirname(program))
+    return prefix if os.path.isfile(os.path.join(prefix, "pyvenv.cfg")) else None
+
+
+def program_paths(program: str, search_path: str) -> list[str]:
+    """Installation directories of ``program`` and of the interpreter its script names."""
+    found: list[str] = []
+    for candidate in (program, _interpreter_of(program, search_path)):
+        if candidate is None:
+            continue
+        real = os.path.realpath(candidate)
+        found.append(install_root(real))
+        venv = _venv_of(os.path.abspath(candidate))
+        if venv is not None:
+            found.append(venv)
+    return found
+
+
+def _interpreter_of(program: str, search_path: str) -> str | None:
+    try:
+        with open(program, "rb") as handle:
+            first = handle.read(_SHEBANG_BYTES)
+    except OSError:
+        return None
+    return shebang_interpreter(first, search_path)
+
+
+def command_paths(args: tuple[str, ...]) -> list[str]:
+    """The installations that the absolute paths among an agent command's words name."""
+    found: list[str] = []
+    for arg in args:
+        if os.path.isabs(arg) and os.path.exists(arg):
+            real = os.path.realpath(arg)
+            found.append(real if os.path.isdir(real) else install_root(real))
+    return found
+
+
+def guard_runtime() -> tuple[list[str], list[str]]:
+    """What the tool guard (``python -I -m agentcall.guard``, a child of the agent) reads:
+    this Python's prefixes and the agentcall package (read), and the directory the package
+    is found in (listed, for a package installed in development mode)."""
+    import agentcall
+
+    package = os.path.dirname(os.path.abspath(agentcall.__file__))
+    read = [sys.prefix, sys.exec_prefix, sys.base_prefix, sys.base_exec_prefix, package]
+    read.append(install_root(os.path.realpath(sys.executable)))
+    return list(dict.fromkeys(read)), [os.path.dirname(package)]
+
+
+def agent_state(
+    kind: str, home: str, environ: Mapping[str, str], uid: int
+) -> tuple[list[str], list[str]]:
+    """The agent's own configuration and session directories, and its files beside them,
+    which it reads and writes."""
+    if kind == "claude":
+        configured = environ.get("CLAUDE_CONFIG_DIR", "")
+        if configured:
+            return [configured], []
+        return [os.path.join(home, ".claude")], [os.path.join(home, ".claude.json")]
+    if kind == "codex":
+        codex_home = environ.get("CODEX_HOME", "") or os.path.join(home, ".codex")
+        # Codex keeps the state of its sandbox helper in /tmp whatever TMPDIR says.
+        return [codex_home, f"/tmp/codex-daemon-{uid}"], []  # noqa: S108
+    return [], []

@@ -1,0 +1,259 @@
+"""Which paths an answering agent may use, and with which Landlock access rights.
+
+Landlock only allows: everything the ruleset handles and no rule grants is refused, and a rule
+on a directory covers everything beneath it. So a read root that holds a denied directory (the
+owner's home holds ``~/.ssh``) cannot be granted whole; it is opened child by child instead:
+every entry of it except the denied ones (and except entries whose *name* is a credential name,
+``.env`` or ``id_rsa``), recursing only into the entries that are themselves ancestors of a
+denied path. Each directory on that way gets the right to list it (``LIST``), which lists
+everything beneath it too: names in ``~/.ssh`` can be listed, their contents not read.
+
+The denylist is the guard's own (:data:`agentcall.guard.scope.DENIED_UNDER_HOME`), so there is
+one list. The agent's own configuration directory (``~/.claude``, ``~/.codex``) is on it for
+the file tools, but the agent cannot run without it: :class:`Confinement` names it separately
+and it is granted as it is.
+
+Pure: the file system is seen through a :class:`FileView` (listing, real paths), which tests
+give as plain values. Standard library only: the exec wrapper imports this module.
+"""
+
+from __future__ import annotations
+
+import os
+from typing import NamedTuple, Protocol
+
+from agentcall.guard.scope import DENIED_UNDER_HOME, is_denied_name, within
+
+# Access kinds, from least to most.
+LIST = "list"  # list directories beneath (names only)
+READ = "read"  # read files, list directories, execute
+APPEND = "append"  # write to an existing file (no read, no truncate): the guard's tools.log
+DEVICE = "device"  # /dev: read, write and ioctl on device files, no creating
+WRITE = "write"  # everything: read, create, write, remove, rename
+KINDS = (LIST, READ, APPEND, DEVICE, WRITE)
+
+# Landlock filesystem rights (include/uapi/linux/landlock.h) and the ABI that brought each.
+EXECUTE = 1 << 0
+WRITE_FILE = 1 << 1
+READ_FILE = 1 << 2
+READ_DIR = 1 << 3
+REMOVE_DIR = 1 << 4
+REMOVE_FILE = 1 << 5
+MAKE_CHAR = 1 << 6
+MAKE_DIR = 1 << 7
+MAKE_REG = 1 << 8
+MAKE_SOCK = 1 << 9
+MAKE_FIFO = 1 << 10
+MAKE_BLOCK = 1 << 11
+MAKE_SYM = 1 << 12
+REFER = 1 << 13  # ABI 2
+TRUNCATE = 1 << 14  # ABI 3
+IOCTL_DEV = 1 << 15  # ABI 5
+_ABI1_ALL = (1 << 13) - 1
+# The rights a rule on a file (not a directory) may carry.
+FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+
+# System directories every agent needs read (and execute) access to, where they exist.
+SYSTEM_READ: tuple[str, ...] = (
+    "/usr",
+    "/bin",
+    "/sbin",
+    "/lib",
+    "/lib32",
+    "/lib64",
+    "/libx32",
+    "/etc",
+    "/opt",
+    "/nix/store",
+    "/snap",
+    "/proc",
+    "/sys",
+    "/run",
+)
+# Shared memory (a tmpfs) that runtimes create their segments in.
+SYSTEM_WRITE: tuple[str, ...] = ("/dev/shm",)  # noqa: S108
+SYSTEM_DEVICE: tuple[str, ...] = ("/dev",)
+# How deep a read root is opened child by child before the rest of that branch is left out.
+MAX_DEPTH = 16
+
+
+def handled_rights(abi: int) -> int:
+    """Every filesystem right the kernel of this ABI knows: all of them are restricted."""
+    if abi < 1:
+        return 0
+    rights = _ABI1_ALL
+    if abi >= 2:
+        rights |= REFER
+    if abi >= 3:
+        rights |= TRUNCATE
+    if abi >= 5:
+        rights |= IOCTL_DEV
+    return rights
+
+
+def rights_for(kind: str, abi: int, *, is_dir: bool) -> int:
+    """The rights one rule of ``kind`` grants on this ABI (a file rule: file rights only)."""
+    if kind == LIST:
+        rights = READ_DIR
+    elif kind == READ:
+        rights = READ_FILE | READ_DIR | EXECUTE
+    elif kind == APPEND:
+        rights = WRITE_FILE
+    elif kind == DEVICE:
+        rights = READ_FILE | READ_DIR | WRITE_FILE | TRUNCATE | IOCTL_DEV
+    elif kind == WRITE:
+        rights = (
+            READ_FILE
+            | READ_DIR
+            | EXECUTE
+            | WRITE_FILE
+            | REMOVE_DIR
+            | REMOVE_FILE
+            | MAKE_DIR
+            | MAKE_REG
+            | MAKE_SOCK
+            | MAKE_FIFO
+            | MAKE_SYM
+            | REFER
+            | TRUNCATE
+        )
+    else:
+        raise ValueError(f"unknown access kind {kind!r}")
+    if not is_dir:
+        rights &= FILE_RIGHTS
+    return rights & handled_rights(abi)
+
+
+class FileView(Protocol):
+    """What the planner needs to see of the file system."""
+
+    def realpath(self, path: str) -> str: ...
+
+    def exists(self, path: str) -> bool: ...
+
+    def listdir(self, path: str) -> list[str]:
+        """The names in a directory; empty for a file or anything that cannot be listed."""
+        ...
+
+
+class Confinement(NamedTuple):
+    """What one agent run may use, as the call's task and the installation say.
+
+    All paths absolute. ``agent_state`` are the agent's own configuration and session
+    directories (granted ``WRITE`` as they are, denylisted or not; made when missing, since
+    the agent could not make them), ``agent_files`` its files beside them (the same, when
+    they exist); ``append_files`` existing files it may
+    only append to (the guard's log); ``extra`` more places the owner lets it write (subject to
+    the denylist like the roots); ``runtime`` what the agent's programs are made of (read,
+    subject to the denylist), ``runtime_list`` directories only listed. ``required``: the
+    admin ceiling demands the boundary.
+    """
+
+    read_roots: tuple[str, ...]
+    write_roots: tuple[str, ...]
+    home: str
+    agent_state: tuple[str, ...] = ()
+    agent_files: tuple[str, ...] = ()
+    append_files: tuple[str, ...] = ()
+    runtime: tuple[str, ...] = ()
+    runtime_list: tuple[str, ...] = ()
+    extra: tuple[str, ...] = ()
+    required: bool = False
+    # More denied roots for the read and write roots and the extras (the guard's own: its code
+    # and the owner's tasks directory); the agent's runtime may still read them.
+    denied_extra: tuple[str, ...] = ()
+
+
+def denied_paths(home: str, view: FileView) -> tuple[str, ...]:
+    """The denylisted paths under ``home``, each as written and as its real path."""
+    forms: dict[str, None] = {}
+    for entry in DENIED_UNDER_HOME:
+        path = os.path.normpath(os.path.join(home, entry))
+        forms[path] = None
+        forms[view.realpath(path)] = None
+    return tuple(forms)
+
+
+class _Planner:
+    def __init__(
+        self, denied: tuple[str, ...], view: FileView, rules: dict[str, set[str]] | None = None
+    ) -> None:
+        self._denied = tuple(d.casefold() for d in denied)
+        self._view = view
+        self.rules: dict[str, set[str]] = {} if rules is None else rules
+
+    def add(self, path: str, kind: str) -> None:
+        self.rules.setdefault(path, set()).add(kind)
+
+    def is_denied(self, path: str) -> bool:
+        folded = path.casefold()
+        return any(within(folded, d) for d in self._denied)
+
+    def holds_denied(self, path: str) -> bool:
+        folded = path.casefold()
+        return any(within(d, folded) for d in self._denied)
+
+    def grant(
+        self, path: str, kind: str, depth: int = 0, seen: frozenset[str] = frozenset()
+    ) -> None:
+        """Grant ``path`` less the denylist: whole, or child by child."""
+        real = self._view.realpath(path)
+        if real in seen or not self._view.exists(real) or self.is_denied(real):
+            return
+        if any(is_denied_name(part) for part in real.split(os.sep) if part):
+            return
+        if not self.holds_denied(real):
+            self.add(real, kind)
+            return
+        if depth >= MAX_DEPTH:
+            return
+        self.add(real, LIST)
+        for name in sorted(self._view.listdir(real)):
+            if is_denied_name(name):
+                continue
+            self.grant(os.path.join(real, name), kind, depth + 1, seen | {real})
+
+
+def plan(
+    conf: Confinement, view: FileView, *, private_tmp: str | None = None
+) -> list[tuple[str, str]]:
+    """The rules of one run as ``(path, kind)`` pairs, sorted, one pair per path and kind.
+
+    A path with several kinds keeps each (Landlock ORs them). Missing paths are left out.
+    """
+    denied = denied_paths(conf.home, view)
+    planner = _Planner(denied, view)
+    extra_denied = tuple(
+        form for p in conf.denied_extra for form in (os.path.normpath(p), view.realpath(p))
+    )
+    # The task's roots and the owner's extras: the guard's extra denied roots apply too.
+    strict = _Planner(denied + extra_denied, view, planner.rules)
+    for path in SYSTEM_READ:
+        if view.exists(path):
+            planner.add(path, READ)
+    for path in SYSTEM_DEVICE:
+        if view.exists(path):
+            planner.add(path, DEVICE)
+    for path in SYSTEM_WRITE:
+        if view.exists(path):
+            planner.add(path, WRITE)
+    for path in conf.runtime:
+        # The agent's installation, its interpreter, the guard's Python.
+        planner.grant(path, READ)
+    for path in conf.runtime_list:
+        # A directory on the module search path, which Python lists to find a package in it.
+        if view.exists(path) and not planner.is_denied(view.realpath(path)):
+            planner.add(view.realpath(path), LIST)
+    for path in conf.read_roots:
+        strict.grant(path, READ)
+    for path in (*conf.write_roots, *conf.extra):
+        strict.grant(path, WRITE)
+    for path in (*conf.agent_state, *conf.agent_files):
+        if view.exists(path):
+            planner.add(view.realpath(path), WRITE)
+    for path in conf.append_files:
+        if view.exists(path):
+            planner.add(view.realpath(path), APPEND)
+    if private_tmp is not None:
+        planner.add(private_tmp, WRITE)
+    return sorted((path, kind) for path, kinds in planner.rules.items() for kind in kinds)

@@ -1,0 +1,240 @@
+"""The Landlock system calls, the ABI probe, the exec wrapper and what an agent needs."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentcall.confine import landlock, main, needs, prepare
+from agentcall.confine.rules import Confinement
+
+ABI, WHY_NOT = landlock.probe()
+needs_landlock = pytest.mark.skipif(ABI < 1, reason=f"no Landlock on this kernel: {WHY_NOT}")
+
+
+def answering(result: int, err: int = 0) -> landlock.Syscall:
+    def call(number: int, *args: object) -> tuple[int, int]:
+        assert number == landlock.SYS_CREATE_RULESET
+        return result, err
+
+    return call
+
+
+@pytest.mark.parametrize(
+    ("result", "err", "abi", "reason"),
+    [
+        (7, 0, 7, ""),
+        (1, 0, 1, ""),
+        (-1, errno.ENOSYS, 0, "no Landlock"),
+        (-1, errno.EOPNOTSUPP, 0, "not enabled"),
+        (-1, errno.EPERM, 0, "seccomp"),
+        (-1, errno.EINVAL, 0, "probe failed"),
+    ],
+)
+def test_the_probe_reads_the_abi_or_says_why_not(
+    result: int, err: int, abi: int, reason: str
+) -> None:
+    found, why = landlock.probe(answering(result, err), platform="linux")
+    assert found == abi
+    assert reason in why
+
+
+def test_landlock_exists_only_on_linux() -> None:
+    assert landlock.probe(answering(7), platform="darwin") == (0, "Landlock exists only on Linux")
+
+
+def test_a_failing_call_is_an_error_naming_it() -> None:
+    def refuse(number: int, *args: object) -> tuple[int, int]:
+        return -1, errno.EINVAL
+
+    with pytest.raises(landlock.LandlockError, match="landlock_create_ruleset"):
+        landlock.restrict(1, [], syscall=refuse)
+
+
+def test_the_real_probe_agrees_with_the_kernel() -> None:
+    abi, why = landlock.probe()
+    assert (abi >= 1) == (why == "")
+    assert landlock.cached_abi() == abi
+
+
+# --- the exec wrapper --------------------------------------------------------------------------
+
+
+def write_ruleset(path: Path, body: object, mode: int = 0o600) -> str:
+    path.write_text(json.dumps(body))
+    path.chmod(mode)
+    return str(path)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {"version": 2, "rules": []},
+        {"version": 1},
+        {"version": 1, "rules": [["relative", "read"]]},
+        {"version": 1, "rules": [["/x", "everything"]]},
+        {"version": 1, "rules": [["/x"]]},
+        [],
+    ],
+)
+def test_a_malformed_ruleset_is_refused_and_removed(tmp_path: Path, body: object) -> None:
+    path = write_ruleset(tmp_path / "r.json", body)
+    with pytest.raises(main.RulesetError):
+        main.read_ruleset(path)
+    assert not os.path.exists(path)
+
+
+def test_a_ruleset_others_may_read_is_refused(tmp_path: Path) -> None:
+    path = write_ruleset(tmp_path / "r.json", {"version": 1, "rules": []}, mode=0o644)
+    with pytest.raises(main.RulesetError, match="private"):
+        main.read_ruleset(path)
+
+
+def test_the_wrapper_refuses_to_start_the_agent_without_its_ruleset(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert main.main([str(tmp_path / "missing.json"), "/bin/true"]) == main.FAILED_EXIT
+    assert "was not started" in capsys.readouterr().err
+    assert main.main(["only-one"]) == main.FAILED_EXIT
+
+
+def run_confined(conf: Confinement, script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    prepared = prepare.prepare(conf, ["/bin/sh", "-c", script], {"PATH": "/usr/bin:/bin"})
+    try:
+        return subprocess.run(
+            list(prepared.argv),
+            env=prepared.env,
+            cwd=cwd,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    finally:
+        prepare.cleanup(prepared.private_tmp)
+
+
+@needs_landlock
+@pytest.mark.slow
+def test_a_confined_shell_reads_its_root_and_nothing_of_the_denylist(tmp_path: Path) -> None:
+    home = tmp_path / "home"
+    (home / ".ssh").mkdir(parents=True)
+    (home / ".ssh" / "id_ed25519").write_text("KEY")
+    (home / "notes.txt").write_text("NOTES")
+    (tmp_path / "outside.txt").write_text("OUTSIDE")
+    log = tmp_path / "tools.log"
+    conf = Confinement((str(home),), (), str(home), append_files=(str(log),))
+    script = (
+        f"cat {home}/notes.txt; cat {home}/.ssh/id_ed25519; cat {tmp_path}/outside.txt;"
+        f" ls {home}; echo logged >> {log}; echo x > {home}/new.txt;"
+        " echo t > $TMPDIR/t && cat $TMPDIR/t"
+    )
+    done = run_confined(conf, script, home)
+    assert "NOTES" in done.stdout
+    assert "KEY" not in done.stdout and "OUTSIDE" not in done.stdout
+    assert done.stderr.count("Permission denied") == 3, done.stderr
+    assert log.read_text() == "logged\n"
+    assert not (home / "new.txt").exists()
+    assert done.stdout.rstrip().endswith("t")
+
+
+# --- what an agent needs ----------------------------------------------------------------------
+
+
+def test_an_npm_program_gets_its_whole_node_modules() -> None:
+    real = "/p/lib/node_modules/@openai/codex/bin/codex.js"
+    assert needs.install_root(real) == "/p/lib/node_modules"
+    assert needs.install_root("/usr/bin/claude") == "/usr/bin"
+
+
+@pytest.mark.parametrize(
+    ("line", "expected"),
+    [
+        (b"#!/usr/bin/python3\n", "/usr/bin/python3"),
+        (b"#! /bin/sh -e\n", "/bin/sh"),
+        (b"#!/usr/bin/env -S sh -e\n", "FOUND:sh"),
+        (b"#!/usr/bin/env\n", None),
+        (b"#!\n", None),
+        (b"\x7fELF", None),
+    ],
+)
+def test_the_interpreter_of_a_script(line: bytes, expected: str | None) -> None:
+    found = needs.shebang_interpreter(line, "/usr/bin:/bin")
+    if expected is not None and expected.startswith("FOUND:"):
+        assert found is not None and os.path.basename(found) == "sh"
+    else:
+        assert found == expected
+
+
+def test_a_venv_interpreter_brings_its_venv(tmp_path: Path) -> None:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "pyvenv.cfg").write_text("home = /usr/bin\n")
+    (venv / "bin" / "python3").symlink_to(sys.executable)
+    script = tmp_path / "tool" / "agent"
+    script.parent.mkdir()
+    script.write_text(f"#!{venv / 'bin' / 'python3'}\n")
+    found = needs.program_paths(str(script), "/usr/bin")
+    assert str(script.parent) in found
+    assert str(venv) in found
+
+
+def test_the_agent_state_of_each_kind() -> None:
+    assert needs.agent_state("claude", "/h", {}, 5) == (["/h/.claude"], ["/h/.claude.json"])
+    assert needs.agent_state("claude", "/h", {"CLAUDE_CONFIG_DIR": "/c"}, 5) == (["/c"], [])
+    assert needs.agent_state("codex", "/h", {}, 5) == (["/h/.codex", "/tmp/codex-daemon-5"], [])
+    assert needs.agent_state("codex", "/h", {"CODEX_HOME": "/x"}, 5)[0][0] == "/x"
+    assert needs.agent_state("command", "/h", {}, 5) == ([], [])
+
+
+def test_the_guard_runtime_holds_this_python_and_the_package() -> None:
+    read, listed = needs.guard_runtime()
+    import agentcall
+
+    package = os.path.dirname(os.path.abspath(agentcall.__file__))
+    assert sys.prefix in read and package in read
+    assert listed == [os.path.dirname(package)]
+
+
+def test_prepare_writes_a_private_ruleset_and_cleanup_removes_the_temp_dir(
+    tmp_path: Path,
+) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    log = tmp_path / "state" / "tools.log"
+    log.parent.mkdir()
+    conf = Confinement(
+        (str(home),), (), str(home), agent_state=(str(home / ".claude"),), append_files=(str(log),)
+    )
+    prepared = prepare.prepare(conf, ["/bin/true"], {"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp"})
+    try:
+        ruleset = prepared.argv[4]
+        assert prepared.argv[1:4] == ("-I", "-m", "agentcall.confine")
+        assert prepared.argv[5:] == ("/bin/true",)
+        assert os.stat(ruleset).st_mode & 0o777 == 0o600
+        assert os.stat(prepared.private_tmp).st_mode & 0o777 == 0o700
+        assert prepared.env["TMPDIR"] == prepared.private_tmp
+        entries = main.read_ruleset(ruleset)
+        # Its .claude (denylisted for the file tools) makes the home open child by child.
+        assert (str(home), "list") in entries
+        assert (prepared.private_tmp, "write") in entries
+        assert (str(log), "append") in entries
+        assert log.exists() and os.stat(log).st_mode & 0o777 == 0o600
+        assert (home / ".claude").is_dir()
+    finally:
+        prepare.cleanup(prepared.private_tmp)
+    assert not os.path.exists(prepared.private_tmp)
+
+
+def test_a_command_agent_brings_the_files_its_words_name(tmp_path: Path) -> None:
+    script = tmp_path / "agent" / "main.py"
+    script.parent.mkdir()
+    script.write_text("print('hi')\n")
+    found = needs.command_paths(("-u", str(script), "/nowhere/x", "relative.py", str(tmp_path)))
+    assert found == [str(script.parent), str(tmp_path)]

@@ -1,0 +1,268 @@
+"""The plan of the kernel boundary with plain values: which paths get which rights."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from agentcall.confine import rules
+from agentcall.confine.rules import APPEND, DEVICE, LIST, READ, WRITE, Confinement
+from agentcall.guard.scope import DENIED_UNDER_HOME
+
+HOME = "/h"
+
+
+class FakeView:
+    """A file system as a dict of directory -> names, plus symlinks and plain files."""
+
+    def __init__(
+        self,
+        dirs: dict[str, list[str]],
+        files: frozenset[str] | set[str] = frozenset(),
+        links: dict[str, str] | None = None,
+    ) -> None:
+        self.dirs = dirs
+        self.files = set(files)
+        self.links = links or {}
+
+    def realpath(self, path: str) -> str:
+        path = os.path.normpath(path)
+        for _ in range(10):
+            for link, target in self.links.items():
+                if path == link or path.startswith(link + "/"):
+                    path = target + path[len(link) :]
+                    break
+            else:
+                return path
+        return path
+
+    def exists(self, path: str) -> bool:
+        real = self.realpath(path)
+        return real in self.dirs or real in self.files
+
+    def listdir(self, path: str) -> list[str]:
+        return list(self.dirs.get(self.realpath(path), []))
+
+
+def home_view(**extra_dirs: list[str]) -> FakeView:
+    dirs = {
+        "/h": [".ssh", ".aws", ".bashrc", ".env", "project", "notes.txt", ".config", "id_rsa"],
+        "/h/.ssh": ["id_ed25519"],
+        "/h/.aws": [],
+        "/h/project": ["src"],
+        "/h/project/src": [],
+        "/h/.config": ["gcloud", "git"],
+        "/h/.config/gcloud": [],
+        "/h/.config/git": [],
+        "/usr": [],
+        "/etc": [],
+        "/dev": ["shm"],
+        "/dev/shm": [],
+        "/proc": [],
+    }
+    dirs.update(extra_dirs)
+    return FakeView(
+        dirs, {"/h/.bashrc", "/h/.env", "/h/notes.txt", "/h/id_rsa", "/h/.ssh/id_ed25519"}
+    )
+
+
+def kinds(planned: list[tuple[str, str]]) -> dict[str, set[str]]:
+    found: dict[str, set[str]] = {}
+    for path, kind in planned:
+        found.setdefault(path, set()).add(kind)
+    return found
+
+
+def test_a_root_without_denied_entries_is_granted_whole() -> None:
+    planned = kinds(rules.plan(Confinement(("/h/project",), (), HOME), home_view()))
+    assert planned["/h/project"] == {READ}
+    assert "/h/project/src" not in planned
+    assert "/h" not in planned
+
+
+def test_the_home_as_a_root_is_opened_child_by_child_without_the_denied_entries() -> None:
+    """~/.ssh, ~/.aws, ~/.bashrc and ~/.config/gcloud are denylisted; .env and id_rsa are
+    credential names; everything else is granted, and the way down may only be listed."""
+    planned = kinds(rules.plan(Confinement((HOME,), (), HOME), home_view()))
+    assert planned["/h"] == {LIST}
+    assert planned["/h/project"] == {READ}
+    assert planned["/h/notes.txt"] == {READ}
+    assert planned["/h/.config"] == {LIST}
+    assert planned["/h/.config/git"] == {READ}
+    for denied in ("/h/.ssh", "/h/.aws", "/h/.bashrc", "/h/.config/gcloud", "/h/.env", "/h/id_rsa"):
+        assert denied not in planned, denied
+    assert not any(p.startswith("/h/.ssh/") for p in planned)
+
+
+def test_a_root_inside_a_denied_directory_gets_nothing() -> None:
+    planned = kinds(rules.plan(Confinement(("/h/.ssh",), ("/h/.aws",), HOME), home_view()))
+    assert not any(p.startswith(("/h/.ssh", "/h/.aws")) for p in planned)
+
+
+def test_a_symlink_to_a_denied_directory_is_not_followed_into_it() -> None:
+    view = home_view()
+    view.dirs["/h/project"] = ["src", "keys"]
+    view.links["/h/project/keys"] = "/h/.ssh"
+    planned = kinds(rules.plan(Confinement((HOME,), (), HOME), view))
+    # The project itself is granted whole: Landlock checks the link's target, ~/.ssh.
+    assert planned["/h/project"] == {READ}
+    assert "/h/.ssh" not in planned
+
+
+def test_a_root_that_is_a_symlink_to_home_is_opened_like_home() -> None:
+    view = home_view(**{"/w": ["link"]})
+    view.links["/w/link"] = HOME
+    planned = kinds(rules.plan(Confinement(("/w/link",), (), HOME), view))
+    assert planned["/h"] == {LIST}
+    assert "/h/.ssh" not in planned
+
+
+def test_a_denied_directory_that_is_a_symlink_is_refused_under_its_real_name_too() -> None:
+    view = home_view(**{"/vault": ["id_ed25519"]})
+    view.links["/h/.ssh"] = "/vault"
+    planned = kinds(rules.plan(Confinement(("/vault",), (), HOME), view))
+    assert "/vault" not in planned
+
+
+def test_writes_go_only_to_the_write_roots_the_temp_dir_and_the_agent_state() -> None:
+    view = home_view(**{"/h/.claude": [], "/t": []})
+    view.files.add("/h/.claude.json")
+    view.files.add("/s/tools.log")
+    conf = Confinement(
+        ("/h/project",),
+        ("/h/project/src",),
+        HOME,
+        agent_state=("/h/.claude",),
+        agent_files=("/h/.claude.json",),
+        append_files=("/s/tools.log",),
+    )
+    planned = kinds(rules.plan(conf, view, private_tmp="/t"))
+    writable = {p for p, k in planned.items() if WRITE in k}
+    assert writable == {"/h/project/src", "/h/.claude", "/h/.claude.json", "/t", "/dev/shm"}
+    assert planned["/s/tools.log"] == {APPEND}
+    assert planned["/dev"] == {DEVICE}
+    assert planned["/usr"] == {READ}
+
+
+def test_a_denylisted_agent_state_is_granted_while_extras_follow_the_denylist() -> None:
+    """The agent's own ~/.claude is on the guard's list but the agent needs it; an owner's
+    extra path is held to the denylist like a root."""
+    view = home_view(**{"/h/.claude": []})
+    conf = Confinement((), (), HOME, agent_state=("/h/.claude",), extra=(HOME,))
+    planned = kinds(rules.plan(conf, view))
+    assert planned["/h/.claude"] == {WRITE}
+    assert planned["/h/project"] == {WRITE}
+    assert "/h/.ssh" not in planned
+
+
+def test_missing_paths_are_left_out() -> None:
+    conf = Confinement(("/nowhere",), ("/gone",), HOME, agent_files=("/h/.claude.json",))
+    planned = kinds(rules.plan(conf, home_view()))
+    assert not {"/nowhere", "/gone", "/h/.claude.json", "/lib64"} & set(planned)
+
+
+def test_runtime_is_read_and_search_path_directories_only_listed() -> None:
+    view = home_view(**{"/opt/venv": [], "/repo": ["agentcall"], "/repo/agentcall": []})
+    conf = Confinement(
+        (), (), HOME, runtime=("/opt/venv", "/repo/agentcall"), runtime_list=("/repo",)
+    )
+    planned = kinds(rules.plan(conf, view))
+    assert planned["/opt/venv"] == {READ}
+    assert planned["/repo/agentcall"] == {READ}
+    assert planned["/repo"] == {LIST}
+
+
+def test_a_runtime_in_the_home_itself_does_not_open_the_home() -> None:
+    planned = kinds(rules.plan(Confinement((), (), HOME, runtime=(HOME,)), home_view()))
+    assert planned["/h"] == {LIST}
+    assert "/h/.ssh" not in planned
+
+
+def test_every_denylist_entry_is_kept_out_of_a_home_root() -> None:
+    names = sorted({d.split("/")[0] for d in DENIED_UNDER_HOME})
+    dirs = {"/h": [*names, "ok"], "/h/ok": []}
+    for name in names:
+        dirs[f"/h/{name}"] = [
+            sub.split("/")[1] for sub in DENIED_UNDER_HOME if sub.startswith(name + "/")
+        ]
+        for sub in dirs[f"/h/{name}"]:
+            dirs[f"/h/{name}/{sub}"] = []
+    planned = kinds(rules.plan(Confinement((HOME,), (), HOME), FakeView(dirs)))
+    for entry in DENIED_UNDER_HOME:
+        assert os.path.join(HOME, entry) not in planned, entry
+    assert planned["/h/ok"] == {READ}
+
+
+def test_depth_is_bounded() -> None:
+    deep = "/h/" + "/".join(["d"] * 30)
+    dirs: dict[str, list[str]] = {"/h": ["d"]}
+    path = "/h"
+    for _ in range(30):
+        path += "/d"
+        dirs[path] = ["d"]
+    # A denylisted entry at the bottom forces the planner all the way down.
+    planned = rules.plan(Confinement((HOME,), (), "/h/" + "/".join(["d"] * 29)), FakeView(dirs))
+    assert len(planned) <= rules.MAX_DEPTH + 5
+    assert deep not in dict(planned)
+
+
+@pytest.mark.parametrize(
+    ("abi", "expected"),
+    [
+        (0, 0),
+        (1, (1 << 13) - 1),
+        (2, (1 << 14) - 1),
+        (3, (1 << 15) - 1),
+        (4, (1 << 15) - 1),
+        (5, (1 << 16) - 1),
+        (7, (1 << 16) - 1),
+    ],
+)
+def test_handled_rights_follow_the_abi(abi: int, expected: int) -> None:
+    assert rules.handled_rights(abi) == expected
+
+
+@pytest.mark.parametrize("kind", rules.KINDS)
+@pytest.mark.parametrize("abi", [1, 2, 3, 5, 7])
+def test_rights_never_exceed_what_the_abi_handles_and_files_get_file_rights(
+    kind: str, abi: int
+) -> None:
+    on_dir = rules.rights_for(kind, abi, is_dir=True)
+    on_file = rules.rights_for(kind, abi, is_dir=False)
+    assert on_dir & ~rules.handled_rights(abi) == 0
+    assert on_file & ~rules.FILE_RIGHTS == 0
+    assert on_file & ~on_dir == 0
+
+
+def test_what_each_kind_allows() -> None:
+    assert rules.rights_for(LIST, 7, is_dir=True) == rules.READ_DIR
+    assert rules.rights_for(LIST, 7, is_dir=False) == 0
+    assert rules.rights_for(APPEND, 7, is_dir=False) == rules.WRITE_FILE
+    read = rules.rights_for(READ, 7, is_dir=True)
+    assert read & rules.READ_FILE and not read & (rules.WRITE_FILE | rules.MAKE_REG)
+    write = rules.rights_for(WRITE, 7, is_dir=True)
+    assert write & rules.MAKE_REG and write & rules.REFER and write & rules.TRUNCATE
+    assert not write & (rules.MAKE_CHAR | rules.MAKE_BLOCK)
+    assert rules.rights_for(WRITE, 1, is_dir=True) & (rules.REFER | rules.TRUNCATE) == 0
+    assert rules.rights_for(DEVICE, 5, is_dir=False) & rules.IOCTL_DEV
+
+
+def test_an_unknown_kind_is_refused() -> None:
+    with pytest.raises(ValueError, match="unknown access kind"):
+        rules.rights_for("everything", 7, is_dir=True)
+
+
+def test_the_guards_extra_denied_roots_stay_out_of_roots_but_not_the_runtime() -> None:
+    """The owner's tasks directory inside a write root is not writable; the guard's own
+    package stays readable to the guard (runtime) while no root grants it."""
+    view = home_view(**{"/h/project/tasks": [], "/pkg": []})
+    view.dirs["/h/project"] = ["src", "tasks"]
+    conf = Confinement(
+        (), ("/h/project",), HOME, runtime=("/pkg",), denied_extra=("/h/project/tasks", "/pkg")
+    )
+    planned = kinds(rules.plan(conf, view))
+    assert planned["/h/project"] == {LIST}
+    assert planned["/h/project/src"] == {WRITE}
+    assert "/h/project/tasks" not in planned
+    assert planned["/pkg"] == {READ}
