@@ -1,9 +1,10 @@
 """The listener's one WebSocket to the relay, kept up by ``ClientService``.
 
 - Reconnects with exponential backoff (x1.5) and full jitter, the first attempt included, and no
-  sooner than a ``Retry-After`` the relay sent (:func:`reconnect_delay`). A dial refused at once
-  (nothing listens: the relay is restarting) does not widen the window, up to
-  :data:`REFUSED_NOT_COUNTED` of them (:func:`counted_attempts`).
+  sooner than a ``Retry-After`` the relay sent (:func:`reconnect_delay`). A dial turned away at
+  once (nothing listens: the relay is restarting; or its front door is full and it closes the
+  connection unanswered) does not widen the window, up to :data:`REFUSED_NOT_COUNTED` of them
+  (:func:`counted_attempts`).
 - Re-reads the relay URL, token and CA file (through ``load_settings``) on every attempt, so a
   rotated token or a moved relay is picked up without a restart.
 - Verifies TLS exactly as the client library does (:func:`agentcall.client.ws.relay_endpoint`)
@@ -23,6 +24,7 @@ socket, or :meth:`RelayLink.send` returns False and the pipeline keeps what matt
 
 from __future__ import annotations
 
+import errno
 import random as _random
 from collections.abc import Callable
 from typing import Any
@@ -59,12 +61,14 @@ txaio.use_twisted()
 _log = Logger(namespace="agentcall.listener.connection")
 
 RECONNECT_FACTOR = 1.5
-# Dials refused at once (ECONNREFUSED: no relay listens, it is restarting) that do not widen the
-# reconnect window. Knocking on a closed port costs the relay nothing, and a relay that is back
-# after a restart of a few seconds should not find the listeners that knocked too early spread
-# over a window half as long again (in a 10,000-listener storm those were the last to return,
-# bench/storm_bench.py). Four such dials are about 20 s of a relay down; after them the window
-# grows as for any other failure, so a relay down for long is not dialled every few seconds.
+# Dials turned away at once that do not widen the reconnect window: refused (ECONNREFUSED: no
+# relay listens, it is restarting), reset while connecting, or closed by the relay before it
+# answered the upgrade (its front door at the handshake cap, ``handshakes_busy``). Each costs
+# the relay nothing or next to nothing, and a relay back after a restart of a few seconds
+# should not find the listeners it turned away spread over a window half as long again (in a
+# 10,000-listener storm those were the last to return, bench/storm_bench.py). Four such dials
+# are about 20 s of a relay down or full; after them the window grows as for any other failure,
+# so a relay down for long is not dialled every few seconds.
 REFUSED_NOT_COUNTED = 4
 REPLACED_DETAIL = (
     "another listener for this identity connected to the relay and took over; this one stops "
@@ -312,6 +316,9 @@ class _ListenerProtocol(WebSocketClientProtocol):
             if self.retry_after is not None:
                 # Before the waiter fails: that failure is what asks for the next delay.
                 self.factory.told_retry_after(self.retry_after)
+            if getattr(self, "http_status_line", None) is None:
+                # Closed before any answer to the upgrade: turned away at the front door.
+                self.factory.turned_away()
         self._settle(NotReady(f"the relay closed the socket before ready ({code}: {reason})"))
         self.factory.closed(self, code, reason)
 
@@ -347,6 +354,9 @@ class _ListenerFactory(WebSocketClientFactory):
 
     def told_retry_after(self, seconds: float) -> None:
         self._connection.retry_after = seconds
+
+    def turned_away(self) -> None:
+        self._connection.turned_away()
 
 
 @implementer(IProtocol)
@@ -388,6 +398,11 @@ class _GateFactory(Factory):
     def buildProtocol(self, addr: Any) -> _Gate | None:  # type: ignore[override]
         proxy = self._proxy_factory.buildProtocol(addr)
         return None if proxy is None else _Gate(proxy)
+
+
+def _reset(failure: BaseException) -> bool:
+    """A dial the other end reset while it connected (how a relay closing at once looks)."""
+    return isinstance(failure, error.ConnectError) and failure.osError == errno.ECONNRESET
 
 
 EndpointFor = Callable[[RelayUrl, str | None], IStreamClientEndpoint]
@@ -445,7 +460,7 @@ class RelayConnection(service.MultiService):
         self._last_failure = "not connected yet"
         self._lost: tuple[int | None, str | None] | None = None
         self.retry_after: float | None = None  # the relay's Retry-After, for the next retry only
-        self._refused = 0  # dials refused at once since the last usable connection
+        self._refused = 0  # dials turned away at once since the last usable connection
         self.replaced = False  # set once the relay said another listener took over
         self.client = internet.ClientService(
             _ReloadingEndpoint(self),
@@ -475,9 +490,14 @@ class RelayConnection(service.MultiService):
 
     def _dial_failed(self, failure: Failure) -> Failure:
         self._last_failure = f"cannot connect: {type(failure.value).__name__}"
-        if failure.check(error.ConnectionRefusedError):
+        if failure.check(error.ConnectionRefusedError) or _reset(failure.value):
             self._refused += 1
         return failure
+
+    def turned_away(self) -> None:
+        """The relay closed a connection before answering its upgrade (its front door was
+        full): retried like a refused dial."""
+        self._refused += 1
 
     def _prepare(self, proxy: Any) -> defer.Deferred[None]:
         """ClientService's prepareConnection: a connection counts once the relay is ready."""

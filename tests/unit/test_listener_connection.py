@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import collections
 import contextlib
+import errno
 import gc
 import itertools
 import random
@@ -471,10 +472,16 @@ class FailingEndpoint:
 
 
 def test_a_restarting_relay_that_refuses_dials_does_not_widen_the_window(clock: Clock) -> None:
-    """A closed port (ECONNREFUSED) is retried within the first window, four times; then, and
-    after any other kind of failure, the window grows as before."""
-    failures: list[Exception] = [error.ConnectionRefusedError()] * (REFUSED_NOT_COUNTED + 1)
-    failures += [error.TimeoutError(), error.ConnectionRefusedError()]
+    """A closed port (ECONNREFUSED) or a reset while connecting is retried within the first
+    window, four times; then, and after any other kind of failure, the window grows as before."""
+    reset = error.getConnectError((errno.ECONNRESET, "Connection reset by peer"))
+    assert type(reset) is error.ConnectError
+    failures: list[Exception] = [error.ConnectionRefusedError(), reset] * 2
+    failures += [
+        error.ConnectionRefusedError(),
+        error.TimeoutError(),
+        error.ConnectionRefusedError(),
+    ]
     relay = FakeRelay(clock)
     dials: list[float] = []
 
@@ -501,10 +508,63 @@ def test_a_restarting_relay_that_refuses_dials_does_not_widen_the_window(clock: 
             clock.advance(0.25)
             relay.flush()
     gaps = [later - earlier for earlier, later in itertools.pairwise(dials)]
-    # Five refused dials, four of them not counted: each retried within the first window (10 s);
+    # Five turned away (refused, reset, refused, reset, refused), four of them not counted: each
+    # retried within the first window (10 s);
     # a timeout counts (attempt 2: 15 s); a refusal beyond the four counts too (attempt 3:
     # 22.5 s); then the relay answers. Without the rule: 10, 15, 22.5, 33.75, 50.6, 60, 60.
     assert gaps == [10.0, 10.0, 10.0, 10.0, 10.0, 15.0, 22.5]
+    assert listener.connection.connections == 1
+    listener.connection.stopService()
+    relay.flush()
+
+
+class ClosingSide(RelaySide):
+    """A relay whose front door is full: it closes a connection without answering its upgrade."""
+
+    def processHandshake(self) -> None:
+        if self.factory.closing_at_door:
+            self.transport.loseConnection()
+            return
+        super().processHandshake()
+
+
+def test_a_connection_closed_before_the_upgrade_is_answered_does_not_widen_the_window(
+    clock: Clock,
+) -> None:
+    """The relay at its handshake cap closes newcomers unanswered (handshakes_busy): retried
+    within the first window like a refused dial. A refusal it answers (here 401) counts."""
+    relay = FakeRelay(clock)
+    relay.protocol = ClosingSide  # type: ignore[assignment]
+    relay.closing_at_door = True  # type: ignore[attr-defined]
+    listener = Listener(clock, relay, draw=1.0)
+    dials: list[float] = []
+    endpoint_for = relay.endpoint_for
+
+    def dialling(url: RelayUrl, ca_file: str | None) -> IStreamClientEndpoint:
+        dials.append(clock.seconds())
+        if len(dials) == 3:
+            relay.closing_at_door = False  # type: ignore[attr-defined]
+        return endpoint_for(url, ca_file)
+
+    listener.connection = RelayConnection(
+        clock,
+        load_settings=listener.load,
+        link=listener.link,
+        on_frame=listener.frames.append,
+        on_ready=listener.ready,
+        clock=clock,
+        endpoint_for=dialling,
+        random=lambda: listener.draw,
+    )
+    with no_unhandled_errors():
+        listener.connection.startService()
+        relay.flush()
+        for _ in range(200):
+            clock.advance(0.25)
+            relay.flush()
+    gaps = [later - earlier for earlier, later in itertools.pairwise(dials)]
+    # Two closed at the door, not counted: 10 s each; the third dial is answered and ready.
+    assert gaps[:2] == [10.0, 10.0]
     assert listener.connection.connections == 1
     listener.connection.stopService()
     relay.flush()
