@@ -400,7 +400,7 @@ class _GateFactory(Factory):
         return None if proxy is None else _Gate(proxy)
 
 
-def _reset(failure: BaseException) -> bool:
+def _reset(failure: BaseException | None) -> bool:
     """A dial the other end reset while it connected (how a relay closing at once looks)."""
     return isinstance(failure, error.ConnectError) and failure.osError == errno.ECONNRESET
 

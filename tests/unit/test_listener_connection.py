@@ -201,6 +201,7 @@ class FakeRelay(WebSocketServerFactory):
         # Whether ready says the socket takes the installation's own calls (a current relay).
         self.ready_calls = True
         self.busy_retry_after: str | None = None  # answer upgrades 503 with this Retry-After
+        self.closing_at_door = False  # ClosingSide: close connections without an answer
         self.upgrades: list[dict[str, str]] = []
         self.queries: list[dict[str, list[str]]] = []
         self.sockets: list[RelaySide] = []
@@ -523,6 +524,7 @@ class ClosingSide(RelaySide):
 
     def processHandshake(self) -> None:
         if self.factory.closing_at_door:
+            assert self.transport is not None
             self.transport.loseConnection()
             return
         super().processHandshake()
@@ -532,10 +534,10 @@ def test_a_connection_closed_before_the_upgrade_is_answered_does_not_widen_the_w
     clock: Clock,
 ) -> None:
     """The relay at its handshake cap closes newcomers unanswered (handshakes_busy): retried
-    within the first window like a refused dial. A refusal it answers (here 401) counts."""
+    within the first window like a refused dial."""
     relay = FakeRelay(clock)
-    relay.protocol = ClosingSide  # type: ignore[assignment]
-    relay.closing_at_door = True  # type: ignore[attr-defined]
+    relay.protocol = ClosingSide
+    relay.closing_at_door = True
     listener = Listener(clock, relay, draw=1.0)
     dials: list[float] = []
     endpoint_for = relay.endpoint_for
@@ -543,7 +545,7 @@ def test_a_connection_closed_before_the_upgrade_is_answered_does_not_widen_the_w
     def dialling(url: RelayUrl, ca_file: str | None) -> IStreamClientEndpoint:
         dials.append(clock.seconds())
         if len(dials) == 3:
-            relay.closing_at_door = False  # type: ignore[attr-defined]
+            relay.closing_at_door = False
         return endpoint_for(url, ca_file)
 
     listener.connection = RelayConnection(
