@@ -343,7 +343,15 @@ def test_the_installed_relay_runs_as_its_unit_says_and_carries_a_call(
         os.chmod(credentials, 0o500)
         notify_path = root / "run" / "agentcall-test-notify.sock"
         notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
-        notify.bind(str(notify_path))
+        # Bound by its name from inside its directory: the full path under pytest's temporary
+        # directory can pass the 107 bytes a socket address holds (the relay, in the root,
+        # uses the short /run path).
+        here = os.getcwd()
+        os.chdir(notify_path.parent)
+        try:
+            notify.bind(notify_path.name)
+        finally:
+            os.chdir(here)
         os.chown(notify_path, uid, gid)
         notify.settimeout(WAIT_S)
 
