@@ -9,7 +9,6 @@ a walk of a tree.
 from __future__ import annotations
 
 import contextlib
-import json
 import os
 import shutil
 import sys
@@ -18,10 +17,10 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from agentcall.confine import needs, rules
-from agentcall.confine.main import FORMAT_VERSION
+from agentcall.confine.main import encode_ruleset
 
 WRAPPER_MODULE = "agentcall.confine"
-RULESET_NAME = "ruleset.json"
+RULESET_NAME = "ruleset"
 
 
 class OsView:
@@ -81,7 +80,7 @@ def prepare(conf: rules.Confinement, argv: Sequence[str], env: Mapping[str, str]
         )
         planned = rules.plan(full, OsView(), private_tmp=private_tmp)
         ruleset = os.path.join(private_tmp, RULESET_NAME)
-        data = json.dumps({"version": FORMAT_VERSION, "rules": planned}).encode()
+        data = encode_ruleset(planned)
         fd = os.open(ruleset, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)
         with os.fdopen(fd, "wb") as out:
             out.write(data)

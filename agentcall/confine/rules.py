@@ -14,7 +14,8 @@ the file tools, but the agent cannot run without it: :class:`Confinement` names 
 and it is granted as it is.
 
 Pure: the file system is seen through a :class:`FileView` (listing, real paths), which tests
-give as plain values. Standard library only: the exec wrapper imports this module.
+give as plain values. Standard library only. The kinds and rights live in
+:mod:`agentcall.confine.rights`, which the exec wrapper imports instead of this module.
 """
 
 from __future__ import annotations
@@ -22,36 +23,71 @@ from __future__ import annotations
 import os
 from typing import NamedTuple, Protocol
 
+from agentcall.confine.rights import (
+    APPEND,
+    DEVICE,
+    EXECUTE,
+    FILE_RIGHTS,
+    IOCTL_DEV,
+    KINDS,
+    LIST,
+    MAKE_BLOCK,
+    MAKE_CHAR,
+    MAKE_DIR,
+    MAKE_FIFO,
+    MAKE_REG,
+    MAKE_SOCK,
+    MAKE_SYM,
+    READ,
+    READ_DIR,
+    READ_FILE,
+    REFER,
+    REMOVE_DIR,
+    REMOVE_FILE,
+    TRUNCATE,
+    WRITE,
+    WRITE_FILE,
+    handled_rights,
+    rights_for,
+)
 from agentcall.guard.scope import DENIED_UNDER_HOME, is_denied_name, within
 
-# Access kinds, from least to most.
-LIST = "list"  # list directories beneath (names only)
-READ = "read"  # read files, list directories, execute
-APPEND = "append"  # write to an existing file (no read, no truncate): the guard's tools.log
-DEVICE = "device"  # /dev: read, write and ioctl on device files, no creating
-WRITE = "write"  # everything: read, create, write, remove, rename
-KINDS = (LIST, READ, APPEND, DEVICE, WRITE)
-
-# Landlock filesystem rights (include/uapi/linux/landlock.h) and the ABI that brought each.
-EXECUTE = 1 << 0
-WRITE_FILE = 1 << 1
-READ_FILE = 1 << 2
-READ_DIR = 1 << 3
-REMOVE_DIR = 1 << 4
-REMOVE_FILE = 1 << 5
-MAKE_CHAR = 1 << 6
-MAKE_DIR = 1 << 7
-MAKE_REG = 1 << 8
-MAKE_SOCK = 1 << 9
-MAKE_FIFO = 1 << 10
-MAKE_BLOCK = 1 << 11
-MAKE_SYM = 1 << 12
-REFER = 1 << 13  # ABI 2
-TRUNCATE = 1 << 14  # ABI 3
-IOCTL_DEV = 1 << 15  # ABI 5
-_ABI1_ALL = (1 << 13) - 1
-# The rights a rule on a file (not a directory) may carry.
-FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
+# Its own names, and the kinds and rights of agentcall.confine.rights (used through it).
+__all__ = [
+    "APPEND",
+    "DEVICE",
+    "EXECUTE",
+    "FILE_RIGHTS",
+    "IOCTL_DEV",
+    "KINDS",
+    "LIST",
+    "MAKE_BLOCK",
+    "MAKE_CHAR",
+    "MAKE_DIR",
+    "MAKE_FIFO",
+    "MAKE_REG",
+    "MAKE_SOCK",
+    "MAKE_SYM",
+    "MAX_DEPTH",
+    "READ",
+    "READ_DIR",
+    "READ_FILE",
+    "REFER",
+    "REMOVE_DIR",
+    "REMOVE_FILE",
+    "SYSTEM_DEVICE",
+    "SYSTEM_READ",
+    "SYSTEM_WRITE",
+    "TRUNCATE",
+    "WRITE",
+    "WRITE_FILE",
+    "Confinement",
+    "FileView",
+    "denied_paths",
+    "handled_rights",
+    "plan",
+    "rights_for",
+]
 
 # System directories every agent needs read (and execute) access to, where they exist.
 SYSTEM_READ: tuple[str, ...] = (
@@ -75,53 +111,6 @@ SYSTEM_WRITE: tuple[str, ...] = ("/dev/shm",)  # noqa: S108
 SYSTEM_DEVICE: tuple[str, ...] = ("/dev",)
 # How deep a read root is opened child by child before the rest of that branch is left out.
 MAX_DEPTH = 16
-
-
-def handled_rights(abi: int) -> int:
-    """Every filesystem right the kernel of this ABI knows: all of them are restricted."""
-    if abi < 1:
-        return 0
-    rights = _ABI1_ALL
-    if abi >= 2:
-        rights |= REFER
-    if abi >= 3:
-        rights |= TRUNCATE
-    if abi >= 5:
-        rights |= IOCTL_DEV
-    return rights
-
-
-def rights_for(kind: str, abi: int, *, is_dir: bool) -> int:
-    """The rights one rule of ``kind`` grants on this ABI (a file rule: file rights only)."""
-    if kind == LIST:
-        rights = READ_DIR
-    elif kind == READ:
-        rights = READ_FILE | READ_DIR | EXECUTE
-    elif kind == APPEND:
-        rights = WRITE_FILE
-    elif kind == DEVICE:
-        rights = READ_FILE | READ_DIR | WRITE_FILE | TRUNCATE | IOCTL_DEV
-    elif kind == WRITE:
-        rights = (
-            READ_FILE
-            | READ_DIR
-            | EXECUTE
-            | WRITE_FILE
-            | REMOVE_DIR
-            | REMOVE_FILE
-            | MAKE_DIR
-            | MAKE_REG
-            | MAKE_SOCK
-            | MAKE_FIFO
-            | MAKE_SYM
-            | REFER
-            | TRUNCATE
-        )
-    else:
-        raise ValueError(f"unknown access kind {kind!r}")
-    if not is_dir:
-        rights &= FILE_RIGHTS
-    return rights & handled_rights(abi)
 
 
 class FileView(Protocol):

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import errno
-import json
 import os
 import subprocess
 import sys
@@ -66,32 +65,51 @@ def test_the_real_probe_agrees_with_the_kernel() -> None:
 # --- the exec wrapper --------------------------------------------------------------------------
 
 
-def write_ruleset(path: Path, body: object, mode: int = 0o600) -> str:
-    path.write_text(json.dumps(body))
+def write_ruleset(path: Path, body: bytes, mode: int = 0o600) -> str:
+    path.write_bytes(body)
     path.chmod(mode)
     return str(path)
 
 
 @pytest.mark.parametrize(
-    "body",
+    "entries",
     [
-        {"version": 2, "rules": []},
-        {"version": 1},
-        {"version": 1, "rules": [["relative", "read"]]},
-        {"version": 1, "rules": [["/x", "everything"]]},
-        {"version": 1, "rules": [["/x"]]},
         [],
+        [("/usr", "read")],
+        [("/usr", "read"), ("/tmp/a b\nc\td", "write"), ("/h/.claude", "list")],
+        [("/dev", "device"), ("/h/tools.log", "append")],
     ],
 )
-def test_a_malformed_ruleset_is_refused_and_removed(tmp_path: Path, body: object) -> None:
-    path = write_ruleset(tmp_path / "r.json", body)
+def test_a_ruleset_reads_back_as_it_was_written(
+    tmp_path: Path, entries: list[tuple[str, str]]
+) -> None:
+    path = write_ruleset(tmp_path / "r", main.encode_ruleset(entries))
+    assert main.read_ruleset(path) == entries
+    assert not os.path.exists(path)
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        b"",
+        b"agentcall-ruleset-2\0",
+        b"agentcall-ruleset-1",
+        b"agentcall-ruleset-1\0read\0",
+        b"agentcall-ruleset-1\0read\0relative\0",
+        b"agentcall-ruleset-1\0everything\0/x\0",
+        b"agentcall-ruleset-1\0read\0/x",
+        b'{"version": 1, "rules": []}',
+    ],
+)
+def test_a_malformed_ruleset_is_refused_and_removed(tmp_path: Path, body: bytes) -> None:
+    path = write_ruleset(tmp_path / "r", body)
     with pytest.raises(main.RulesetError):
         main.read_ruleset(path)
     assert not os.path.exists(path)
 
 
 def test_a_ruleset_others_may_read_is_refused(tmp_path: Path) -> None:
-    path = write_ruleset(tmp_path / "r.json", {"version": 1, "rules": []}, mode=0o644)
+    path = write_ruleset(tmp_path / "r", main.encode_ruleset([]), mode=0o644)
     with pytest.raises(main.RulesetError, match="private"):
         main.read_ruleset(path)
 
