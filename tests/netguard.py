@@ -5,6 +5,9 @@ test marked ``network`` may dial anywhere (the real-agent and package tiers fetc
 registries in their own subprocesses, which this does not police). Any other test that dials a
 host beyond loopback gets ``OSError(ENETUNREACH)`` at the dial, as an offline machine would give
 it, and fails at teardown naming the address, even if the code under test swallowed the error.
+The guard is a function-scoped fixture, so a module- or session-scoped fixture set up before it
+is not policed: one that dials out belongs to a module marked ``network`` (the package tier's
+skip check dials the mirror and PyPI, and its module is marked).
 """
 
 from __future__ import annotations

@@ -23,71 +23,8 @@ from __future__ import annotations
 import os
 from typing import NamedTuple, Protocol
 
-from agentcall.confine.rights import (
-    APPEND,
-    DEVICE,
-    EXECUTE,
-    FILE_RIGHTS,
-    IOCTL_DEV,
-    KINDS,
-    LIST,
-    MAKE_BLOCK,
-    MAKE_CHAR,
-    MAKE_DIR,
-    MAKE_FIFO,
-    MAKE_REG,
-    MAKE_SOCK,
-    MAKE_SYM,
-    READ,
-    READ_DIR,
-    READ_FILE,
-    REFER,
-    REMOVE_DIR,
-    REMOVE_FILE,
-    TRUNCATE,
-    WRITE,
-    WRITE_FILE,
-    handled_rights,
-    rights_for,
-)
+from agentcall.confine.rights import APPEND, DEVICE, LIST, READ, WRITE
 from agentcall.guard.scope import DENIED_UNDER_HOME, is_denied_name, within
-
-# Its own names, and the kinds and rights of agentcall.confine.rights (used through it).
-__all__ = [
-    "APPEND",
-    "DEVICE",
-    "EXECUTE",
-    "FILE_RIGHTS",
-    "IOCTL_DEV",
-    "KINDS",
-    "LIST",
-    "MAKE_BLOCK",
-    "MAKE_CHAR",
-    "MAKE_DIR",
-    "MAKE_FIFO",
-    "MAKE_REG",
-    "MAKE_SOCK",
-    "MAKE_SYM",
-    "MAX_DEPTH",
-    "READ",
-    "READ_DIR",
-    "READ_FILE",
-    "REFER",
-    "REMOVE_DIR",
-    "REMOVE_FILE",
-    "SYSTEM_DEVICE",
-    "SYSTEM_READ",
-    "SYSTEM_WRITE",
-    "TRUNCATE",
-    "WRITE",
-    "WRITE_FILE",
-    "Confinement",
-    "FileView",
-    "denied_paths",
-    "handled_rights",
-    "plan",
-    "rights_for",
-]
 
 # System directories every agent needs read (and execute) access to, where they exist.
 SYSTEM_READ: tuple[str, ...] = (

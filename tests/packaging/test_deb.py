@@ -37,7 +37,8 @@ from tests.e2e.installs import Install
 from tests.e2e.processes import REPO, LogFollower, free_port
 from tests.unit.test_debian_pins import pins
 
-pytestmark = [pytest.mark.packaging, pytest.mark.slow]
+# network: the skip check dials the mirror and PyPI from this process.
+pytestmark = [pytest.mark.packaging, pytest.mark.slow, pytest.mark.network]
 
 TIER_ENV = "AGENTCALL_PACKAGE_TIER"
 CACHE = Path(os.environ.get("AGENTCALL_TEST_CACHE", "/var/cache/agentcall-tests"))

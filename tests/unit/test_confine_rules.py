@@ -6,8 +6,9 @@ import os
 
 import pytest
 
-from agentcall.confine import rules
-from agentcall.confine.rules import APPEND, DEVICE, LIST, READ, WRITE, Confinement
+from agentcall.confine import rights, rules
+from agentcall.confine.rights import APPEND, DEVICE, LIST, READ, WRITE
+from agentcall.confine.rules import Confinement
 from agentcall.guard.scope import DENIED_UNDER_HOME
 
 HOME = "/h"
@@ -220,37 +221,37 @@ def test_depth_is_bounded() -> None:
     ],
 )
 def test_handled_rights_follow_the_abi(abi: int, expected: int) -> None:
-    assert rules.handled_rights(abi) == expected
+    assert rights.handled_rights(abi) == expected
 
 
-@pytest.mark.parametrize("kind", rules.KINDS)
+@pytest.mark.parametrize("kind", rights.KINDS)
 @pytest.mark.parametrize("abi", [1, 2, 3, 5, 7])
 def test_rights_never_exceed_what_the_abi_handles_and_files_get_file_rights(
     kind: str, abi: int
 ) -> None:
-    on_dir = rules.rights_for(kind, abi, is_dir=True)
-    on_file = rules.rights_for(kind, abi, is_dir=False)
-    assert on_dir & ~rules.handled_rights(abi) == 0
-    assert on_file & ~rules.FILE_RIGHTS == 0
+    on_dir = rights.rights_for(kind, abi, is_dir=True)
+    on_file = rights.rights_for(kind, abi, is_dir=False)
+    assert on_dir & ~rights.handled_rights(abi) == 0
+    assert on_file & ~rights.FILE_RIGHTS == 0
     assert on_file & ~on_dir == 0
 
 
 def test_what_each_kind_allows() -> None:
-    assert rules.rights_for(LIST, 7, is_dir=True) == rules.READ_DIR
-    assert rules.rights_for(LIST, 7, is_dir=False) == 0
-    assert rules.rights_for(APPEND, 7, is_dir=False) == rules.WRITE_FILE
-    read = rules.rights_for(READ, 7, is_dir=True)
-    assert read & rules.READ_FILE and not read & (rules.WRITE_FILE | rules.MAKE_REG)
-    write = rules.rights_for(WRITE, 7, is_dir=True)
-    assert write & rules.MAKE_REG and write & rules.REFER and write & rules.TRUNCATE
-    assert not write & (rules.MAKE_CHAR | rules.MAKE_BLOCK)
-    assert rules.rights_for(WRITE, 1, is_dir=True) & (rules.REFER | rules.TRUNCATE) == 0
-    assert rules.rights_for(DEVICE, 5, is_dir=False) & rules.IOCTL_DEV
+    assert rights.rights_for(LIST, 7, is_dir=True) == rights.READ_DIR
+    assert rights.rights_for(LIST, 7, is_dir=False) == 0
+    assert rights.rights_for(APPEND, 7, is_dir=False) == rights.WRITE_FILE
+    read = rights.rights_for(READ, 7, is_dir=True)
+    assert read & rights.READ_FILE and not read & (rights.WRITE_FILE | rights.MAKE_REG)
+    write = rights.rights_for(WRITE, 7, is_dir=True)
+    assert write & rights.MAKE_REG and write & rights.REFER and write & rights.TRUNCATE
+    assert not write & (rights.MAKE_CHAR | rights.MAKE_BLOCK)
+    assert rights.rights_for(WRITE, 1, is_dir=True) & (rights.REFER | rights.TRUNCATE) == 0
+    assert rights.rights_for(DEVICE, 5, is_dir=False) & rights.IOCTL_DEV
 
 
 def test_an_unknown_kind_is_refused() -> None:
     with pytest.raises(ValueError, match="unknown access kind"):
-        rules.rights_for("everything", 7, is_dir=True)
+        rights.rights_for("everything", 7, is_dir=True)
 
 
 def test_the_guards_extra_denied_roots_stay_out_of_roots_but_not_the_runtime() -> None:

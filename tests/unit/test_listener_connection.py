@@ -35,6 +35,7 @@ from agentcall.client.common import parse_retry_after
 from agentcall.client.ws import CallAborted
 from agentcall.listener.connection import (
     REFUSED_NOT_COUNTED,
+    EndpointFor,
     RelayConnection,
     RelayLink,
     RelaySettings,
@@ -257,6 +258,8 @@ class Listener:
     replacements: int = 0
     draw: float = 0.0  # what the reconnect jitter's random() returns
     link: RelayLink = attrs.field(factory=RelayLink)
+    # How each dial reaches the relay; the relay's own memory endpoint unless a test says.
+    endpoint_for: EndpointFor | None = None
     connection: RelayConnection = attrs.field(init=False)
 
     def __attrs_post_init__(self) -> None:
@@ -268,7 +271,7 @@ class Listener:
             on_ready=self.ready,
             on_replaced=self.replaced,
             clock=self.clock,
-            endpoint_for=self.relay.endpoint_for,
+            endpoint_for=self.endpoint_for or self.relay.endpoint_for,
             random=lambda: self.draw,
         )
 
@@ -492,17 +495,8 @@ def test_a_restarting_relay_that_refuses_dials_does_not_widen_the_window(clock: 
             return FailingEndpoint(failures.pop(0))
         return relay.endpoint_for(url, ca_file)
 
-    listener = Listener(clock, relay, draw=1.0)  # every delay at the top of its window
-    listener.connection = RelayConnection(
-        clock,
-        load_settings=listener.load,
-        link=listener.link,
-        on_frame=listener.frames.append,
-        on_ready=listener.ready,
-        clock=clock,
-        endpoint_for=endpoint_for,
-        random=lambda: listener.draw,
-    )
+    # Every delay at the top of its window.
+    listener = Listener(clock, relay, draw=1.0, endpoint_for=endpoint_for)
     with no_unhandled_errors():
         listener.connection.startService()
         for _ in range(480):  # 120 s, in steps that every delay here is a multiple of
@@ -510,9 +504,9 @@ def test_a_restarting_relay_that_refuses_dials_does_not_widen_the_window(clock: 
             relay.flush()
     gaps = [later - earlier for earlier, later in itertools.pairwise(dials)]
     # Five turned away (refused, reset, refused, reset, refused), four of them not counted: each
-    # retried within the first window (10 s);
-    # a timeout counts (attempt 2: 15 s); a refusal beyond the four counts too (attempt 3:
-    # 22.5 s); then the relay answers. Without the rule: 10, 15, 22.5, 33.75, 50.6, 60, 60.
+    # retried within the first window (10 s); a timeout counts (attempt 2: 15 s); a refusal
+    # beyond the four counts too (attempt 3: 22.5 s); then the relay answers. Without the rule:
+    # 10, 15, 22.5, 33.75, 50.6, 60, 60.
     assert gaps == [10.0, 10.0, 10.0, 10.0, 10.0, 15.0, 22.5]
     assert listener.connection.connections == 1
     listener.connection.stopService()
@@ -538,26 +532,15 @@ def test_a_connection_closed_before_the_upgrade_is_answered_does_not_widen_the_w
     relay = FakeRelay(clock)
     relay.protocol = ClosingSide
     relay.closing_at_door = True
-    listener = Listener(clock, relay, draw=1.0)
     dials: list[float] = []
-    endpoint_for = relay.endpoint_for
 
     def dialling(url: RelayUrl, ca_file: str | None) -> IStreamClientEndpoint:
         dials.append(clock.seconds())
         if len(dials) == 3:
             relay.closing_at_door = False
-        return endpoint_for(url, ca_file)
+        return relay.endpoint_for(url, ca_file)
 
-    listener.connection = RelayConnection(
-        clock,
-        load_settings=listener.load,
-        link=listener.link,
-        on_frame=listener.frames.append,
-        on_ready=listener.ready,
-        clock=clock,
-        endpoint_for=dialling,
-        random=lambda: listener.draw,
-    )
+    listener = Listener(clock, relay, draw=1.0, endpoint_for=dialling)
     with no_unhandled_errors():
         listener.connection.startService()
         relay.flush()
