@@ -20,6 +20,7 @@ SYS_ADD_RULE = 445
 SYS_RESTRICT_SELF = 446
 CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
+RULE_NET_PORT = 2
 PR_SET_NO_NEW_PRIVS = 38
 
 # syscall(number, *args) -> (result, errno)
@@ -31,14 +32,24 @@ class LandlockError(OSError):
 
 
 class _RulesetAttr(ctypes.Structure):
-    # Only the first member: the kernel accepts a shorter structure from older callers, and
-    # network and scope restrictions are not used.
+    # Only the first member: the kernel accepts a shorter structure from older callers (ABI
+    # 1-3 know no other), and it is all a run that leaves the network alone needs.
     _fields_ = (("handled_access_fs", ctypes.c_uint64),)
+
+
+class _NetRulesetAttr(ctypes.Structure):
+    # Scopes (ABI 6) are not used, so the structure stops after the network rights.
+    _fields_ = (("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64))
 
 
 class _PathBeneathAttr(ctypes.Structure):
     _pack_ = 1
     _fields_ = (("allowed_access", ctypes.c_uint64), ("parent_fd", ctypes.c_int32))
+
+
+class _NetPortAttr(ctypes.Structure):
+    _pack_ = 1
+    _fields_ = (("allowed_access", ctypes.c_uint64), ("port", ctypes.c_uint64))
 
 
 def _libc_syscall(number: int, *args: object) -> tuple[int, int]:
@@ -89,15 +100,26 @@ def _check(result: int, err: int, what: str) -> int:
 
 
 def restrict(
-    handled: int, rules: Iterable[tuple[int, int]], syscall: Syscall | None = None
+    handled: int,
+    rules: Iterable[tuple[int, int]],
+    syscall: Syscall | None = None,
+    *,
+    handled_net: int = 0,
+    ports: Iterable[tuple[int, int]] = (),
 ) -> None:
     """Confine this process (and every process it starts) for good.
 
-    ``rules`` are ``(fd, allowed rights)`` of open ``O_PATH`` descriptors. Sets
-    ``no_new_privs`` first, which Landlock requires of an unprivileged process.
+    ``rules`` are ``(fd, allowed rights)`` of open ``O_PATH`` descriptors. ``handled_net``
+    (ABI 4) are the network rights restricted, ``ports`` the ``(port, allowed rights)`` that
+    lift them; with none handled, the network is left alone. Sets ``no_new_privs`` first,
+    which Landlock requires of an unprivileged process.
     """
     call = syscall or _libc_syscall
-    attr = _RulesetAttr(handled_access_fs=handled)
+    attr: ctypes.Structure
+    if handled_net:
+        attr = _NetRulesetAttr(handled_access_fs=handled, handled_access_net=handled_net)
+    else:
+        attr = _RulesetAttr(handled_access_fs=handled)
     ruleset = _check(
         *call(SYS_CREATE_RULESET, ctypes.byref(attr), ctypes.c_size_t(ctypes.sizeof(attr)), 0),
         "landlock_create_ruleset",
@@ -108,6 +130,12 @@ def restrict(
             _check(
                 *call(SYS_ADD_RULE, ruleset, RULE_PATH_BENEATH, ctypes.byref(beneath), 0),
                 "landlock_add_rule",
+            )
+        for port, allowed in ports:
+            net_port = _NetPortAttr(allowed_access=allowed, port=port)
+            _check(
+                *call(SYS_ADD_RULE, ruleset, RULE_NET_PORT, ctypes.byref(net_port), 0),
+                "landlock_add_rule (network port)",
             )
         libc = ctypes.CDLL(None, use_errno=True)
         if libc.prctl(PR_SET_NO_NEW_PRIVS, 1, 0, 0, 0) != 0:

@@ -6,10 +6,14 @@ runner starts this small program in front of the agent. It reads the ruleset the
 execs the agent in place, which keeps the pid. A ruleset that cannot be read or applied stops
 here (exit 126): an agent never starts without the boundary it was planned with.
 
-The file is NUL-separated: the header ``agentcall-ruleset-1``, then for each rule its kind (one
-of :data:`agentcall.confine.rights.KINDS`) and its absolute path, each ended by a NUL (a path
-never holds one). A path that no longer exists is skipped. Not JSON: this program starts in
-front of every confined agent, and the json module (with re) was a quarter of its start-up.
+The file is NUL-separated: the header ``agentcall-ruleset-1``, then for each rule its kind and
+its value, each ended by a NUL (a path never holds one). A filesystem rule's kind is one of
+:data:`agentcall.confine.rights.KINDS` and its value an absolute path (one that no longer
+exists is skipped); a network rule's kind is one of :data:`~agentcall.confine.rights.NET_KINDS`:
+``tcp`` (value ``bind-none``) restricts TCP, each ``connect`` (value: a decimal port) lets the
+run connect to one port. Network rules need Landlock ABI 4: on an older kernel a ruleset that
+holds them is not applied at all. Not JSON: this program starts in front of every confined
+agent, and the json module (with re) was a quarter of its start-up.
 """
 
 from __future__ import annotations
@@ -59,7 +63,18 @@ def encode_ruleset(entries: Sequence[tuple[str, str]]) -> bytes:
     return b"".join(field + b"\0" for field in fields)
 
 
+def _valid_rule(value: str, kind: str) -> bool:
+    if kind in rights.KINDS:
+        return os.path.isabs(value)
+    if kind == rights.TCP:
+        return value == rights.TCP_VALUE
+    if kind == rights.CONNECT:
+        return rights.is_port(value)
+    return False
+
+
 def parse_ruleset(raw: bytes) -> list[tuple[str, str]]:
+    """``(value, kind)`` per rule, in the file's order; anything else is refused whole."""
     fields = raw.split(b"\0")
     if len(fields) < 2 or fields[0] != HEADER:
         raise RulesetError("the ruleset has an unknown format")
@@ -68,18 +83,34 @@ def parse_ruleset(raw: bytes) -> list[tuple[str, str]]:
     found: list[tuple[str, str]] = []
     for index in range(1, len(fields), 2):
         kind = fields[index].decode("ascii", "replace")
-        path = os.fsdecode(fields[index + 1])
-        if kind not in rights.KINDS or not os.path.isabs(path):
+        value = os.fsdecode(fields[index + 1])
+        if not _valid_rule(value, kind):
             raise RulesetError("the ruleset holds a malformed rule")
-        found.append((path, kind))
+        found.append((value, kind))
+    kinds = {kind for _value, kind in found}
+    if rights.CONNECT in kinds and rights.TCP not in kinds:
+        # A port allowed on a network that is not restricted would mean nothing: a ruleset
+        # that says so was not written by the runner.
+        raise RulesetError("the ruleset allows ports without restricting the network")
     return found
 
 
 def apply(entries: Sequence[tuple[str, str]], abi: int) -> None:
     """Open each path, grant its rights, and restrict this process for good."""
+    kinds = {kind for _value, kind in entries}
+    handled_net = 0
+    if rights.TCP in kinds:
+        if abi < rights.NET_ABI:
+            raise RulesetError(
+                f"the run's network rules need Landlock ABI {rights.NET_ABI}, this kernel has {abi}"
+            )
+        handled_net = rights.NET_RIGHTS
+    ports = [(int(v), rights.NET_CONNECT_TCP) for v, kind in entries if kind == rights.CONNECT]
     opened: list[tuple[int, int]] = []
     try:
         for path, kind in entries:
+            if kind in rights.NET_KINDS:
+                continue
             try:
                 fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
             except FileNotFoundError:
@@ -87,7 +118,12 @@ def apply(entries: Sequence[tuple[str, str]], abi: int) -> None:
             opened.append((fd, 0))
             is_dir = stat.S_ISDIR(os.fstat(fd).st_mode)
             opened[-1] = (fd, rights.rights_for(kind, abi, is_dir=is_dir))
-        landlock.restrict(rights.handled_rights(abi), [(fd, r) for fd, r in opened if r])
+        landlock.restrict(
+            rights.handled_rights(abi),
+            [(fd, r) for fd, r in opened if r],
+            handled_net=handled_net,
+            ports=ports,
+        )
     finally:
         for fd, _rights in opened:
             os.close(fd)

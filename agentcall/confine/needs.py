@@ -110,3 +110,74 @@ def agent_state(
         # Codex keeps the state of its sandbox helper in /tmp whatever TMPDIR says.
         return [codex_home, f"/tmp/codex-daemon-{uid}"], []  # noqa: S108
     return [], []
+
+
+# Where an agent's HTTPS traffic may be sent instead of straight to its vendor.
+PROXY_VARIABLES = (
+    "HTTPS_PROXY",
+    "https_proxy",
+    "HTTP_PROXY",
+    "http_proxy",
+    "ALL_PROXY",
+    "all_proxy",
+)
+_DEFAULT_PORTS = {"https": 443, "http": 80, "socks5": 1080, "socks5h": 1080, "socks4": 1080}
+_MAX_CONFIG_BYTES = 1024 * 1024
+
+
+def url_port(url: str) -> int | None:
+    """The TCP port a URL (or a proxy's ``host:port``) names, or None when it names none."""
+    from urllib.parse import urlsplit
+
+    text = url.strip()
+    if not text:
+        return None
+    if "://" not in text:
+        text = "http://" + text  # a proxy variable may hold host:port alone
+    try:
+        parts = urlsplit(text)
+        port = parts.port
+    except ValueError:
+        return None
+    if port is None:
+        port = _DEFAULT_PORTS.get(parts.scheme.lower())
+    return port if port is not None and 0 < port < 65536 else None
+
+
+def _config_urls(value: object, key: str = "") -> list[str]:
+    """Every string under a key that names an endpoint (``base_url``, ``*_base_url``, ``url``)."""
+    if isinstance(value, dict):
+        return [url for k, v in value.items() for url in _config_urls(v, str(k))]
+    if isinstance(value, list):
+        return [url for item in value for url in _config_urls(item, key)]
+    if isinstance(value, str) and (key == "url" or key.endswith("base_url")):
+        return [value]
+    return []
+
+
+def codex_config_urls(codex_home: str) -> list[str]:
+    """The endpoints the owner's ``config.toml`` names (model providers, MCP servers); none
+    when it is missing or does not parse (Codex itself would then refuse to start)."""
+    import tomllib
+
+    try:
+        with open(os.path.join(codex_home, "config.toml"), "rb") as handle:
+            raw = handle.read(_MAX_CONFIG_BYTES + 1)
+        if len(raw) > _MAX_CONFIG_BYTES:
+            return []
+        return _config_urls(tomllib.loads(raw.decode("utf-8")))
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError):
+        return []
+
+
+def agent_ports(kind: str, home: str, environ: Mapping[str, str]) -> tuple[int, ...]:
+    """The TCP ports an agent connects to for its model and its owner's servers: HTTPS,
+    the proxy's, and those its configuration names. Only Codex needs this (its commands are
+    bounded by the kernel, not by its own sandbox); other agents: none."""
+    if kind != "codex":
+        return ()
+    urls = [environ.get(name, "") for name in (*PROXY_VARIABLES, "OPENAI_BASE_URL")]
+    urls += codex_config_urls(environ.get("CODEX_HOME", "") or os.path.join(home, ".codex"))
+    ports = {443}
+    ports.update(port for port in map(url_port, urls) if port is not None)
+    return tuple(sorted(ports))

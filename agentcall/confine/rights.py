@@ -13,6 +13,22 @@ APPEND = "append"  # write to an existing file (no read, no truncate): the guard
 DEVICE = "device"  # /dev: read, write and ioctl on device files, no creating
 WRITE = "write"  # everything: read, create, write, remove, rename
 KINDS = (LIST, READ, APPEND, DEVICE, WRITE)
+# Network rules, whose value is not a path. ``TCP`` (value ``TCP_VALUE``) makes the run's TCP
+# handled: it binds no port and connects only to the ports of its ``CONNECT`` rules (value: a
+# decimal port). A ruleset without it leaves the network alone.
+TCP = "tcp"
+TCP_VALUE = "bind-none"
+CONNECT = "connect"
+NET_KINDS = (TCP, CONNECT)
+# The first ABI with TCP rules (Linux 6.7).
+NET_ABI = 4
+
+
+def is_port(text: str) -> bool:
+    """Whether ``text`` is a TCP port written as plain decimal digits (``int()`` would also
+    take ``+443``, `` 443`` or ``4_43``)."""
+    return text.isascii() and text.isdigit() and len(text) <= 5 and 0 < int(text) < 65536
+
 
 # Landlock filesystem rights (include/uapi/linux/landlock.h) and the ABI that brought each.
 EXECUTE = 1 << 0
@@ -32,6 +48,10 @@ REFER = 1 << 13  # ABI 2
 TRUNCATE = 1 << 14  # ABI 3
 IOCTL_DEV = 1 << 15  # ABI 5
 _ABI1_ALL = (1 << 13) - 1
+# Landlock network rights (ABI 4).
+NET_BIND_TCP = 1 << 0
+NET_CONNECT_TCP = 1 << 1
+NET_RIGHTS = NET_BIND_TCP | NET_CONNECT_TCP
 # The rights a rule on a file (not a directory) may carry.
 FILE_RIGHTS = EXECUTE | WRITE_FILE | READ_FILE | TRUNCATE | IOCTL_DEV
 

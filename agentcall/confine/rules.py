@@ -23,7 +23,7 @@ from __future__ import annotations
 import os
 from typing import NamedTuple, Protocol
 
-from agentcall.confine.rights import APPEND, DEVICE, LIST, READ, WRITE
+from agentcall.confine.rights import APPEND, CONNECT, DEVICE, LIST, READ, TCP, TCP_VALUE, WRITE
 from agentcall.guard.scope import DENIED_UNDER_HOME, is_denied_name, within
 
 # System directories every agent needs read (and execute) access to, where they exist.
@@ -72,7 +72,8 @@ class Confinement(NamedTuple):
     only append to (the guard's log); ``extra`` more places the owner lets it write (subject to
     the denylist like the roots); ``runtime`` what the agent's programs are made of (read,
     subject to the denylist), ``runtime_list`` directories only listed. ``required``: the
-    admin ceiling demands the boundary.
+    admin ceiling demands the boundary. ``connect_ports``: None leaves the network alone;
+    a tuple restricts TCP (Landlock ABI 4) to connecting to those ports, binding none.
     """
 
     read_roots: tuple[str, ...]
@@ -88,6 +89,7 @@ class Confinement(NamedTuple):
     # More denied roots for the read and write roots and the extras (the guard's own: its code
     # and the owner's tasks directory); the agent's runtime may still read them.
     denied_extra: tuple[str, ...] = ()
+    connect_ports: tuple[int, ...] | None = None
 
 
 def denied_paths(home: str, view: FileView) -> tuple[str, ...]:
@@ -143,7 +145,8 @@ class _Planner:
 def plan(
     conf: Confinement, view: FileView, *, private_tmp: str | None = None
 ) -> list[tuple[str, str]]:
-    """The rules of one run as ``(path, kind)`` pairs, sorted, one pair per path and kind.
+    """The rules of one run as ``(path, kind)`` pairs, sorted, one pair per path and kind,
+    then its network rules (``(value, kind)``, see :mod:`agentcall.confine.main`), if any.
 
     A path with several kinds keeps each (Landlock ORs them). Missing paths are left out.
     """
@@ -182,4 +185,8 @@ def plan(
             planner.add(view.realpath(path), APPEND)
     if private_tmp is not None:
         planner.add(private_tmp, WRITE)
-    return sorted((path, kind) for path, kinds in planner.rules.items() for kind in kinds)
+    planned = sorted((path, kind) for path, kinds in planner.rules.items() for kind in kinds)
+    if conf.connect_ports is not None:
+        planned.append((TCP_VALUE, TCP))
+        planned += [(str(port), CONNECT) for port in sorted(set(conf.connect_ports))]
+    return planned

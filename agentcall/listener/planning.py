@@ -17,6 +17,7 @@ from typing import Final
 import attrs
 
 from agentcall.confine import needs
+from agentcall.confine.rights import NET_ABI, is_port
 from agentcall.confine.rules import Confinement
 from agentcall.errors import CallErrorCode
 from agentcall.listener import connectors, guardwire
@@ -38,16 +39,12 @@ BOUNDARY_MISSING_DETAIL: Final = (
     "the administrator requires the kernel read boundary (Landlock), which this machine "
     "does not offer, so no agent may run"
 )
-# Codex 0.171's own sandbox is bubblewrap, which needs mounts and a user namespace that a
-# process inside a Landlock domain may not make, and its Landlock fallback refuses restricted
-# runs without it: Codex keeps its own sandbox, and runs outside the kernel boundary.
-BOUNDARY_CODEX_DETAIL: Final = (
-    "the administrator requires the kernel read boundary (Landlock), which cannot confine "
-    "Codex (its own sandbox cannot run inside it), so no Codex agent may run"
-)
 # More places (os.pathsep-separated, in the listener's environment) a confined agent may read
 # and write, such as a build cache its tools need; the denylist still applies.
 CONFINE_EXTRA_ENV: Final = "AGENTCALL_CONFINE_EXTRA"
+# More TCP ports (comma-separated) a confined Codex may connect to, such as a gateway its
+# configuration does not name; an entry that is not a port is ignored (never widens).
+CONFINE_PORTS_ENV: Final = "AGENTCALL_CONFINE_PORTS"
 
 PromptBuilder = Callable[[PromptParts, str], str]
 # (program name, PATH) -> absolute path of the executable, or None; shutil.which in service.
@@ -120,6 +117,33 @@ def boundary_required(ceiling: Ceiling | None) -> bool:
     return ceiling is not None and ceiling.require_kernel_boundary
 
 
+def owner_ports(environ: Mapping[str, str]) -> tuple[int, ...]:
+    """The ports in :data:`CONFINE_PORTS_ENV`, those that are ports."""
+    words = (w.strip() for w in environ.get(CONFINE_PORTS_ENV, "").split(","))
+    return tuple(int(w) for w in words if is_port(w))
+
+
+def network_ports(
+    kind: str,
+    *,
+    may_fetch: bool,
+    home: str,
+    env: Mapping[str, str],
+    environ: Mapping[str, str],
+    kernel_abi: int,
+) -> tuple[int, ...] | None:
+    """The TCP ports a confined run may connect to, or None for a network left alone.
+
+    Only Codex's network is restricted by the kernel: inside the boundary it runs without its
+    own sandbox (which cut its commands off the network), so a task without ``fetch`` gets
+    the ports Codex needs for its model and nothing else. Claude's Bash keeps the network it
+    always had (the guard records it). Below ABI 4 the kernel has no network rules.
+    """
+    if kind != AgentKind.CODEX or may_fetch or kernel_abi < NET_ABI:
+        return None
+    return tuple(sorted({*needs.agent_ports(kind, home, env), *owner_ports(environ)}))
+
+
 def confinement(
     *,
     kind: str,
@@ -131,9 +155,11 @@ def confinement(
     environ: Mapping[str, str],
     required: bool,
     command_args: tuple[str, ...] = (),
+    connect_ports: tuple[int, ...] | None = None,
 ) -> Confinement:
     """What the kernel lets one agent run use: the task's roots and workdir, its write root,
-    the agent's own configuration, the guard's log (append only) and the owner's extras."""
+    the agent's own configuration, the guard's log (append only) and the owner's extras;
+    ``connect_ports`` as :func:`network_ports` gives them."""
     home = env.get("HOME") or guard.home
     extra = tuple(
         p for p in environ.get(CONFINE_EXTRA_ENV, "").split(os.pathsep) if os.path.isabs(p)
@@ -152,6 +178,7 @@ def confinement(
         # A custom agent command's absolute arguments (`python /opt/agent/main.py`) are part
         # of its installation.
         runtime=tuple(needs.command_paths(command_args)),
+        connect_ports=connect_ports,
     )
 
 
@@ -178,8 +205,6 @@ def plan_run(
     """
     if boundary_required and kernel_abi < 1:
         return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=BOUNDARY_MISSING_DETAIL)
-    if boundary_required and config.agent_kind == AgentKind.CODEX:
-        return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=BOUNDARY_CODEX_DETAIL)
     found = resolve_program(config, environ, which)
     if found is None:
         return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)
@@ -215,6 +240,9 @@ def plan_run(
     tools = frozenset(admitted.effective_tools)
     sessions = session_plan(binding, threadable=task.threadable, agent_kind=kind)
     guard_argv = list(guard.argv)
+    # The kernel boundary, where there is one, holds every agent (Codex without its own
+    # sandbox, which cannot run inside it).
+    confined = kernel_abi >= 1
     spec = AgentSpec(
         binary=program,
         workdir=workdir,
@@ -230,13 +258,15 @@ def plan_run(
         keep_session=sessions.keep_session,
         mcp_servers=servers,
         mcp_config_file=_write_mcp_config(guard, opened.facts.call_id, servers),
+        confined=confined,
     )
     invocation = adapter.build(spec, prompt)
     # The command adapter runs the program alone; the owner's configured arguments follow it.
     argv = invocation.argv + extra_args
     # Codex reads only through its shell, so its guard must let commands through (recorded,
-    # flagged when they name a denied path); its read-only sandbox still stops writes. Where
-    # the admin ceiling forbids exec, Codex gets no shell and answers from the prompt alone.
+    # flagged when they name a denied path); the kernel boundary (or, without one, Codex's
+    # read-only sandbox) stops reads and writes outside the task. Where the admin ceiling
+    # forbids exec, Codex gets no shell and answers from the prompt alone.
     codex_shell = kind == AgentKind.CODEX and shell_allowed
     guard_caps = tools | {"exec"} if codex_shell else tools
     env = dict(agent_environment(environ, opened.facts.call_id, invocation.env_additions))
@@ -254,7 +284,15 @@ def plan_run(
         )
     )
     confine = None
-    if kernel_abi >= 1 and kind != AgentKind.CODEX:
+    if confined:
+        ports = network_ports(
+            kind,
+            may_fetch="fetch" in tools,
+            home=env.get("HOME") or guard.home,
+            env=env,
+            environ=environ,
+            kernel_abi=kernel_abi,
+        )
         confine = confinement(
             kind=kind,
             roots=roots,
@@ -265,6 +303,7 @@ def plan_run(
             environ=environ,
             required=boundary_required,
             command_args=extra_args,
+            connect_ports=ports,
         )
     timeout_s = config.agent_timeout_s
     if task.timeout_s is not None:

@@ -1,10 +1,11 @@
 """The kernel read boundary through the real relay and listener: a shell cannot leave the roots.
 
-ken's fake `claude` runs each Bash tool call as a real `/bin/sh -c` child process, inside the
-Landlock ruleset the listener applied before it exec'd the agent, and answers with what the
-commands printed (scenario option ``report``), so the caller sees exactly what a model would
-have been told. The guard lets every Bash call through (the task grants ``exec``): whatever is
-refused here is refused by the kernel.
+ken's fake agent, `claude` and then `codex`, runs each shell command as a real `/bin/sh -c`
+child process, inside the Landlock ruleset the listener applied before it exec'd the agent, and
+answers with what the commands printed (scenario option ``report``), so the caller sees exactly
+what a model would have been told. The guard lets every command through (the task grants
+``exec``): whatever is refused here is refused by the kernel. Codex runs there without its own
+sandbox (``danger-full-access``), which the listener's argv shows.
 """
 
 from __future__ import annotations
@@ -47,10 +48,14 @@ def _task(world: World, name: str, tools: str, workdir: Path) -> None:
     assert granted.returncode == 0, granted.stderr
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory: pytest.TempPathFactory) -> Iterator[World]:
+@pytest.fixture(scope="module", params=["claude", "codex"])
+def world(
+    request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory
+) -> Iterator[World]:
     with two_people(tmp_path_factory.mktemp("boundary")) as world:
         ken = world.ken
+        chosen = ken.cli("config", "set", "agent", request.param)
+        assert chosen.returncode == 0, chosen.stderr
         (ken.home / ".ssh").mkdir(mode=0o700)
         (ken.home / ".ssh" / "id_ed25519").write_text(SSH_TEXT)
         project = ken.home / "project"
@@ -94,6 +99,10 @@ def test_the_shell_reads_inside_the_root_and_nothing_else(world: World) -> None:
     assert NOTES_TEXT in answer
     assert f"cat: {ssh}: Permission denied" in answer
     assert f"cat: {outside}: Permission denied" in answer
+    run = world.ken.agent_runs()[-1]
+    if run["kind"] == "codex":
+        argv = run["argv"]
+        assert argv[argv.index("-s") + 1] == "danger-full-access"
     # The guard let all three through (flagging the one that names ~/.ssh): the refusals
     # were the kernel's.
     lines = (world.ken.state_dir / "tools.log").read_text().splitlines()[-3:]

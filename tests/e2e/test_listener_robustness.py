@@ -12,6 +12,7 @@ import attrs
 import pytest
 import pytest_twisted
 
+from agentcall.confine.landlock import probe
 from agentcall.errors import CallErrorCode
 from agentcall.wire import frames, payloads
 from tests.e2e.installs import Install, World, two_people
@@ -102,7 +103,8 @@ def test_a_malformed_policy_stops_the_listener_from_starting(world: World) -> No
 
 
 def test_codex_and_command_agents_answer(world: World) -> None:
-    """The same call path drives `codex exec` (read-only sandbox) and a plain command."""
+    """The same call path drives `codex exec` and a plain command. Codex keeps its read-only
+    sandbox only where there is no kernel boundary to run inside."""
     cody = Install("cody", world.root / "cody", world.relay.ca_file)
     cody.setup(world.invite(), "cody", "--agent", "codex")
     cody.set_scenario("happy")
@@ -112,7 +114,9 @@ def test_codex_and_command_agents_answer(world: World) -> None:
         assert done.returncode == 0, done.stderr
         assert done.stdout.strip() == "FAKE-AGENT-ANSWER: what does codex say?"
         (run,) = cody.agent_runs()
-        assert run["kind"] == "codex" and "--json" in run["argv"] and "read-only" in run["argv"]
+        assert run["kind"] == "codex" and "--json" in run["argv"]
+        mode = "danger-full-access" if probe()[0] >= 1 else "read-only"
+        assert run["argv"][run["argv"].index("-s") + 1] == mode
     finally:
         cody.stop()
 

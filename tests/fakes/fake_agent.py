@@ -841,12 +841,16 @@ def codex_tool_calls(o: CodexOut, sc: Scenario) -> None:
                 ]
                 o.item({"type": "file_change", "changes": changes, "status": "completed"})
             else:
+                # ``perform``: the command runs as a real child process, as Codex's shell runs it.
+                failed, output = perform_tool("Bash", tool_input, sc)
+                output = output if sc.get("perform") else ""
+                o.tool_outputs.append(output)
                 o.item(
                     {
                         "type": "command_execution",
                         "command": f"/bin/bash -lc {json.dumps(str(tool_input.get('command')))}",
-                        "aggregated_output": "",
-                        "exit_code": 0,
+                        "aggregated_output": output,
+                        "exit_code": 1 if failed else 0,
                         "status": "completed",
                     },
                     started=True,
@@ -1228,6 +1232,7 @@ class CodexOut:
         self.trust_bypassed = bool(opts.get("--dangerously-bypass-hook-trust"))
         self.hooks = codex_hooks(opts)
         self.items = 0
+        self.tool_outputs: list[str] = []
         self.output_file = opts.get("-o") or opts.get("--output-last-message")
 
     def event(self, obj: dict[str, Any]) -> None:
@@ -1273,7 +1278,8 @@ def codex_happy(o: CodexOut, prompt: str, sc: Scenario) -> int:
     o.start()
     if "tools" in sc:
         codex_tool_calls(o, sc)
-        o.finish(answer_text(prompt, sc))
+        # ``report``: the answer is what the commands printed, as a model quoting them would.
+        o.finish("\n".join(o.tool_outputs) if sc.get("report") else answer_text(prompt, sc))
         return 0
     command = "/bin/bash -lc 'cat notes.txt'"
     o.item(

@@ -206,9 +206,11 @@ def confinement(
     read_roots: Sequence[Path],
     environ: Mapping[str, str],
 ) -> Confinement | None:
-    """The kernel boundary the listener's planning would give this run, or None where the
-    kernel has no Landlock (then the guard is the only boundary, as in the listener)."""
-    if cached_abi() < 1:
+    """The kernel boundary the listener's planning would give this run (its TCP ports too),
+    or None where the kernel has no Landlock (then the guard is the only boundary, as in the
+    listener)."""
+    abi = cached_abi()
+    if abi < 1:
         return None
     setup = planning.GuardSetup(
         argv=tuple(guardwire.guard_argv()),
@@ -216,15 +218,24 @@ def confinement(
         home=str(layout.home),
         extra_denied=tuple(guardwire.default_extra_denied(layout.tasks_dir)),
     )
+    cap_set = set(caps)
     return planning.confinement(
         kind=kind,
         roots=tuple(str(r) for r in read_roots),
         workdir=str(layout.workdir),
-        may_write="write" in set(caps),
+        may_write="write" in cap_set,
         guard=setup,
         env=environ,
         environ={},
         required=False,
+        connect_ports=planning.network_ports(
+            kind,
+            may_fetch="fetch" in cap_set,
+            home=str(layout.home),
+            env=environ,
+            environ={},
+            kernel_abi=abi,
+        ),
     )
 
 

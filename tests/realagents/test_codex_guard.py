@@ -27,6 +27,7 @@ from tests.realagents.harness import (
     Layout,
     RealRun,
     base_environ,
+    confinement,
     run_real,
 )
 from tests.realagents.install import InstalledAgent
@@ -67,6 +68,10 @@ async def run_codex(
 ) -> RealRun:
     layout.codex_config(mock.base_url)
     read_roots: Sequence[Path] = (layout.home,)
+    environ = base_environ(layout)
+    # Confined exactly as the listener plans it where the kernel has Landlock: then Codex
+    # runs without its own sandbox (danger-full-access) and the ruleset is the boundary.
+    confine = confinement(layout, "codex", caps, read_roots, environ)
     spec = AgentSpec(
         binary=str(install.binary),
         workdir=str(layout.workdir),
@@ -76,16 +81,26 @@ async def run_codex(
         codex_hook_config=guard.codex_hook(hook_argv),
         keep_session=keep_session,
         resume_session=resume_session,
+        confined=confine is not None,
     )
     call_id = f"call-{secrets.token_hex(6)}"
     return await run_real(
         ADAPTER,
         spec,
         prompt,
-        environ=base_environ(layout),
+        environ=environ,
         guard_env=guard.env(layout, caps, read_roots, call_id) if guard_env is None else guard_env,
         call_id=call_id,
+        confine=confine,
     )
+
+
+def confined(run: RealRun) -> bool:
+    """Whether the run was inside the kernel boundary (Codex then has no sandbox of its own)."""
+    argv = list(run.invocation.argv)
+    if "-s" in argv:
+        return argv[argv.index("-s") + 1] == "danger-full-access"
+    return 'sandbox_mode="danger-full-access"' in argv
 
 
 def answer_of(run: RealRun) -> AgentAnswer:
@@ -130,11 +145,13 @@ async def test_read_only_sandbox_blocks_writes_the_guard_lets_through(
 
     assert answer_of(run).text == "looked around"
     argv = list(run.invocation.argv)
-    assert argv[argv.index("-s") + 1] == "read-only"
+    assert argv[argv.index("-s") + 1] == ("danger-full-access" if confined(run) else "read-only")
     read, write, _key = outputs(openai_mock, ids, run)
     assert layout.markers["notes"] in read.text
-    # The guard records Bash and lets it run ({exec}); the read-only sandbox stops the write.
-    assert "Read-only file system" in write.text, write
+    # The guard records Bash and lets it run ({exec}); the kernel boundary (or, without
+    # Landlock, Codex's read-only sandbox) stops the write.
+    refusal = "Permission denied" if confined(run) else "Read-only file system"
+    assert refusal in write.text, write
     assert not blocked.exists()
     # Bash is not bounded by the guard (ANALYSIS.md §4): a command naming a denied path is
     # only flagged for the owner.
@@ -166,10 +183,11 @@ async def test_guard_denies_shell_and_patches_the_sandbox_would_allow(
 
     assert answer_of(run).text == "tried everything"
     argv = list(run.invocation.argv)
-    assert argv[argv.index("-s") + 1] == "workspace-write"
+    mode = "danger-full-access" if confined(run) else "workspace-write"
+    assert argv[argv.index("-s") + 1] == mode
     assert "--dangerously-bypass-hook-trust" in argv
     shell_out, inside_out, outside_out, env_out = outputs(openai_mock, ids, run)
-    # workspace-write would allow both of these in the workdir: only the guard stops them
+    # Both sandboxes would allow these in the workdir: only the guard stops them
     # ({read,write} has no exec; .env is a denied name anywhere).
     for refused in (shell_out, env_out):
         assert HOOK_BLOCKED in refused.text and DENY_REASON in refused.text, refused
@@ -292,7 +310,8 @@ async def test_follow_up_resumes_the_codex_thread_with_the_guard(
     for earlier in (first_prompt, read_id, layout.markers["notes"], "first answer"):
         assert earlier.encode() in resumed, earlier
     assert second_prompt.encode() in resumed
-    # The resumed run still has the guard and the read-only mode: no write capability.
+    # The resumed run still has the guard and its first run's boundary: no write capability.
+    assert confined(second) == confined(first)
     (refused,) = outputs(openai_mock, [patch_id], second)
     assert HOOK_BLOCKED in refused.text, refused
     assert not (layout.workdir / "follow-up.txt").exists()

@@ -116,6 +116,17 @@ def test_resume_form_has_no_sandbox_flag_or_cd() -> None:
     assert inv.cwd == WORKDIR
 
 
+@pytest.mark.parametrize("tools", [{"read"}, {"read", "exec"}, {"read", "write", "fetch"}])
+def test_inside_the_kernel_boundary_codex_has_no_sandbox_of_its_own(tools: set[str]) -> None:
+    """Its bubblewrap cannot start inside Landlock: full access, bounded by the ruleset."""
+    argv = ADAPTER.build(spec(tools=tools, confined=True), PROMPT).argv
+    assert argv[argv.index("-s") + 1] == "danger-full-access"
+    assert not any(a.startswith("sandbox_workspace_write") for a in argv)
+    resumed = ADAPTER.build(spec(tools=tools, confined=True, resume_session="01a2"), PROMPT)
+    assert 'sandbox_mode="danger-full-access"' in resumed.argv
+    assert not any(a.startswith("sandbox_workspace_write") for a in resumed.argv)
+
+
 def test_kept_session_and_hook_config() -> None:
     """keep_session drops --ephemeral; a hook config comes with the hook-trust bypass."""
     hook = '[{matcher="*", hooks=[{type="command", command="guard", timeout=30}]}]'

@@ -38,8 +38,16 @@ def test_off_fails_when_the_admin_ceiling_requires_it() -> None:
     assert "no agent is started" in found.detail
 
 
-def test_codex_runs_outside_it_even_where_landlock_is() -> None:
-    found = check("codex", 7)
+@pytest.mark.parametrize("kind", ["claude", "codex"])
+def test_codex_is_inside_it_too(kind: str) -> None:
+    assert check(kind, 4) == dc.Check("kernel read boundary", dc.OK, "on, Landlock ABI 4")
+    assert check(kind, 7, required=True).status == dc.OK
+
+
+def test_below_abi_4_it_says_codex_commands_keep_the_network() -> None:
+    found = check("codex", 3)
     assert found.status == dc.WARN
-    assert found.detail is not None and "Codex's own sandbox" in found.detail
-    assert check("codex", 7, required=True).status == dc.FAIL
+    assert found.detail is not None and found.detail.startswith("on, Landlock ABI 3;")
+    assert "not kept off the network" in found.detail
+    # Claude never relied on its own sandbox for that: its line is the plain one.
+    assert check("claude", 3).status == dc.OK

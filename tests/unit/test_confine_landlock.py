@@ -78,6 +78,8 @@ def write_ruleset(path: Path, body: bytes, mode: int = 0o600) -> str:
         [("/usr", "read")],
         [("/usr", "read"), ("/tmp/a b\nc\td", "write"), ("/h/.claude", "list")],
         [("/dev", "device"), ("/h/tools.log", "append")],
+        [("/usr", "read"), ("bind-none", "tcp"), ("443", "connect"), ("65535", "connect")],
+        [("bind-none", "tcp")],
     ],
 )
 def test_a_ruleset_reads_back_as_it_was_written(
@@ -99,6 +101,24 @@ def test_a_ruleset_reads_back_as_it_was_written(
         b"agentcall-ruleset-1\0everything\0/x\0",
         b"agentcall-ruleset-1\0read\0/x",
         b'{"version": 1, "rules": []}',
+        # Network rules: only the runner's forms, and no port without the network restricted.
+        b"agentcall-ruleset-1\0connect\x00443\0",
+        b"agentcall-ruleset-1\0tcp\0bind-all\0",
+        b"agentcall-ruleset-1\0tcp\0/x\0",
+        *(
+            b"agentcall-ruleset-1\0tcp\0bind-none\0connect\0" + port + b"\0"
+            for port in (
+                b"0",
+                b"65536",
+                b"+443",
+                b" 443",
+                b"4_43",
+                b"-1",
+                b"",
+                b"443x",
+                b"\xd9\xa3",
+            )
+        ),
     ],
 )
 def test_a_malformed_ruleset_is_refused_and_removed(tmp_path: Path, body: bytes) -> None:
@@ -120,6 +140,13 @@ def test_the_wrapper_refuses_to_start_the_agent_without_its_ruleset(
     assert main.main([str(tmp_path / "missing.json"), "/bin/true"]) == main.FAILED_EXIT
     assert "was not started" in capsys.readouterr().err
     assert main.main(["only-one"]) == main.FAILED_EXIT
+
+
+def test_network_rules_are_not_applied_on_a_kernel_without_them() -> None:
+    # Refused before a descriptor is opened or a system call made: no half boundary.
+    rules = [("/usr", "read"), ("bind-none", "tcp"), ("443", "connect")]
+    with pytest.raises(main.RulesetError, match="ABI 4, this kernel has 3"):
+        main.apply(rules, abi=3)
 
 
 def run_confined(conf: Confinement, script: str, cwd: Path) -> subprocess.CompletedProcess[str]:
@@ -162,7 +189,97 @@ def test_a_confined_shell_reads_its_root_and_nothing_of_the_denylist(tmp_path: P
     assert done.stdout.rstrip().endswith("t")
 
 
+PROBE_TCP = """
+import socket, sys
+for port in map(int, sys.argv[1:]):
+    with socket.socket() as s:
+        try:
+            s.connect(("127.0.0.1", port))
+            print(port, "connected")
+        except OSError as exc:
+            print(port, "refused", exc.errno)
+with socket.socket() as s:
+    try:
+        s.bind(("127.0.0.1", 0))
+        print("bound")
+    except OSError as exc:
+        print("bind refused", exc.errno)
+"""
+
+
+@pytest.mark.skipif(ABI < 4, reason=f"no Landlock TCP rules on this kernel (ABI {ABI})")
+@pytest.mark.slow
+def test_a_confined_run_connects_only_to_its_ports_and_binds_none(tmp_path: Path) -> None:
+    import socket
+
+    with socket.socket() as allowed, socket.socket() as other:
+        for server in (allowed, other):
+            server.bind(("127.0.0.1", 0))
+            server.listen(1)
+        ports = [allowed.getsockname()[1], other.getsockname()[1]]
+        probe = tmp_path / "probe.py"
+        probe.write_text(PROBE_TCP)
+        conf = Confinement((str(tmp_path),), (), str(tmp_path), connect_ports=(ports[0],))
+        done = run_confined(conf, f"{sys.executable} -I {probe} {ports[0]} {ports[1]}", tmp_path)
+        free = run_confined(
+            conf._replace(connect_ports=None), f"{sys.executable} -I {probe} {ports[1]}", tmp_path
+        )
+    lines = done.stdout.splitlines()
+    assert lines == [
+        f"{ports[0]} connected",
+        f"{ports[1]} refused {errno.EACCES}",
+        f"bind refused {errno.EACCES}",
+    ], done.stderr
+    # Without connect_ports the network is left alone.
+    assert free.stdout.splitlines() == [f"{ports[1]} connected", "bound"], free.stderr
+
+
 # --- what an agent needs ----------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("url", "port"),
+    [
+        ("https://api.openai.com/v1", 443),
+        ("http://127.0.0.1:8080/v1", 8080),
+        ("http://proxy", 80),
+        ("proxy.corp:3128", 3128),
+        ("socks5h://127.0.0.1:9050", 9050),
+        ("socks5://gw", 1080),
+        ("", None),
+        ("http://host:99999", None),
+        ("http://host:abc", None),
+        ("ftp://host", None),
+        ("http://[::1", None),
+    ],
+)
+def test_the_port_a_url_names(url: str, port: int | None) -> None:
+    assert needs.url_port(url) == port
+
+
+def test_codex_ports_come_from_https_its_proxy_and_its_configuration(tmp_path: Path) -> None:
+    codex_home = tmp_path / ".codex"
+    codex_home.mkdir()
+    (codex_home / "config.toml").write_text(
+        'model_provider = "local"\n'
+        'openai_base_url = "http://127.0.0.1:7000"\n'
+        "[model_providers.local]\n"
+        'base_url = "http://127.0.0.1:8001/v1"\n'
+        "[mcp_servers.docs]\n"
+        'url = "https://docs.corp:8443/mcp"\n'
+        'command_url_note = "http://ignored:1"\n'
+    )
+    environ = {"https_proxy": "http://proxy:3128", "OPENAI_BASE_URL": "http://gw:9000"}
+    found = needs.agent_ports("codex", str(tmp_path), environ)
+    assert found == (443, 3128, 7000, 8001, 8443, 9000)
+    # CODEX_HOME wins over the home's .codex; a configuration that does not parse adds none.
+    (codex_home / "config.toml").write_text("this is [not toml")
+    assert needs.agent_ports("codex", str(tmp_path), {}) == (443,)
+    other = tmp_path / "elsewhere"
+    other.mkdir()
+    (other / "config.toml").write_text('openai_base_url = "http://127.0.0.1:7100"\n')
+    assert needs.agent_ports("codex", str(tmp_path), {"CODEX_HOME": str(other)}) == (443, 7100)
+    assert needs.agent_ports("claude", str(tmp_path), environ) == ()
 
 
 def test_an_npm_program_gets_its_whole_node_modules() -> None:

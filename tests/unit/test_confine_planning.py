@@ -6,6 +6,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from agentcall.confine.rules import Confinement
 from agentcall.errors import CallErrorCode
 from agentcall.listener import planning
@@ -91,23 +93,65 @@ def test_a_command_agent_is_confined_with_the_files_its_command_names(tmp_path: 
     assert result.run.confine.runtime == (str(tmp_path),)
 
 
-def test_codex_keeps_its_own_sandbox_outside_the_kernel_boundary() -> None:
+def test_codex_runs_inside_the_kernel_boundary_without_its_own_sandbox() -> None:
     result = plan(CODEX, kernel_abi=7)
     assert isinstance(result, planning.RunPlan)
-    assert result.run.confine is None
+    confine = result.run.confine
+    assert confine is not None
+    assert confine.agent_state[0] == "/home/ken/.codex"
+    # Its sandbox cannot start inside Landlock: the ruleset is the boundary now.
+    argv = list(result.run.argv)
+    assert argv[argv.index("-s") + 1] == "danger-full-access"
+    # A task without fetch: TCP is restricted to what Codex needs for its model.
+    assert confine.connect_ports == (443,)
+    # The guard's preflight is ours, not the agent's: it runs as before.
     assert result.preflight is not None and result.preflight.confine is None
+
+
+def test_codex_outside_the_boundary_keeps_its_own_sandbox() -> None:
+    result = plan(CODEX, kernel_abi=0)
+    assert isinstance(result, planning.RunPlan)
+    assert result.run.confine is None
+    argv = list(result.run.argv)
+    assert argv[argv.index("-s") + 1] == "read-only"
+
+
+def test_codex_ports_add_its_proxy_and_the_owner_ports() -> None:
+    environ = {
+        **ENVIRON,
+        "HTTPS_PROXY": "http://proxy.corp:3128",
+        planning.CONFINE_PORTS_ENV: "8443, x, 70000, -1, +22, 9000",
+    }
+    result = plan(CODEX, kernel_abi=7, environ=environ)
+    assert isinstance(result, planning.RunPlan)
+    assert result.run.confine is not None
+    assert result.run.confine.connect_ports == (443, 3128, 8443, 9000)
+
+
+@pytest.mark.parametrize(
+    ("config", "tools", "abi"),
+    [
+        (CODEX, {"read", "fetch"}, 7),  # the task may fetch: the network is its to use
+        (CODEX, {"read"}, 3),  # no TCP rules below ABI 4
+        (CLAUDE, {"read"}, 7),  # Claude's Bash keeps the network it always had
+    ],
+)
+def test_the_network_is_left_alone(config: Any, tools: set[str], abi: int) -> None:
+    task = Task(id="t", name="t", description="t", tools=frozenset(tools))
+    result = plan(config, admitted=Admitted(task), kernel_abi=abi)
+    assert isinstance(result, planning.RunPlan)
+    assert result.run.confine is not None
+    assert result.run.confine.connect_ports is None
 
 
 def test_a_required_boundary_refuses_to_run_where_it_cannot_hold() -> None:
     assert plan(kernel_abi=0, boundary_required=True) == CallFailure(
         code=CallErrorCode.AGENT_ERROR, detail=planning.BOUNDARY_MISSING_DETAIL
     )
-    assert plan(CODEX, kernel_abi=7, boundary_required=True) == CallFailure(
-        code=CallErrorCode.AGENT_ERROR, detail=planning.BOUNDARY_CODEX_DETAIL
-    )
-    held = plan(kernel_abi=7, boundary_required=True)
-    assert isinstance(held, planning.RunPlan)
-    assert held.run.confine is not None and held.run.confine.required
+    for config in (make_config(), CODEX):
+        held = plan(config, kernel_abi=7, boundary_required=True)
+        assert isinstance(held, planning.RunPlan)
+        assert held.run.confine is not None and held.run.confine.required
 
 
 def test_the_ceiling_decides_whether_the_boundary_is_required() -> None:

@@ -164,6 +164,9 @@ class AgentSpec:
     # A private file holding ``mcp_servers`` as ``{"mcpServers": …}``: the listener always
     # passes one, because server configs can hold tokens that must not appear in argv (ps).
     mcp_config_file: str | None = attrs.field(default=None, validator=_check_absolute_or_none)
+    # The run is inside the kernel boundary (agentcall.confine): an agent whose own sandbox
+    # cannot run there (Codex) is started without it.
+    confined: bool = False
 
 
 @attrs.frozen

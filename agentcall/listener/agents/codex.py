@@ -3,7 +3,10 @@
 The prompt goes to stdin through the ``-`` argument (Codex waits for stdin's EOF, which the
 runner always gives). The sandbox mode follows ANALYSIS.md §4: read-only unless the task may
 write or fetch; ``workspace-write`` always excludes ``/tmp`` and ``$TMPDIR``. Codex reads are
-never confined by its sandbox, so ``read_roots`` has no flag here. The answer is the last
+never confined by its sandbox, so ``read_roots`` has no flag here. A run inside the kernel
+boundary (``spec.confined``) is ``danger-full-access`` instead: Codex's sandbox (bubblewrap)
+cannot start inside a Landlock domain, and the domain bounds reads, writes and, without
+``fetch``, the network of Codex and every command it runs. The answer is the last
 ``agent_message`` of a turn that completed with exit 0.
 """
 
@@ -53,13 +56,16 @@ _RESUME_FAILED = re.compile(
 
 
 def sandbox_mode(spec: AgentSpec) -> str:
-    """The ``-s`` mode: Codex has no read-only mode with network, so fetch implies write."""
+    """The ``-s`` mode: none of Codex's own inside the kernel boundary; otherwise read-only,
+    or workspace-write (Codex has no read-only mode with network, so fetch implies write)."""
+    if spec.confined:
+        return "danger-full-access"
     return "workspace-write" if spec.tools & {"write", "fetch"} else "read-only"
 
 
 def sandbox_config(spec: AgentSpec) -> tuple[str, ...]:
     """The ``-c`` keys that go with the mode (the same on a fresh run and on resume)."""
-    if sandbox_mode(spec) == "read-only":
+    if sandbox_mode(spec) != "workspace-write":
         return ()
     return _EXCLUDE_TMP + (_NETWORK if "fetch" in spec.tools else ())
 
