@@ -181,3 +181,19 @@ def agent_ports(kind: str, home: str, environ: Mapping[str, str]) -> tuple[int, 
     ports = {443}
     ports.update(port for port in map(url_port, urls) if port is not None)
     return tuple(sorted(ports))
+
+
+# The agent's own trust settings: a private CA (a company proxy's) often lives outside the
+# system directories, and an agent that cannot read it cannot authenticate.
+TRUST_VARIABLES = ("SSL_CERT_FILE", "SSL_CERT_DIR", "NODE_EXTRA_CA_CERTS")
+
+
+def trust_paths(environ: Mapping[str, str]) -> list[str]:
+    """The CA files and directories the agent's environment names (absolute paths only;
+    ``SSL_CERT_DIR`` may list several, separated by ``os.pathsep``)."""
+    found: list[str] = []
+    for name in TRUST_VARIABLES:
+        for path in environ.get(name, "").split(os.pathsep):
+            if os.path.isabs(path):
+                found.append(path)
+    return found

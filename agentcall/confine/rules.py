@@ -90,6 +90,10 @@ class Confinement(NamedTuple):
     # and the owner's tasks directory); the agent's runtime may still read them.
     denied_extra: tuple[str, ...] = ()
     connect_ports: tuple[int, ...] | None = None
+    # CA files and directories the agent's environment names (``NODE_EXTRA_CA_CERTS``...):
+    # read, outside the denied directories, whatever their name (``corp-ca.pem`` is a
+    # certificate the owner chose, though ``*.pem`` is a credential name elsewhere).
+    trust: tuple[str, ...] = ()
 
 
 def denied_paths(home: str, view: FileView) -> tuple[str, ...]:
@@ -173,6 +177,9 @@ def plan(
         # A directory on the module search path, which Python lists to find a package in it.
         if view.exists(path) and not planner.is_denied(view.realpath(path)):
             planner.add(view.realpath(path), LIST)
+    for path in conf.trust:
+        if view.exists(path) and not planner.is_denied(view.realpath(path)):
+            planner.add(view.realpath(path), READ)
     for path in conf.read_roots:
         strict.grant(path, READ)
     for path in (*conf.write_roots, *conf.extra):

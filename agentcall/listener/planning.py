@@ -178,6 +178,8 @@ def confinement(
         # A custom agent command's absolute arguments (`python /opt/agent/main.py`) are part
         # of its installation.
         runtime=tuple(needs.command_paths(command_args)),
+        # Without its CA files an agent behind a company's proxy cannot authenticate.
+        trust=tuple(needs.trust_paths(env)),
         connect_ports=connect_ports,
     )
 

@@ -29,6 +29,7 @@ if ABI < 1:
 SSH_TEXT = "SSH-KEY-MATERIAL-2718"
 OUTSIDE_TEXT = "OUTSIDE-EVERY-ROOT-1618"
 NOTES_TEXT = "NOTES-INSIDE-THE-ROOT-1414"
+CA_TEXT = "PRIVATE-CA-CERTIFICATE-1732"
 TASK = """---
 description: {description}
 tools: {tools}
@@ -69,8 +70,12 @@ def world(
         _task(world, "edit", "[read, write, exec]", project)
         # Only the fake agent's own two files, not the whole test tree the other e2e files
         # open to it: here the outside file must stay outside.
+        # A private CA outside every root, as a company's proxy needs: the agent must read it.
+        (ken.home / "certs").mkdir()
+        (ken.home / "certs" / "corp-ca.pem").write_text(CA_TEXT)
         ken.start_listener(
-            AGENTCALL_CONFINE_EXTRA=f"{ken.agent_log}{os.pathsep}{ken.scenario_file}"
+            AGENTCALL_CONFINE_EXTRA=f"{ken.agent_log}{os.pathsep}{ken.scenario_file}",
+            NODE_EXTRA_CA_CERTS=str(ken.home / "certs" / "corp-ca.pem"),
         )
         yield world
 
@@ -108,6 +113,17 @@ def test_the_shell_reads_inside_the_root_and_nothing_else(world: World) -> None:
     lines = (world.ken.state_dir / "tools.log").read_text().splitlines()[-3:]
     decisions = [json.loads(line)["decision"] for line in lines]
     assert decisions == ["flag", "allow", "allow"], lines
+
+
+def test_the_agent_reads_the_ca_file_its_environment_names(world: World) -> None:
+    """NODE_EXTRA_CA_CERTS names a file outside every root: the agent (and so its TLS to its
+    vendor) can read it, and nothing else in that directory."""
+    certs = world.ken.home / "certs"
+    (certs / "other.txt").write_text("NOT-THE-CA")
+    answer = _answer(world, "shell", 'cat "$NODE_EXTRA_CA_CERTS"', f"cat {certs / 'other.txt'}")
+    assert CA_TEXT in answer
+    assert "NOT-THE-CA" not in answer
+    assert f"cat: {certs / 'other.txt'}: Permission denied" in answer
 
 
 def test_a_read_task_writes_nowhere(world: World) -> None:

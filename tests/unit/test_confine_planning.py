@@ -93,6 +93,23 @@ def test_a_command_agent_is_confined_with_the_files_its_command_names(tmp_path: 
     assert result.run.confine.runtime == (str(tmp_path),)
 
 
+def test_the_ca_files_the_agent_environment_names_are_trusted() -> None:
+    environ = {
+        **ENVIRON,
+        "NODE_EXTRA_CA_CERTS": "/home/ken/certs/corp.pem",
+        "SSL_CERT_DIR": "/home/ken/certs/dir:relative:/opt/ca",
+        "SSL_CERT_FILE": "",
+    }
+    result = plan(CLAUDE, kernel_abi=7, environ=environ)
+    assert isinstance(result, planning.RunPlan)
+    assert result.run.confine is not None
+    assert result.run.confine.trust == (
+        "/home/ken/certs/dir",
+        "/opt/ca",
+        "/home/ken/certs/corp.pem",
+    )
+
+
 def test_codex_runs_inside_the_kernel_boundary_without_its_own_sandbox() -> None:
     result = plan(CODEX, kernel_abi=7)
     assert isinstance(result, planning.RunPlan)

@@ -174,6 +174,19 @@ def test_runtime_is_read_and_search_path_directories_only_listed() -> None:
     assert planned["/repo"] == {LIST}
 
 
+def test_trusted_ca_files_are_read_whatever_their_name_but_never_in_a_denied_directory() -> None:
+    view = home_view(**{"/h/certs": ["corp.pem", "key.pem"]})
+    view.files |= {"/h/certs/corp.pem", "/h/certs/key.pem", "/h/.ssh/ca.pem"}
+    conf = Confinement(
+        (), (), HOME, trust=("/h/certs/corp.pem", "/h/.ssh/ca.pem", "/h/.ssh", "/h/missing.pem")
+    )
+    planned = kinds(rules.plan(conf, view))
+    assert planned["/h/certs/corp.pem"] == {READ}
+    # Only the file named: its neighbours, the denied directory and what is in it stay out.
+    assert not {"/h/certs", "/h/certs/key.pem", "/h/.ssh", "/h/.ssh/ca.pem"} & set(planned)
+    assert "/h/missing.pem" not in planned
+
+
 def test_a_runtime_in_the_home_itself_does_not_open_the_home() -> None:
     planned = kinds(rules.plan(Confinement((), (), HOME, runtime=(HOME,)), home_view()))
     assert planned["/h"] == {LIST}
