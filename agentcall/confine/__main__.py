@@ -4,4 +4,4 @@ import sys
 
 from agentcall.confine.main import main
 
-sys.exit(main())
+sys.exit(main(new_session=True))

@@ -10,10 +10,17 @@ from __future__ import annotations
 
 import ctypes
 import errno
-import functools
 import os
 import sys
-from collections.abc import Callable, Iterable
+
+# The exec wrapper imports this module in front of every agent: functools and collections.abc
+# (the collections package) were a third of its imports, and are needed for annotations only.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from collections.abc import Callable, Iterable
+
+    # syscall(number, *args) -> (result, errno)
+    Syscall = Callable[..., tuple[int, int]]
 
 SYS_CREATE_RULESET = 444
 SYS_ADD_RULE = 445
@@ -22,9 +29,6 @@ CREATE_RULESET_VERSION = 1
 RULE_PATH_BENEATH = 1
 RULE_NET_PORT = 2
 PR_SET_NO_NEW_PRIVS = 38
-
-# syscall(number, *args) -> (result, errno)
-Syscall = Callable[..., tuple[int, int]]
 
 
 class LandlockError(OSError):
@@ -87,10 +91,14 @@ def abi_version() -> int:
     return probe()[0]
 
 
-@functools.cache
+_probed: list[int] = []
+
+
 def cached_abi() -> int:
     """:func:`abi_version`, probed once per process (the kernel's answer does not change)."""
-    return abi_version()
+    if not _probed:
+        _probed.append(abi_version())
+    return _probed[0]
 
 
 def _check(result: int, err: int, what: str) -> int:

@@ -1,10 +1,16 @@
 """``python -I -m agentcall.confine RULESET PROGRAM [ARGS...]``: confine, then exec the agent.
 
 Twisted's ``spawnProcess`` has no hook that runs in the child before exec, so the listener's
-runner starts this small program in front of the agent. It reads the ruleset the runner wrote
-(a 0600 file of this user, deleted as soon as it is read), applies it with Landlock, and
-execs the agent in place, which keeps the pid. A ruleset that cannot be read or applied stops
-here (exit 126): an agent never starts without the boundary it was planned with.
+runner starts this small program in front of the agent. It first makes the run a session and
+process group of its own (the runner's kill timer signals the group), then reads the ruleset
+the runner wrote (a 0600 file of this user, deleted as soon as it is read), applies it with
+Landlock, and execs the agent in place, which keeps the pid. A ruleset that cannot be read or
+applied stops here (exit 126): an agent never starts without the boundary it was planned with.
+
+The runner starts it as ``python -I -S -c BOOT PACKAGE_ROOT RULESET PROGRAM...``
+(:func:`agentcall.confine.prepare.wrapper_argv`): without ``site`` the interpreter starts in
+about half the time, and the directory that holds this package is put after the standard
+library on the module path, so nothing there can stand in for a standard module.
 
 The file is NUL-separated: the header ``agentcall-ruleset-1``, then for each rule its kind and
 its value, each ended by a NUL (a path never holds one). A filesystem rule's kind is one of
@@ -129,7 +135,20 @@ def apply(entries: Sequence[tuple[str, str]], abi: int) -> None:
             os.close(fd)
 
 
-def main(argv: Sequence[str] | None = None) -> int:
+def lead_a_session() -> None:
+    """Make this process the leader of a new session and process group, as setsid(1) would.
+    Already a group leader (started by a shell with job control): it keeps its group."""
+    # Not contextlib.suppress: contextlib brings functools and collections into the wrapper.
+    try:  # noqa: SIM105
+        os.setsid()
+    except PermissionError:
+        pass
+
+
+def main(argv: Sequence[str] | None = None, *, new_session: bool = False) -> int:
+    if new_session:
+        # First: a kill the runner sends from here on reaches the whole run.
+        lead_a_session()
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:
         sys.stderr.write(PREFIX + "usage: python -I -m agentcall.confine RULESET PROGRAM...\n")

@@ -47,9 +47,37 @@ class Prepared(NamedTuple):
     private_tmp: str
 
 
+# The wrapper's start under ``-S``: the package root (argv[1]) goes after the standard library
+# on the module path, then main runs on the rest of argv and leads the run's session.
+BOOT = (
+    "import sys\n"
+    "sys.path.append(sys.argv.pop(1))\n"
+    "from agentcall.confine.main import main\n"
+    "sys.exit(main(new_session=True))\n"
+)
+
+
+def package_root() -> str | None:
+    """The directory that holds the ``agentcall`` package on disk (None: it is not a plain
+    directory there, e.g. inside a zip)."""
+    import agentcall
+
+    package = os.path.dirname(os.path.abspath(agentcall.__file__ or ""))
+    if not os.path.isfile(os.path.join(package, "confine", "main.py")):
+        return None
+    return os.path.dirname(package)
+
+
 def wrapper_argv(ruleset_path: str, argv: Sequence[str]) -> list[str]:
-    """This interpreter, isolated (no cwd or ``PYTHON*`` on the module path), on the wrapper."""
-    return [os.path.abspath(sys.executable), "-I", "-m", WRAPPER_MODULE, ruleset_path, *argv]
+    """This interpreter, isolated (no cwd or ``PYTHON*`` on the module path), on the wrapper,
+    which makes the run a session of its own. Without ``site`` where the package is a plain
+    directory (``site`` and its ``.pth`` files cost the wrapper as much as the rest of its
+    start); through ``-m`` otherwise."""
+    python = os.path.abspath(sys.executable)
+    root = package_root()
+    if root is None:
+        return [python, "-I", "-m", WRAPPER_MODULE, ruleset_path, *argv]
+    return [python, "-I", "-S", "-c", BOOT, root, ruleset_path, *argv]
 
 
 def _touch_private(path: str) -> None:

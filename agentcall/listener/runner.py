@@ -524,16 +524,17 @@ def run_agent(
     run_id = secrets.token_hex(16)
     env = dict(run.env)
     env[RUN_ID_ENV] = run_id
-    argv: tuple[str, ...] = run.argv
     private_tmp = None
     if run.confine is not None:
         # Imported here: only a confined run pays for it.
         from agentcall.confine import prepare
 
         prepared = prepare.prepare(run.confine, run.argv, env)
-        argv, env, private_tmp = prepared.argv, prepared.env, prepared.private_tmp
+        # The confinement wrapper leads the run's session itself: no setsid(1) in front.
+        args, env, private_tmp = list(prepared.argv), prepared.env, prepared.private_tmp
+    else:
+        args = session_argv(run.argv)
     process = AgentProcess(reactor, run, parser, run_id)
-    args = session_argv(argv)
     try:
         reactor.spawnProcess(process, args[0], args, env=env, path=run.cwd)
     except BaseException:

@@ -166,6 +166,46 @@ def run_confined(conf: Confinement, script: str, cwd: Path) -> subprocess.Comple
 
 
 @needs_landlock
+def test_the_wrapper_makes_the_run_a_session_and_group_of_its_own(tmp_path: Path) -> None:
+    """The runner's kill timer signals the run's group: the wrapper leads a new one itself
+    (no setsid(1) in front of it), with the pid the runner was given, before the agent runs."""
+    conf = Confinement((str(tmp_path),), (), str(tmp_path))
+    prepared = prepare.prepare(conf, ["/bin/sh", "-c", "echo $$; read _"], {"PATH": "/bin"})
+    try:
+        with subprocess.Popen(
+            list(prepared.argv),
+            env=prepared.env,
+            cwd=tmp_path,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+        ) as proc:
+            assert proc.stdout is not None and proc.stdin is not None
+            # The agent has started (exec'd in the wrapper's place) and waits on its stdin.
+            assert int(proc.stdout.readline()) == proc.pid
+            assert os.getsid(proc.pid) == proc.pid
+            assert os.getpgid(proc.pid) == proc.pid
+            assert os.getsid(proc.pid) != os.getsid(0)
+            proc.stdin.write("go\n")
+            proc.stdin.close()
+            assert proc.wait(timeout=60) == 0
+    finally:
+        prepare.cleanup(prepared.private_tmp)
+
+
+def test_the_package_root_holds_the_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    root = prepare.package_root()
+    assert root is not None
+    assert os.path.isfile(os.path.join(root, "agentcall", "confine", "main.py"))
+    # A package that is not a plain directory (a zip) is run by name, with site.
+    monkeypatch.setattr(prepare, "package_root", lambda: None)
+    assert prepare.wrapper_argv("/tmp/r", ["/bin/agent"]) == [
+        os.path.abspath(sys.executable),
+        *("-I", "-m", "agentcall.confine", "/tmp/r", "/bin/agent"),
+    ]
+
+
+@needs_landlock
 @pytest.mark.slow
 def test_a_confined_shell_reads_its_root_and_nothing_of_the_denylist(tmp_path: Path) -> None:
     home = tmp_path / "home"
@@ -349,9 +389,12 @@ def test_prepare_writes_a_private_ruleset_and_cleanup_removes_the_temp_dir(
     )
     prepared = prepare.prepare(conf, ["/bin/true"], {"PATH": "/usr/bin:/bin", "TMPDIR": "/tmp"})
     try:
-        ruleset = prepared.argv[4]
-        assert prepared.argv[1:4] == ("-I", "-m", "agentcall.confine")
-        assert prepared.argv[5:] == ("/bin/true",)
+        # Isolated and without site; the package's own directory after the standard library.
+        assert prepared.argv[1:5] == ("-I", "-S", "-c", prepare.BOOT)
+        assert prepared.argv[5] == prepare.package_root()
+        assert os.path.isdir(os.path.join(prepared.argv[5], "agentcall", "confine"))
+        ruleset = prepared.argv[6]
+        assert prepared.argv[7:] == ("/bin/true",)
         assert os.stat(ruleset).st_mode & 0o777 == 0o600
         assert os.stat(prepared.private_tmp).st_mode & 0o777 == 0o700
         assert prepared.env["TMPDIR"] == prepared.private_tmp

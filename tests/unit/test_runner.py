@@ -746,6 +746,29 @@ class SpawnRecorder(Clock):
         self.spawned.append((executable, list(args)))
 
 
+def test_a_confined_run_is_spawned_through_the_wrapper_alone(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The confinement wrapper leads the run's session itself: no setsid(1) in front of it."""
+    from agentcall.confine import prepare
+    from agentcall.confine.rules import Confinement
+    from agentcall.listener import runner
+
+    monkeypatch.setattr(runner, "_system_setsid", lambda: "/opt/test/setsid")
+    recorder = SpawnRecorder()
+    conf = Confinement((str(tmp_path),), (), str(tmp_path))
+    run_agent(
+        recorder,
+        AgentRun(argv=("/bin/agent",), cwd="/", env={}, stdin=b"", timeout_s=5, confine=conf),
+    )
+    ((executable, args),) = recorder.spawned
+    prepare.cleanup(os.path.dirname(args[-2]))  # the run never ends here: its temp dir goes now
+    assert executable == args[0] == os.path.abspath(sys.executable)
+    assert args[1:5] == ["-I", "-S", "-c", prepare.BOOT]
+    assert args[-1] == "/bin/agent"
+    assert "/opt/test/setsid" not in args
+
+
 def test_run_agent_spawns_what_session_argv_says(monkeypatch: pytest.MonkeyPatch) -> None:
     from agentcall.listener import runner
 
