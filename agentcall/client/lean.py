@@ -16,6 +16,10 @@ Twisted and autobahn import, at module level, things a WebSocket client never to
   too, and looks at it only to listen or connect with TLS;
 - pyOpenSSL's ``SSL`` module (which autobahn imports to recognise TLS errors) imports
   ``cryptography.x509`` (about 20 ms), used only once certificates are handled;
+- ``autobahn.util`` imports click, when it is installed (the MCP server's dependencies bring
+  it), only to colour autobahn's own debug lines (about 7 ms); it is imported here with click
+  hidden (:data:`HIDDEN`), which autobahn reads as click not being installed: its lines stay
+  plain text. Once it is imported, click is importable again for anything that wants it;
 - ``twisted.internet.defer`` (and txaio) take four names from ``asyncio``, whose package
   ``__init__`` loads all of asyncio: event loops, streams, subprocesses, ``ssl``,
   ``concurrent.futures`` (about 15 ms). The package is put in place like the modules above,
@@ -75,9 +79,13 @@ PARTLY = (
 )
 
 
+# Modules hidden while the module that treats them as optional is imported: (module, hidden).
+HIDDEN = (("autobahn.util", ("click",)),)
+
+
 def lean_imports() -> None:
     """Put each of :data:`DEFERRED` and :data:`PARTLY` not imported yet in place, its code not
-    run yet."""
+    run yet; import each module of :data:`HIDDEN` without its optional helpers."""
     for name in DEFERRED:
         _deferred(name)
     for package, submodules, starred in PARTLY:
@@ -89,6 +97,23 @@ def lean_imports() -> None:
             module = sys.modules[name]
             for attribute in module.__all__:
                 setattr(sys.modules[package], attribute, getattr(module, attribute))
+    for name, optional in HIDDEN:
+        if name not in sys.modules:
+            _import_without(name, optional)
+
+
+def _import_without(name: str, optional: tuple[str, ...]) -> None:
+    """Import ``name`` as if the modules ``optional`` were not installed."""
+    # None in sys.modules makes an import of that name fail with ImportError.
+    hidden = [module for module in optional if module not in sys.modules]
+    for module in hidden:
+        sys.modules[module] = None  # type: ignore[assignment]
+    try:
+        importlib.import_module(name)
+    finally:
+        for module in hidden:
+            if module in sys.modules and sys.modules[module] is None:
+                del sys.modules[module]
 
 
 @contextlib.contextmanager

@@ -11,6 +11,9 @@ import json
 import subprocess
 import sys
 from pathlib import Path
+from typing import Any
+
+import pytest
 
 from agentcall.client.lean import without_collections
 
@@ -61,17 +64,22 @@ print(json.dumps({{"loaded": loaded, "session": ApplicationSession.__name__,
 """
 
 
-def probe(mode: str) -> dict[str, object]:
+def run_script(code: str, *args: str) -> dict[str, Any]:
+    """What ``code``, run in a fresh interpreter from the checkout, prints as JSON."""
     done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _PROBE, mode],
+        [sys.executable, "-W", "ignore", "-c", code, *args],
         capture_output=True,
         text=True,
         timeout=120,
         check=True,
         cwd=REPO,
     )
-    result: dict[str, object] = json.loads(done.stdout)
+    result: dict[str, Any] = json.loads(done.stdout)
     return result
+
+
+def probe(mode: str) -> dict[str, Any]:
+    return run_script(_PROBE, mode)
 
 
 def test_lean_imports_skip_what_a_client_socket_never_uses() -> None:
@@ -115,15 +123,7 @@ print(json.dumps({"value": value, "frozen": gc.get_freeze_count()}))
 def test_after_the_reactor_ran_what_is_left_is_frozen_for_a_quick_exit() -> None:
     """The interpreter's last collection at exit would scan every object Twisted and the
     rest built; run_on_reactor freezes them once the reactor has stopped."""
-    done = subprocess.run(
-        [sys.executable, "-W", "ignore", "-c", _RUN_ONCE],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        check=True,
-        cwd=REPO,
-    )
-    body = json.loads(done.stdout)
+    body = run_script(_RUN_ONCE)
     assert body["value"] == 42
     # Tens of thousands of objects (Twisted alone); none at all without the freeze.
     assert body["frozen"] > 10_000
@@ -194,3 +194,28 @@ def test_a_socket_to_a_relay_named_by_its_address_needs_no_tls_stack_and_no_reso
         cwd=REPO,
     )
     assert json.loads(done.stdout) == {"loaded": [], "thread_pool": False}, done.stderr
+
+
+_CLICK_PROBE = """
+import json, sys
+from agentcall.client.lean import lean_imports
+lean_imports()
+import agentcall.client.ws
+import autobahn.util
+loaded = "click" in sys.modules
+coloured = autobahn.util.hl("text") != "text"
+import click  # still importable for anything that asks for it
+print(json.dumps({"loaded": loaded, "coloured": coloured, "style": click.style("x", bold=True)}))
+"""
+
+
+def test_autobahn_is_imported_without_click_which_stays_importable() -> None:
+    import importlib.util
+
+    if importlib.util.find_spec("click") is None:
+        pytest.skip("click is not installed here: there is nothing to leave out")
+    result = run_script(_CLICK_PROBE)
+    assert result["loaded"] is False
+    # autobahn took click as not installed: its debug lines are plain text.
+    assert result["coloured"] is False
+    assert result["style"] == "\x1b[1mx\x1b[0m"
