@@ -36,11 +36,15 @@ class NotJsonConstant(ValueError):
 
 
 def _no_duplicates(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
-    result: dict[str, Any] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DuplicateKey(key)
-        result[key] = value
+    # Built in one go (every frame the relay reads comes through here); only an object that
+    # came out shorter than its pairs is walked again, to name the key it repeats.
+    result = dict(pairs)
+    if len(result) != len(pairs):
+        seen: set[str] = set()
+        for key, _value in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
     return result
 
 
@@ -64,6 +68,10 @@ def loads(text: str) -> Any:
     :raises ValueError: any other problem (:class:`json.JSONDecodeError` for bad syntax).
     :raises RecursionError: the nesting is too deep for the parser.
     """
-    return json.loads(
-        text, object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite
-    )
+    return _DECODER.decode(text)
+
+
+# One decoder for every call: json.loads with options builds a new one each time.
+_DECODER = json.JSONDecoder(
+    object_pairs_hook=_no_duplicates, parse_constant=_no_constants, parse_float=_finite
+)

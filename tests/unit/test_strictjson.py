@@ -2,9 +2,12 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
 from agentcall import strictjson
 from agentcall.errors import MalformedFrame
@@ -23,6 +26,35 @@ def test_a_duplicate_key_is_refused_and_named() -> None:
     with pytest.raises(strictjson.DuplicateKey) as caught:
         strictjson.loads('{"a": 1, "b": {"c": 1, "c": 2}}')
     assert caught.value.key == "c"
+
+
+_JSON = st.recursive(
+    st.none()
+    | st.booleans()
+    | st.integers()
+    | st.floats(allow_nan=False, allow_infinity=False)
+    | st.text(),
+    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    max_leaves=20,
+)
+
+
+@given(_JSON)
+def test_whatever_json_holds_reads_as_python_reads_it(value: object) -> None:
+    text = json.dumps(value)
+    assert strictjson.loads(text) == json.loads(text)
+
+
+@given(st.lists(st.sampled_from("abc"), min_size=1, max_size=6))
+def test_the_first_key_seen_twice_is_the_one_named(keys: list[str]) -> None:
+    text = "{" + ",".join(f'"{key}": {n}' for n, key in enumerate(keys)) + "}"
+    repeated = next((k for i, k in enumerate(keys) if k in keys[:i]), None)
+    if repeated is None:
+        assert strictjson.loads(text) == {k: n for n, k in enumerate(keys)}
+        return
+    with pytest.raises(strictjson.DuplicateKey) as caught:
+        strictjson.loads(text)
+    assert caught.value.key == repeated
 
 
 @pytest.mark.parametrize("constant", NON_FINITE)
