@@ -482,6 +482,19 @@ def _run(args: argparse.Namespace) -> int:
     return report.ended(outcome)
 
 
+def _keep_generated_code() -> None:
+    """Before the wire classes are made: attrs' and cattrs' generated code comes from the
+    installation's cache where it is there (see agentcall.client.codecache)."""
+    from agentcall.client import codecache
+    from agentcall.local.home import Home, LocalStateError
+
+    try:
+        state_dir = Home.from_environ().state_dir
+    except LocalStateError:
+        return  # the call itself says what is wrong with the installation
+    codecache.install(state_dir)
+
+
 def _call_directly(
     args: argparse.Namespace,
     message: str,
@@ -495,6 +508,7 @@ def _call_directly(
     # Before Twisted and autobahn are imported: what a one-call process never uses is not
     # loaded (see agentcall.client.lean).
     lean_imports()
+    _keep_generated_code()
     from agentcall.caller import callflow
     from agentcall.cli.main import CommandError
 

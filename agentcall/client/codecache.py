@@ -1,0 +1,168 @@
+"""Generated code kept between runs of a process that places one call.
+
+attrs writes the methods of every class it makes (``__init__``, ``__eq__``, ``__repr__``...) as
+source and compiles it; cattrs does the same for each structure and unstructure function. The
+source is the same in every run, and compiling it was the biggest single part of a direct
+``agentcall call``'s start: 72 classes and some 20 functions, 50-70 ms of ``compile``. Python
+itself keeps compiled modules in ``__pycache__``; this keeps compiled generated code the same
+way, in the installation's private state directory: the code object ``compile(source, filename,
+"exec")`` returns, marshalled, in a file named by the SHA-256 of the mode, the filename and the
+source, under a directory named by the interpreter's bytecode magic. A file that cannot be read
+or is not a code object for that filename is compiled again and rewritten.
+
+Only a one-call process installs it (:func:`install`, before the classes are made); the cache
+is used only when the state directory and the cache directory belong to this user and nobody
+else may write them (what is in them runs as this user, like a ``.pyc``).
+"""
+
+from __future__ import annotations
+
+import builtins
+import contextlib
+import hashlib
+import importlib.util
+import marshal
+import os
+import stat
+import sys
+
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from pathlib import Path
+    from typing import Any
+
+# A directory past this many entries is emptied: old versions' code is never read again.
+MAX_ENTRIES = 4096
+# The modules whose module-level ``compile`` the cache stands in for (a global of a module is
+# found before the builtin of the same name).
+COMPILING_MODULES = ("attr._make", "cattrs.gen")
+_CODE = type(compile("", "", "exec"))
+
+
+class CodeCache:
+    """``compile`` for generated source, answered from files where it can be."""
+
+    def __init__(self, directory: str) -> None:
+        self.directory = directory
+        self.hits = 0
+        self.misses = 0
+
+    def compile(self, source: Any, filename: Any, mode: str, *args: Any, **kwargs: Any) -> Any:
+        if args or kwargs or type(source) is not str or type(filename) is not str:
+            return builtins.compile(source, filename, mode, *args, **kwargs)
+        stable = _stable(source, filename)
+        key = hashlib.sha256(f"{mode}\0{filename}\0{stable}".encode()).hexdigest()
+        path = os.path.join(self.directory, key)
+        code = self._read(path, filename)
+        if code is not None:
+            self.hits += 1
+            return code
+        self.misses += 1
+        code = builtins.compile(source, filename, mode)
+        self._write(path, marshal.dumps(code))
+        return code
+
+    @staticmethod
+    def _read(path: str, filename: str) -> Any:
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:
+            return None
+        try:
+            with os.fdopen(fd, "rb") as f:
+                # Files this user's own runs wrote, in a directory only this user may write.
+                code = marshal.loads(f.read())  # noqa: S302
+        except (OSError, ValueError, EOFError, TypeError):
+            return None
+        if type(code) is not _CODE or code.co_filename != filename:
+            return None
+        return code
+
+    @staticmethod
+    def _write(path: str, data: bytes) -> None:
+        temporary = f"{path}.{os.getpid()}.tmp"
+        try:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC
+            fd = os.open(temporary, flags, 0o600)
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(temporary, path)
+        except OSError:
+            # A cache that cannot be written is only slower.
+            with contextlib.suppress(OSError):
+                os.unlink(temporary)
+
+
+_ATTRS_METHODS = "<attrs generated methods "
+
+
+def _stable(source: str, filename: str) -> str:
+    """``source`` without what differs from run to run: attrs writes a class's ``__hash__``
+    with a salt, ``hash()`` of a name, which string hashing makes different in every process.
+    Code kept from another run keeps that run's salt: a constant per class all the same, which
+    is all attrs asks of it (objects of one class in one process hash alike)."""
+    if not filename.startswith(_ATTRS_METHODS):
+        return source
+    salt = str(hash("<attrs generated hash " + filename[len(_ATTRS_METHODS) :]))
+    return source.replace(salt, "<salt>")
+
+
+def _private_dir(path: str) -> bool:
+    """A real directory of this user that nobody else may write (or, for the cache, read)."""
+    try:
+        st = os.lstat(path)
+    except OSError:
+        return False
+    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+
+
+def cache_directory(state_dir: Path) -> str | None:
+    """The cache's directory under ``state_dir`` (made if missing), or None where it would not
+    be private."""
+    state = os.fspath(state_dir)
+    if not _private_dir(state):
+        return None
+    magic = importlib.util.MAGIC_NUMBER.hex()
+    parent = os.path.join(state, "cache")
+    directory = os.path.join(parent, f"code-{sys.implementation.cache_tag}-{magic}")
+    for path in (parent, directory):
+        try:
+            os.mkdir(path, 0o700)
+        except FileExistsError:
+            pass
+        except OSError:
+            return None
+        if not _private_dir(path) or os.lstat(path).st_mode & 0o077:
+            return None
+    return directory
+
+
+def install(state_dir: Path) -> CodeCache | None:
+    """Answer attrs' and cattrs' compiles from the cache in ``state_dir`` for the rest of this
+    process (None: no private place for it, nothing changed)."""
+    directory = cache_directory(state_dir)
+    if directory is None:
+        return None
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return None
+    if len(names) > MAX_ENTRIES:
+        for name in names:
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+    cache = CodeCache(directory)
+    for module_name in COMPILING_MODULES:
+        module = sys.modules.get(module_name)
+        if module is None:
+            module = importlib.import_module(module_name)
+        setattr(module, "compile", cache.compile)  # noqa: B010 - a global of another module
+    return cache
+
+
+def uninstall() -> None:
+    """Let the modules of :data:`COMPILING_MODULES` use the builtin again (tests)."""
+    for module_name in COMPILING_MODULES:
+        module = sys.modules.get(module_name)
+        if module is not None and "compile" in vars(module):
+            delattr(module, "compile")
