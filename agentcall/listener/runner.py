@@ -258,6 +258,7 @@ class AgentProcess(ProcessProtocol):
         self._exit_code: int | None = None
         self._signal: int | None = None
         self._swept: set[int] = set()
+        self._swept_after_exit = False
         self._timers: dict[str, IDelayedCall] = {}
 
     # --- timers -----------------------------------------------------------------------------
@@ -335,6 +336,7 @@ class AgentProcess(ProcessProtocol):
             # cannot have been reused yet: this runs in the same reactor turn as the reap.
             self._signal_group(self.pid, signal.SIGKILL)
         self._do_sweep()
+        self._swept_after_exit = True
         _log.debug(
             "agent_exited",
             run_id=self.run_id,
@@ -467,7 +469,10 @@ class AgentProcess(ProcessProtocol):
             line = bytes(self._line)
             self._line.clear()
             self._feed(line)
-        self._do_sweep()
+        if not self._swept_after_exit:
+            # Once the exit's sweep has killed every marked process, no marked one is left to
+            # start another (a scan of /proc is a millisecond or more before every answer).
+            self._do_sweep()
         result = RunResult(
             exit_code=self._exit_code,
             signal=self._signal,

@@ -607,6 +607,26 @@ def test_exit_within_the_grace_cancels_the_sigkill() -> None:
     assert not rig.clock.getDelayedCalls()
 
 
+def test_one_sweep_after_the_exit_and_none_more_before_the_answer() -> None:
+    """The exit's sweep kills every marked process; the end of the output scans no more."""
+    rig = Rig()
+    rig.exit(0)
+    assert len(rig.sweeps) == 1
+    rig.end()
+    assert len(rig.sweeps) == 1
+    assert rig.results[0].swept_pids == 1
+
+
+def test_output_that_ends_without_an_exit_is_swept_at_the_end() -> None:
+    """Pipes abandoned while the process never reported its exit: the end sweeps."""
+    rig = Rig(timeout_s=1.0, kill_grace_s=1.0)
+    for _ in range(3):  # SIGTERM, SIGKILL, then abandoned: a sweep there and one at the end
+        rig.clock.advance(1.0)
+    assert rig.sent == [signal.SIGTERM, signal.SIGKILL]
+    assert len(rig.sweeps) == 2
+    assert rig.results[0].swept_pids == 1
+
+
 def test_no_group_yet_falls_back_to_the_process() -> None:
     """Before the trampoline's setsid() there is no group: the process itself is signalled."""
     rig = Rig(group_exists=False)
