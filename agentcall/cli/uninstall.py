@@ -132,6 +132,8 @@ def state_files(home: Home) -> list[Path]:
 
 def _delete(home: Home) -> tuple[list[Path], list[str]]:
     """Delete the state files, then the directory if nothing else is in it; (deleted, left)."""
+    from agentcall.client import codecache
+
     deleted: list[Path] = []
     for path in state_files(home):
         try:
@@ -140,6 +142,9 @@ def _delete(home: Home) -> tuple[list[Path], list[str]]:
         except FileNotFoundError:
             continue
         deleted.append(path)
+    cache = codecache.remove(home.state_dir)
+    if cache is not None:
+        deleted.append(cache)
     try:
         left = sorted(os.listdir(home.state_dir))
     except FileNotFoundError:

@@ -31,6 +31,9 @@ if TYPE_CHECKING:
     from pathlib import Path
     from typing import Any
 
+# Under the state directory; one directory per interpreter's bytecode within it.
+CACHE_DIR = "cache"
+CODE_DIR_PREFIX = "code-"
 # A directory past this many entries is emptied: old versions' code is never read again.
 MAX_ENTRIES = 4096
 # The modules whose module-level ``compile`` the cache stands in for (a global of a module is
@@ -123,8 +126,8 @@ def cache_directory(state_dir: Path) -> str | None:
     if not _private_dir(state):
         return None
     magic = importlib.util.MAGIC_NUMBER.hex()
-    parent = os.path.join(state, "cache")
-    directory = os.path.join(parent, f"code-{sys.implementation.cache_tag}-{magic}")
+    parent = os.path.join(state, CACHE_DIR)
+    directory = os.path.join(parent, f"{CODE_DIR_PREFIX}{sys.implementation.cache_tag}-{magic}")
     for path in (parent, directory):
         try:
             os.mkdir(path, 0o700)
@@ -158,6 +161,38 @@ def install(state_dir: Path) -> CodeCache | None:
             module = importlib.import_module(module_name)
         setattr(module, "compile", cache.compile)  # noqa: B010 - a global of another module
     return cache
+
+
+def _ours(name: str) -> bool:
+    """An entry's name (SHA-256 hex) or that of its temporary (``<entry>.<pid>.tmp``)."""
+    key = name.split(".", 1)[0]
+    return len(key) == 64 and all(c in "0123456789abcdef" for c in key)
+
+
+def remove(state_dir: Path) -> Path | None:
+    """Delete the cache under ``state_dir`` (``agentcall uninstall``): the entries this module
+    wrote, then its directories once empty; never through a symlink. The cache directory when
+    it is gone, else None (it was not there, or holds something else, which stays)."""
+    parent = os.path.join(os.fspath(state_dir), CACHE_DIR)
+    if not _private_dir(parent):
+        return None
+    for name in os.listdir(parent):
+        directory = os.path.join(parent, name)
+        if not name.startswith(CODE_DIR_PREFIX) or not _private_dir(directory):
+            continue
+        for entry in os.listdir(directory):
+            if _ours(entry):
+                with contextlib.suppress(OSError):
+                    os.unlink(os.path.join(directory, entry))
+        with contextlib.suppress(OSError):
+            os.rmdir(directory)
+    try:
+        os.rmdir(parent)
+    except OSError:
+        return None
+    from pathlib import Path
+
+    return Path(parent)
 
 
 def uninstall() -> None:

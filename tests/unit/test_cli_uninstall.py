@@ -3,6 +3,7 @@ files, and what stays on the relay said."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -178,6 +179,39 @@ def test_only_agentcalls_own_files_are_deleted(
     assert not world.home.contacts_path.is_symlink()
     assert not world.home.keys_path.exists() and not world.home.config_path.exists()
     assert "notes.txt" in out
+
+
+def keep_some_code(world: World) -> Path:
+    from agentcall.client import codecache
+
+    directory = codecache.cache_directory(world.home.state_dir)
+    assert directory is not None
+    codecache.CodeCache(directory).compile("x = 1\n", "<generated x>", "exec")
+    assert len(os.listdir(directory)) == 1
+    return Path(directory)
+
+
+def test_the_kept_generated_code_goes_too(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A direct call's code cache (cache/code-*/) is agentcall's own: it goes with the rest,
+    and the state directory with it."""
+    keep_some_code(world)
+    code, _out, _err = uninstall(world, monkeypatch, capsys, "--yes")
+    assert code == 0
+    assert not world.home.state_dir.exists()
+
+
+def test_a_file_of_someone_elses_in_the_code_cache_stays(
+    world: World, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    directory = keep_some_code(world)
+    foreign = world.home.state_dir / "cache" / "theirs.txt"
+    foreign.write_text("keep")
+    code, out, _err = uninstall(world, monkeypatch, capsys, "--yes")
+    assert code == 0
+    assert foreign.read_text() == "keep" and not directory.exists()
+    assert "cache" in out
 
 
 def test_a_state_directory_others_can_use_is_refused_before_anything_is_stopped(
