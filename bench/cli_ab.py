@@ -21,7 +21,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -30,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parents[1]
-BIN = Path(sys.executable).parent
+sys.path.insert(0, str(REPO / "bench"))  # cli_bench, relayproc
 
 # Run in a child process per checkout, from that checkout's bench directory: builds the world,
 # says where ann lives, and keeps it up until stdin closes.
@@ -52,20 +51,12 @@ finally:
 
 
 def call_env(checkout: Path, home: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("AGENTCALL_")}
-    env["PATH"] = os.pathsep.join([str(BIN), env.get("PATH", "")])
+    """cli_bench's environment for ``home``, with ``checkout`` on the module path instead."""
+    from cli_bench import env_for
+
+    env = env_for(home)
     env["PYTHONPATH"] = str(checkout)
-    env["HOME"] = str(home)
     return env
-
-
-def summary(samples: list[float]) -> dict[str, float]:
-    ordered = sorted(samples)
-    return {
-        "median_ms": round(statistics.median(ordered), 1),
-        "min_ms": round(ordered[0], 1),
-        "p90_ms": round(ordered[int(0.9 * (len(ordered) - 1))], 1),
-    }
 
 
 def main() -> int:
@@ -81,8 +72,8 @@ def main() -> int:
     for checkout in checkouts:
         if not (checkout / "bench" / "callpath_bench.py").is_file():
             parser.error(f"{checkout} is not a checkout with bench/callpath_bench.py")
-    sys.path.insert(0, str(REPO / "bench"))
     import relayproc
+    from cli_bench import summary
 
     floor = [sys.executable, "-c", "pass"]
     call = [sys.executable, "-m", "agentcall", "call", "@bench/ken", "instant question"]

@@ -11,8 +11,8 @@ source, under a directory named by the interpreter's bytecode magic. A file that
 or is not a code object for that filename is compiled again and rewritten.
 
 Only a one-call process installs it (:func:`install`, before the classes are made); the cache
-is used only when the state directory and the cache directory belong to this user and nobody
-else may write them (what is in them runs as this user, like a ``.pyc``).
+is used only when the state directory and the cache's directories are this user's alone (0700,
+not symlinks: what is in them runs as this user, like a ``.pyc``).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ import hashlib
 import importlib.util
 import marshal
 import os
-import stat
 import sys
 
 TYPE_CHECKING = False
@@ -111,12 +110,25 @@ def _stable(source: str, filename: str) -> str:
 
 
 def _private_dir(path: str) -> bool:
-    """A real directory of this user that nobody else may write (or, for the cache, read)."""
+    """A real directory (not a symlink) of this user alone: the state directory's own rule
+    (:mod:`agentcall.filetrust`)."""
+    from pathlib import Path
+
+    from agentcall.filetrust import FileTrust, mode_problem
+
     try:
         st = os.lstat(path)
     except OSError:
         return False
-    return stat.S_ISDIR(st.st_mode) and st.st_uid == os.getuid() and not st.st_mode & 0o022
+    problem = mode_problem(
+        Path(path),
+        mode=st.st_mode,
+        uid=st.st_uid,
+        my_uid=os.getuid(),
+        trust=FileTrust.PRIVATE,
+        directory=True,
+    )
+    return problem is None
 
 
 def cache_directory(state_dir: Path) -> str | None:
@@ -135,7 +147,7 @@ def cache_directory(state_dir: Path) -> str | None:
             pass
         except OSError:
             return None
-        if not _private_dir(path) or os.lstat(path).st_mode & 0o077:
+        if not _private_dir(path):
             return None
     return directory
 
@@ -151,9 +163,7 @@ def install(state_dir: Path) -> CodeCache | None:
     except OSError:
         return None
     if len(names) > MAX_ENTRIES:
-        for name in names:
-            with contextlib.suppress(OSError):
-                os.unlink(os.path.join(directory, name))
+        _delete_entries(directory, names)
     cache = CodeCache(directory)
     for module_name in COMPILING_MODULES:
         module = sys.modules.get(module_name)
@@ -169,6 +179,14 @@ def _ours(name: str) -> bool:
     return len(key) == 64 and all(c in "0123456789abcdef" for c in key)
 
 
+def _delete_entries(directory: str, names: list[str]) -> None:
+    """Delete the entries (and temporaries) among ``names``; anything else stays."""
+    for name in names:
+        if _ours(name):
+            with contextlib.suppress(OSError):
+                os.unlink(os.path.join(directory, name))
+
+
 def remove(state_dir: Path) -> Path | None:
     """Delete the cache under ``state_dir`` (``agentcall uninstall``): the entries this module
     wrote, then its directories once empty; never through a symlink. The cache directory when
@@ -180,10 +198,7 @@ def remove(state_dir: Path) -> Path | None:
         directory = os.path.join(parent, name)
         if not name.startswith(CODE_DIR_PREFIX) or not _private_dir(directory):
             continue
-        for entry in os.listdir(directory):
-            if _ours(entry):
-                with contextlib.suppress(OSError):
-                    os.unlink(os.path.join(directory, entry))
+        _delete_entries(directory, os.listdir(directory))
         with contextlib.suppress(OSError):
             os.rmdir(directory)
     try:
@@ -195,7 +210,7 @@ def remove(state_dir: Path) -> Path | None:
     return Path(parent)
 
 
-def uninstall() -> None:
+def restore_builtin_compile() -> None:
     """Let the modules of :data:`COMPILING_MODULES` use the builtin again (tests)."""
     for module_name in COMPILING_MODULES:
         module = sys.modules.get(module_name)

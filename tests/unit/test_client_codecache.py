@@ -72,11 +72,16 @@ def test_compiles_with_other_arguments_are_left_alone(tmp_path: Path) -> None:
     assert (cache.hits, cache.misses, os.listdir(directory)) == (0, 0, [])
 
 
-@pytest.mark.parametrize("problem", ["state_writable", "cache_writable", "cache_symlink"])
+@pytest.mark.parametrize(
+    "problem", ["state_writable", "state_readable", "cache_writable", "cache_symlink"]
+)
 def test_no_cache_where_someone_else_could_write_it(tmp_path: Path, problem: str) -> None:
     state = private_state(tmp_path)
     if problem == "state_writable":
         state.chmod(0o777)
+    elif problem == "state_readable":
+        # The state directory's own rule (filetrust): 0700, as for the keys in it.
+        state.chmod(0o750)
     elif problem == "cache_writable":
         (state / "cache").mkdir(mode=0o700)
         (state / "cache").chmod(0o770)
@@ -86,6 +91,23 @@ def test_no_cache_where_someone_else_could_write_it(tmp_path: Path, problem: str
         (state / "cache").symlink_to(elsewhere)
     assert codecache.cache_directory(state) is None
     assert codecache.install(state) is None
+
+
+def test_a_full_cache_is_emptied_of_its_own_entries_only(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    state = private_state(tmp_path)
+    directory = codecache.cache_directory(state)
+    assert directory is not None
+    for n in range(3):
+        codecache.CodeCache(directory).compile(f"x = {n}\n", "<generated x>", "exec")
+    Path(directory, "notes.txt").write_text("not an entry")
+    monkeypatch.setattr(codecache, "MAX_ENTRIES", 3)
+    try:
+        assert codecache.install(state) is not None
+    finally:
+        codecache.restore_builtin_compile()
+    assert os.listdir(directory) == ["notes.txt"]
 
 
 # Two fresh interpreters with different string hashing: the second makes the same attrs
@@ -128,12 +150,12 @@ def test_a_second_process_builds_the_wire_classes_without_compiling(tmp_path: Pa
         assert (run["equal"], run["hash"], run["set"], run["other"]) == (True, True, 1, True)
 
 
-def test_uninstall_gives_the_builtin_back(tmp_path: Path) -> None:
+def test_the_builtin_compile_can_be_given_back(tmp_path: Path) -> None:
     import attr._make
 
     try:
         assert codecache.install(private_state(tmp_path)) is not None
         assert vars(attr._make)["compile"].__self__.directory.startswith(str(tmp_path))
     finally:
-        codecache.uninstall()
+        codecache.restore_builtin_compile()
     assert "compile" not in vars(attr._make)
