@@ -41,7 +41,7 @@ from tests.unit.relay_helpers import (
     raw_request,
     sealed_looking,
 )
-from tests.unit.test_relay_protocol import Switch
+from tests.unit.test_relay_protocol import Switch, relay_switch
 
 txaio: Any = _txaio
 CORRELATION = "c0ffee" + "0" * 26
@@ -49,13 +49,8 @@ CORRELATION = "c0ffee" + "0" * 26
 
 @pytest.fixture
 def switch(tmp_path: Path) -> Iterator[Switch]:
-    relay = memory_relay(tmp_path, now=NOW)
-    previous = txaio.config.loop
-    txaio.config.loop = relay.reactor
-    try:
-        yield Switch(relay)
-    finally:
-        txaio.config.loop = previous
+    with relay_switch(tmp_path) as switched:
+        yield switched
 
 
 def api(switch: Switch, method: str, path: str, handle: str, body: object = None) -> Any:

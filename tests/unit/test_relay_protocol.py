@@ -7,6 +7,7 @@ timers run on the relay's memory clock, so nothing here waits on real time.
 
 from __future__ import annotations
 
+import contextlib
 import gc
 import json
 from collections.abc import Iterator
@@ -139,8 +140,9 @@ class Switch:
             pass
 
 
-@pytest.fixture
-def switch(tmp_path: Path) -> Iterator[Switch]:
+@contextlib.contextmanager
+def relay_switch(tmp_path: Path) -> Iterator[Switch]:
+    """A memory relay and its parties; txaio's timers run on the relay's clock meanwhile."""
     relay = memory_relay(tmp_path, now=NOW)
     previous = txaio.config.loop
     txaio.config.loop = relay.reactor
@@ -148,6 +150,12 @@ def switch(tmp_path: Path) -> Iterator[Switch]:
         yield Switch(relay)
     finally:
         txaio.config.loop = previous
+
+
+@pytest.fixture
+def switch(tmp_path: Path) -> Iterator[Switch]:
+    with relay_switch(tmp_path) as switched:
+        yield switched
 
 
 def ready(role: Role, address: str) -> Ready:
