@@ -152,7 +152,8 @@ class _Noted:
 class Worker:
     """A slice of the listeners in its own process, driven by lines on stdin.
 
-    Commands: ``ramp`` (start the slice ``window`` at a time; answers ``ramped`` or
+    Commands: ``ramp [N]`` (start the slice ``window`` at a time, up to its first N listeners
+    when N is given, from where the last ``ramp`` stopped; answers ``ramped`` or
     ``error ...``), ``report`` (answers ``report {json}`` with every listener's dial and ready
     stamps, then stops them and exits). Once every listener of the slice has had a second
     ``ready`` it says ``back`` by itself. Stamps are ``time.monotonic()``, one clock for every
@@ -175,6 +176,7 @@ class Worker:
         ]
         self.ready_count = 0
         self.back_count = 0
+        self.started = 0  # listeners started by the ramps so far
 
     def say(self, line: str) -> None:
         sys.stdout.write(line + "\n")
@@ -189,18 +191,21 @@ class Worker:
                 self.say("back")
 
     def command(self, line: str) -> None:
-        word = line.strip()
+        word, _, count = line.strip().partition(" ")
         if word == "ramp":
-            d = defer.ensureDeferred(self.ramp())
+            upto = int(count) if count else len(self.listeners)
+            d = defer.ensureDeferred(self.ramp(upto))
             d.addCallbacks(lambda _: self.say("ramped"), lambda f: self.say(f"error {f.value}"))
         elif word == "report":
             self.report()
         elif word == "":  # the coordinator is gone
             self.reactor.stop()
 
-    async def ramp(self) -> None:
-        for first in range(0, len(self.listeners), self.window):
-            batch = self.listeners[first : first + self.window]
+    async def ramp(self, upto: int) -> None:
+        upto = min(upto, len(self.listeners))
+        for first in range(self.started, upto, self.window):
+            batch = self.listeners[first : min(first + self.window, upto)]
+            self.started = first + len(batch)
             for listener in batch:
                 listener.connection.startService()
             target = first + len(batch)
@@ -335,32 +340,46 @@ class Storm:
         relay = self.relay
         assert relay is not None
         n = sum(w.size for w in self.workers)
-        # 1. ramp
+        # 1. ramp: a first window, whose RSS holds what the relay allocates once (the first
+        # upgrades' lazy imports, caches), then the rest, whose RSS is what each listener costs.
         time.sleep(1.0)
-        rss_before = relayproc.proc_status_kib(relay.pid)
+        rss_fresh = relayproc.proc_status_kib(relay.pid)
         cpu_before = relayproc.proc_cpu_s(relay.pid)
         started = time.monotonic()
+        first = max(1, self.args.window // len(self.workers))
+        for worker in self.workers:
+            worker.send(f"ramp {first}")
+        for worker in self.workers:
+            worker.expect("ramped", 60)
+        time.sleep(1.0)
+        rss_before = relayproc.proc_status_kib(relay.pid)
+        warmed = sum(min(first, worker.size) for worker in self.workers)
         for worker in self.workers:
             worker.send("ramp")
         for worker in self.workers:
             worker.expect("ramped", 60 + 60 * worker.size / self.args.window)
-        ramp_s = time.monotonic() - started
+        ramp_s = time.monotonic() - started - 1.0
         ramp_cpu = relayproc.proc_cpu_s(relay.pid) - cpu_before
         time.sleep(2.0)
         rss_with = relayproc.proc_status_kib(relay.pid)
         calm = ramp_cpu / n
+        per_listener = (rss_with - rss_before) / max(1, n - warmed)
         self.result["ramp"] = {
             "listeners": n,
             "seconds": round(ramp_s, 2),
             "relay_cpu_s": round(ramp_cpu, 3),
             "relay_cpu_ms_per_ready": round(calm * 1000, 3),
+            "rss_fresh_kib": rss_fresh,
+            "warm_listeners": warmed,
             "rss_before_kib": rss_before,
             "rss_with_kib": rss_with,
-            "rss_per_listener_kib": round((rss_with - rss_before) / n, 2),
+            "rss_per_listener_kib": round(per_listener, 2),
+            "rss_per_listener_from_fresh_kib": round((rss_with - rss_fresh) / n, 2),
         }
         self.say(
             f"ramp: {n} ready in {ramp_s:.1f} s; relay CPU {calm * 1000:.2f} ms per ready;"
-            f" RSS {(rss_with - rss_before) / n:.2f} KiB per idle listener"
+            f" RSS {per_listener:.2f} KiB per idle listener past the first {warmed}"
+            f" ({(rss_with - rss_fresh) / n:.2f} from the fresh relay)"
         )
         # 2. restart
         bench_cpu_before = self.bench_cpu_s()
@@ -660,7 +679,9 @@ def report(r: dict[str, Any]) -> str:
         f" {r['load_avg_start'][0]:.2f}",
         f"ramp     {ramp['listeners']} ready in {ramp['seconds']} s, {r['options']['window']} at a"
         f" time; relay CPU {ramp['relay_cpu_ms_per_ready']} ms per ready (the calm cost); RSS"
-        f" {ramp['rss_per_listener_kib']} KiB per idle listener",
+        f" {ramp['rss_per_listener_kib']} KiB per idle listener past the first"
+        f" {ramp.get('warm_listeners', 0)} ({ramp.get('rss_per_listener_from_fresh_kib')} counted"
+        " from the fresh relay)",
         f"restart  relay stopped in {s['relay_stop_s']} s, listening again"
         f" {s['relay_restart_to_listening_s']} s later (start-up CPU {s['relay_startup_cpu_s']} s)",
         f"storm    {s['back']}/{ramp['listeners']} back ({s['lost']} lost); all back"
