@@ -602,3 +602,27 @@ def test_each_read_ends_by_writing_out_what_it_wrote(switch: Switch) -> None:
         ("note", ann_side.transport),
         ("flush", None),
     ]
+
+
+def test_a_connection_reads_its_options_from_its_class_not_copies_of_its_own(
+    switch: Switch,
+) -> None:
+    """autobahn copies only the options a protocol class lacks: kept on the factory's class,
+    none lands in a connection's attributes (the copies doubled an idle listener's table)."""
+    from autobahn.websocket.protocol import WebSocketProtocol
+
+    from agentcall.relay.protocol import RelayWebSocket
+
+    switch.connect("role=listen", "ken")
+    side: Any = _server_socket(switch, "ken")
+    factory = side.factory
+    names = [*WebSocketProtocol.CONFIG_ATTRS_COMMON, *WebSocketProtocol.CONFIG_ATTRS_SERVER]
+    assert isinstance(side, RelayWebSocket) and type(side) is not RelayWebSocket
+    assert not set(names) & set(vars(side))
+    options: Any = side  # autobahn's options are untyped
+    for name in names:
+        if name != "perMessageCompressionAccept":
+            assert getattr(options, name) == getattr(factory, name), name
+    assert options.maxFramePayloadSize == limits.MAX_FRAME_BYTES
+    # The callable option is called unbound, as autobahn calls its own copy.
+    assert options.perMessageCompressionAccept(["permessage-deflate"]) is None
