@@ -15,6 +15,7 @@ written (library use, tests).
 
 from __future__ import annotations
 
+import contextlib
 import os
 import sys
 from collections.abc import Mapping
@@ -185,6 +186,22 @@ def quiet_factories() -> None:
     protocol.Factory.noisy = False
 
 
+def _no_delay(protocol: Any) -> None:
+    """Set TCP_NODELAY as the connection's ``tcpNoDelay`` option says.
+
+    autobahn's Twisted ``connectionMade`` sets it from that option before ``_connectionMade``
+    has copied the options into the connection, and swallows the AttributeError: Nagle's
+    algorithm then stayed on, and held a small frame written behind one not yet acknowledged
+    until the peer's delayed ACK (up to 40 ms on Linux). A transport without the option (a UNIX
+    socket, a test's memory transport) is left as it is.
+    """
+    setter = getattr(getattr(protocol, "transport", None), "setTcpNoDelay", None)
+    if setter is None:
+        return
+    with contextlib.suppress(AttributeError, OSError):
+        setter(bool(protocol.tcpNoDelay))
+
+
 def without_option_dump(cls: type[P]) -> type[P]:
     """Class decorator for an autobahn WebSocket protocol: each new connection copies the
     factory's protocol options the way autobahn does, without autobahn's per-connection
@@ -203,6 +220,7 @@ def without_option_dump(cls: type[P]) -> type[P]:
         for name in names:
             if not hasattr(self, name):
                 setattr(self, name, getattr(factory, name))
+        _no_delay(self)
         inherited(self)
 
     protocol.CONFIG_ATTRS = []

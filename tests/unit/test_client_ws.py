@@ -286,6 +286,20 @@ async def test_a_socket_is_usable_once_ready_arrives(relays: Relays) -> None:
 
 
 @twisted_test
+async def test_the_socket_to_the_relay_has_nagle_off(relays: Relays) -> None:
+    """A frame written behind one the relay has not acknowledged yet (a listener's outcome
+    after its call_started) goes at once, not after the relay's delayed ACK."""
+    import socket as sockets
+
+    _relay, url = await relays.start(Script(on_open=[ready(Role.LISTEN)]))
+    socket = await connect(url, Client())
+    transport: Any = socket._protocol.transport
+    tcp = transport.getHandle()
+    assert tcp.getsockopt(sockets.IPPROTO_TCP, sockets.TCP_NODELAY) != 0
+    socket.close()
+
+
+@twisted_test
 async def test_the_upgrade_request_carries_role_and_credentials(relays: Relays) -> None:
     """The relay sees /v1/ws?role=call&to=ken and the three auth headers."""
     relay, url = await relays.start(Script(on_open=[ready(Role.CALL)]))

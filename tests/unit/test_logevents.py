@@ -192,3 +192,49 @@ def test_the_relay_and_client_sockets_are_all_decorated() -> None:
 
     for cls in (RelayWebSocket, _RelayClientProtocol, _ListenerProtocol):
         assert cls.CONFIG_ATTRS == [], cls
+
+
+class NoDelayTransport(StringTransport):
+    """A TCP-like transport that records what TCP_NODELAY it was asked for."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.no_delay: list[bool] = []
+
+    def setTcpNoDelay(self, enabled: bool) -> None:
+        self.no_delay.append(enabled)
+
+
+def _connect_over(factory: Any, transport: StringTransport) -> Any:
+    protocol = factory.buildProtocol(None)
+    protocol.makeConnection(transport)
+    return protocol
+
+
+def test_autobahn_alone_never_sets_no_delay() -> None:
+    """The control: autobahn asks before the options are copied, and swallows the error."""
+    transport = NoDelayTransport()
+    _connect_over(server_factory(Plain), transport)
+    assert transport.no_delay == []
+
+
+@pytest.mark.parametrize("wanted", [True, False])
+def test_a_decorated_protocol_sets_no_delay_as_its_option_says(wanted: bool) -> None:
+    server = server_factory(Quiet)
+    server.setProtocolOptions(tcpNoDelay=wanted)
+    client = WebSocketClientFactory("ws://relay.example/v1/ws", reactor=MemoryReactorClock())
+    client.protocol = QuietClient
+    client.setProtocolOptions(tcpNoDelay=wanted)
+    for factory in (server, client):
+        transport = NoDelayTransport()
+        _connect_over(factory, transport)
+        assert transport.no_delay == [wanted]
+
+
+def test_a_transport_that_refuses_no_delay_is_left_as_it_is() -> None:
+    class Unix(StringTransport):
+        def setTcpNoDelay(self, enabled: bool) -> None:
+            raise OSError(22, "Invalid argument")
+
+    protocol = _connect_over(server_factory(Quiet), Unix())
+    assert protocol.autoPingInterval == 17  # connected all the same
