@@ -115,8 +115,24 @@ def preseal(
     return sealed
 
 
+def after_a_write(reactor: Any, step: Callable[[], None]) -> None:
+    """Run ``step`` once the reactor has polled, so what was sent before it is written first.
+
+    A ``callLater(0)`` runs before the reactor's next poll (and so before its writes); one
+    scheduled from inside it runs after that poll.
+    """
+    reactor.callLater(0, reactor.callLater, 0, step)
+
+
 class EchoListener:
-    """A listener session that answers every call at once with a sealed echo (no agent)."""
+    """A listener session that answers every call at once with a sealed echo (no agent).
+
+    Like the product's listener (``agentcall.listener.core``), it sends ``call_accepted`` and
+    ``call_started`` as soon as the request has opened and been admitted, and the outcome once
+    the agent has run: here the agent is nothing, but the outcome still leaves in a later write
+    than the two before it, as it does from a real listener (which spawns the agent between
+    them). The relay's handling of those two frames is thus not inside the measured answer leg.
+    """
 
     def __init__(self, env: Env, me: Identity, callers: dict[str, Identity]) -> None:
         self.env = env
@@ -173,14 +189,20 @@ class EchoListener:
             return
         socket.send(frames.CallAccepted(call_id=frame.call_id))
         socket.send(frames.CallStarted(call_id=frame.call_id))
-        socket.send(
-            frames.CallOutcome(
-                call_id=frame.call_id, terminal=frames.Terminal.COMPLETED, envelope=presealed.answer
+
+        def finish() -> None:
+            socket.send(
+                frames.CallOutcome(
+                    call_id=frame.call_id,
+                    terminal=frames.Terminal.COMPLETED,
+                    envelope=presealed.answer,
+                )
             )
-        )
-        if probe is not None:
-            probe.answered = now()
-        self.answered += 1
+            if probe is not None:
+                probe.answered = now()
+            self.answered += 1
+
+        after_a_write(self.env.reactor, finish)
 
     def _answer(
         self, socket: ClientSocket, frame: frames.IncomingCall, probe: Probe | None
@@ -199,23 +221,31 @@ class EchoListener:
         )
         socket.send(frames.CallAccepted(call_id=frame.call_id))
         socket.send(frames.CallStarted(call_id=frame.call_id))
-        sealed = envelope.seal_response(
-            responder=me.identity,
-            request=request,
-            outcome=payloads.Reply(text=f"echo: {request.message}"),
-            caller_encryption=caller.encryption_record.record,
-            now=time.time(),
-        )
-        socket.send(
-            frames.CallOutcome(
-                call_id=frame.call_id, terminal=frames.Terminal.COMPLETED, envelope=sealed
-            )
-        )
-        if probe is not None:
-            probe.answered = now()
-        self.answered += 1
         if "incoming_call" not in self.env.samples:
             self.env.samples["incoming_call"] = _encoded(frame)
+
+        def finish() -> None:
+            try:
+                sealed = envelope.seal_response(
+                    responder=me.identity,
+                    request=request,
+                    outcome=payloads.Reply(text=f"echo: {request.message}"),
+                    caller_encryption=caller.encryption_record.record,
+                    now=time.time(),
+                )
+            except Exception as exc:
+                self.env.error(f"listener: {type(exc).__name__}: {exc}")
+                return
+            socket.send(
+                frames.CallOutcome(
+                    call_id=frame.call_id, terminal=frames.Terminal.COMPLETED, envelope=sealed
+                )
+            )
+            if probe is not None:
+                probe.answered = now()
+            self.answered += 1
+
+        after_a_write(self.env.reactor, finish)
 
 
 def _encoded(frame: frames.Frame) -> bytes:
