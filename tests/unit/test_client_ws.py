@@ -291,12 +291,18 @@ async def test_the_socket_to_the_relay_has_nagle_off(relays: Relays) -> None:
     after its call_started) goes at once, not after the relay's delayed ACK."""
     import socket as sockets
 
-    _relay, url = await relays.start(Script(on_open=[ready(Role.LISTEN)]))
-    socket = await connect(url, Client())
-    transport: Any = socket._protocol.transport
-    tcp = transport.getHandle()
-    assert tcp.getsockopt(sockets.IPPROTO_TCP, sockets.TCP_NODELAY) != 0
-    socket.close()
+    ca = make_ca(relays.tmp / "ca")
+    cert = ca.issue_server(relays.tmp / "srv", hostnames=[], ips=["127.0.0.1"])
+    plain = await relays.start(Script(on_open=[ready(Role.LISTEN)]))
+    tls = await relays.start(Script(on_open=[ready(Role.LISTEN)]), cert.endpoint_string(0))
+    for (_relay, url), ca_file in ((plain, None), (tls, str(ca.cert_file))):
+        socket = await connect(url, Client(), ca_file=ca_file)
+        transport: Any = socket._protocol.transport
+        if hasattr(transport, "wrappedProtocol"):  # TLS: the TCP connection under it
+            transport = transport.transport
+        tcp = transport.getHandle()
+        assert tcp.getsockopt(sockets.IPPROTO_TCP, sockets.TCP_NODELAY) != 0, url
+        socket.close()
 
 
 @twisted_test
