@@ -217,10 +217,13 @@ def without_option_dump(cls: type[P]) -> type[P]:
 
     def _connectionMade(self: Any) -> None:
         factory = self.factory
+        # A class that has the option itself (the relay's) had it applied by autobahn already.
+        late = not hasattr(self, "tcpNoDelay")
         for name in names:
             if not hasattr(self, name):
                 setattr(self, name, getattr(factory, name))
-        _no_delay(self)
+        if late:
+            _no_delay(self)
         inherited(self)
 
     protocol.CONFIG_ATTRS = []

@@ -190,19 +190,24 @@ class EchoListener:
         socket.send(frames.CallAccepted(call_id=frame.call_id))
         socket.send(frames.CallStarted(call_id=frame.call_id))
 
-        def finish() -> None:
-            socket.send(
-                frames.CallOutcome(
-                    call_id=frame.call_id,
-                    terminal=frames.Terminal.COMPLETED,
-                    envelope=presealed.answer,
-                )
-            )
-            if probe is not None:
-                probe.answered = now()
-            self.answered += 1
+        after_a_write(
+            self.env.reactor,
+            lambda: self._send_outcome(socket, frame.call_id, presealed.answer, probe),
+        )
 
-        after_a_write(self.env.reactor, finish)
+    def _send_outcome(
+        self,
+        socket: ClientSocket,
+        call_id: str,
+        sealed: frames.SealedEnvelope,
+        probe: Probe | None,
+    ) -> None:
+        socket.send(
+            frames.CallOutcome(call_id=call_id, terminal=frames.Terminal.COMPLETED, envelope=sealed)
+        )
+        if probe is not None:
+            probe.answered = now()
+        self.answered += 1
 
     def _answer(
         self, socket: ClientSocket, frame: frames.IncomingCall, probe: Probe | None
@@ -236,14 +241,7 @@ class EchoListener:
             except Exception as exc:
                 self.env.error(f"listener: {type(exc).__name__}: {exc}")
                 return
-            socket.send(
-                frames.CallOutcome(
-                    call_id=frame.call_id, terminal=frames.Terminal.COMPLETED, envelope=sealed
-                )
-            )
-            if probe is not None:
-                probe.answered = now()
-            self.answered += 1
+            self._send_outcome(socket, frame.call_id, sealed, probe)
 
         after_a_write(self.env.reactor, finish)
 

@@ -238,3 +238,14 @@ def test_a_transport_that_refuses_no_delay_is_left_as_it_is() -> None:
 
     protocol = _connect_over(server_factory(Quiet), Unix())
     assert protocol.autoPingInterval == 17  # connected all the same
+
+
+def test_a_class_with_its_own_option_has_it_applied_once() -> None:
+    """autobahn applies an option the class carries itself; it is not set a second time."""
+
+    class Carried(Quiet):
+        tcpNoDelay = True
+
+    transport = NoDelayTransport()
+    _connect_over(server_factory(Carried), transport)
+    assert transport.no_delay == [True]
