@@ -151,8 +151,9 @@ MAX_CONNECTIONS_PER_SOURCE = 64
 MAX_CALLERS_PER_IDENTITY = 8
 MAX_OUTGOING_CALLS_PER_SOCKET = 8  # calls one installation places at once on its own socket
 MAX_CONNECTIONS_IN_HEAD = 256  # connections still sending their first request head (or upgrade)
-# At that cap a connection younger than this is not evicted (it is most likely an honest client
-# mid-handshake in a reconnect storm): the newcomer is closed at once instead, before TLS.
+# At that cap the oldest unfinished connection is evicted for a newcomer, whatever its age; while
+# every one is younger than this (most likely honest clients mid-handshake in a reconnect
+# storm), newcomers wait in the kernel's accept queue instead (the accept valve).
 HEAD_EVICT_AFTER_S = 2.0
 # WebSocket upgrades between the request and `ready` (their credentials being checked); more are
 # answered 503 with a Retry-After of UPGRADE_RETRY_MIN_S..UPGRADE_RETRY_MAX_S, before any lookup.

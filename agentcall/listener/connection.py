@@ -63,7 +63,7 @@ _log = Logger(namespace="agentcall.listener.connection")
 RECONNECT_FACTOR = 1.5
 # Dials turned away at once that do not widen the reconnect window: refused (ECONNREFUSED: no
 # relay listens, it is restarting), reset while connecting, or closed by the relay before it
-# answered the upgrade (its front door at the handshake cap, ``handshakes_busy``). Each costs
+# answered the upgrade (its front door evicting an unfinished handshake for a newcomer). Each costs
 # the relay nothing or next to nothing, and a relay back after a restart of a few seconds
 # should not find the listeners it turned away spread over a window half as long again (in a
 # 10,000-listener storm those were the last to return, bench/storm_bench.py). Four such dials

@@ -100,6 +100,7 @@ def compose(
         settings.mailbox,
         live_call_to=live_call_to,
         keys=store,
+        metrics=events,
     )
     calls = CallBook(
         reactor,

@@ -196,19 +196,19 @@ class Door:
 class AcceptValve:
     """Stops the listening port from accepting while the handshake cap is full of young heads.
 
-    There a newcomer could only be closed at once (``handshakes_busy``) and sent into its
-    backoff, which in a reconnect storm pushes honest listeners into ever longer windows while
-    the relay works through the others. Instead the port stops accepting: newcomers wait in the
-    kernel's accept queue (past its backlog the client's own TCP retries the SYN), which costs
-    the relay nothing, and are taken in order as places free up, no more at a time than there are
-    places (their heads are usually in the socket already, so they leave the head at once), or
-    when the oldest head has had ``head_grace_s`` (a newcomer may then evict it, so a flood of
-    slow heads still cannot keep the door shut longer than the grace). Holding until half the
-    places were free was tried: it left the relay idle while a slow crowd finished its heads.
+    There a newcomer would evict the oldest head, most likely an honest client half way through
+    its handshake in a reconnect storm, and send it back into its backoff. Instead the port
+    stops accepting: newcomers wait in the kernel's accept queue (past its backlog the client's
+    own TCP retries the SYN), which costs the relay nothing, and are taken in order as places
+    free up, no more at a time than there are places (their heads are usually in the socket
+    already, so they leave the head at once), or when the oldest head has had ``head_grace_s``
+    (a newcomer then evicts it, so a flood of slow heads still cannot keep the door shut longer
+    than the grace). Holding until half the places were free was tried: it left the relay idle
+    while a slow crowd finished its heads.
 
-    Until :meth:`attach` is given the port (and after :meth:`detach`) it does nothing, and the
-    gate's own refusal is the fallback; so is it for the few connections one accept loop takes
-    past the cap before the port stops.
+    Until :meth:`attach` is given the port (and after :meth:`detach`) it does nothing, and every
+    newcomer at the cap evicts the oldest head; so do the few connections one accept loop still
+    takes after the port stopped (Twisted's loop runs to its end), rather than being closed.
     """
 
     def __init__(

@@ -12,6 +12,13 @@ the oldest connection that has proven nothing yet makes room: the oldest still s
 first request head, or (at the total cap) the oldest plain HTTP connection. Sockets that
 became authenticated WebSockets are never evicted; each is bound to an identity with caps of
 its own. A flood must then outpace every newcomer's own request to keep it out.
+
+A connection the relay has accepted is never turned away at the handshake cap, however young
+the heads it would push out. Sparing young heads (most likely honest clients half way through
+TLS in a reconnect storm) is the accept valve's job (:class:`agentcall.relay.door.AcceptValve`):
+it stops accepting, so newcomers wait in the kernel's queue instead. It cannot stop the accept
+loop it runs in, though, and the newcomers that loop still takes must get a place: closing
+them let a slow-connection flood reset honest newcomers.
 """
 
 from __future__ import annotations
@@ -32,8 +39,6 @@ class TurnedAway(enum.StrEnum):
     TOTAL = "total"
     CALLERS_PER_IDENTITY = "callers_per_identity"
     HEAD_TIMEOUT = "head_timeout"
-    # At the head cap with every connection in head younger than the grace: closed at once.
-    HANDSHAKES_BUSY = "handshakes_busy"
     CALL_REQUEST_TIMEOUT = "call_request_timeout"
     # A WebSocket upgrade told to come back (503): too many were having their credentials checked.
     UPGRADES_BUSY = "upgrades_busy"
@@ -63,8 +68,8 @@ class GateLimits:
     handshakes: int = attrs.field(validator=_at_least_one)
     callers_per_identity: int = attrs.field(validator=_at_least_one)
     upgrades: int = attrs.field(default=limits.MAX_UPGRADES_IN_FLIGHT, validator=_at_least_one)
-    # At the head cap only a connection in head at least this long (seconds) is evicted; 0 lets
-    # a newcomer evict the oldest whatever its age.
+    # At the head cap the accept valve stops accepting while the oldest connection in head is
+    # younger than this (seconds), so newcomers wait rather than evict it; 0 never holds.
     head_grace_s: float = attrs.field(default=0.0, validator=attrs.validators.ge(0.0))
 
 
@@ -111,29 +116,20 @@ class ConnectionGate:
         """A ticket for a new connection from ``source`` opened at ``now`` and the connections
         to close for it (already released here), or why the newcomer must be closed at once.
 
-        At the head cap the oldest connection in head is evicted only once it has been there
-        ``caps.head_grace_s``: younger ones are most likely honest clients half way through
-        their handshake (a reconnect storm), and evicting them would waste the work done and
-        send them back to retry. The newcomer is closed instead (``handshakes_busy``), which
-        costs the relay almost nothing, and comes back after its own backoff. A flood of slow
-        heads still loses its places once they are older than the grace.
+        Only the newcomer's own source cap, or a total cap where every place holds an
+        authenticated WebSocket, turns it away. At the head cap the oldest connection in head
+        makes room, whatever its age (see the module's docstring for who spares young ones).
         """
         # A source's own cap is never eased by evicting: it would only evict itself.
         if self._by_source[source] >= self.caps.per_source:
             return TurnedAway.PER_SOURCE
-        heads_full = len(self._heads) >= self.caps.handshakes
-        if heads_full and now - next(iter(self._heads)).opened_at < self.caps.head_grace_s:
-            # Decided before anything is evicted for the total cap, which would then be for
-            # nothing.
-            return TurnedAway.HANDSHAKES_BUSY
         evicted: list[tuple[Ticket, TurnedAway]] = []
         # Total first: it protects the file descriptors everyone else needs.
         if self._total >= self.caps.total:
             if not self._plain:
                 return TurnedAway.TOTAL
             evicted.append((self._evict(self._plain), TurnedAway.EVICTED_PLAIN_HTTP))
-        # Again: the total cap's eviction may have freed a place in head (its oldest is the
-        # one checked against the grace above, or it was the connection just evicted).
+        # Checked after the total cap: its eviction may have freed a place in head already.
         if len(self._heads) >= self.caps.handshakes:
             evicted.append((self._evict(self._heads), TurnedAway.EVICTED_IN_HEAD))
         ticket = Ticket(source, opened_at=now)

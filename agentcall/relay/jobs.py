@@ -33,7 +33,16 @@ from agentcall.logevents import Logger
 from agentcall.relay import api_rules, mailbox
 from agentcall.relay.callerkeys import attachable_keys
 from agentcall.relay.calls import Pending, Timer, route_problem
-from agentcall.relay.mailbox import Decision, MailboxLimits, Refusal, Refused, TellListenerCancel
+from agentcall.relay.mailbox import (
+    Decision,
+    DropCiphertext,
+    DropRequest,
+    MailboxLimits,
+    Refusal,
+    Refused,
+    TellListenerCancel,
+)
+from agentcall.relay.metrics import NO_METRICS, RelayEvents
 from agentcall.relay.store_interface import (
     JobsDue,
     JobsHeld,
@@ -85,6 +94,11 @@ def queue_refusal(reason: Refusal, caps: MailboxLimits) -> str:
             "that handle's mailbox is full (its waiting calls and the answers it holds use all "
             "the space it may have); try again later"
         )
+    if reason is Refusal.RELAY_BYTES_FULL:
+        return (
+            "the relay's mailbox storage is full (calls waiting for everyone use all the space "
+            "it keeps for them); try again later"
+        )
     if reason is Refusal.TOO_LARGE:
         return "the request is larger than that handle's mailbox can hold"
     return "the call could not be queued; try again"
@@ -110,6 +124,7 @@ class JobDesk:
         live_call_to: Callable[[str, str], bool] = lambda _org, _handle: False,
         mint_job_id: Callable[[], str] = ids.mint_job_id,
         keys: KeySource | None = None,
+        metrics: RelayEvents = NO_METRICS,
     ) -> None:
         self._clock = clock
         self._store = store
@@ -120,6 +135,7 @@ class JobDesk:
         self._mint_job_id = mint_job_id
         # Where the caller's records come from, to attach to job_delivery (None: not attached).
         self._keys = keys
+        self._metrics = metrics
         # Listener sockets of this process that said mailbox=1, by identity.
         self._mailbox_listeners: dict[tuple[str, str], Channel] = {}
         self._waiters: dict[str, list[defer.Deferred[None]]] = {}
@@ -151,6 +167,7 @@ class JobDesk:
             if not isinstance(result, Refused) and result:
                 _log.info("job_leases_graced", jobs=len(result))
             self._graced = True
+            self._report_held()
             return self._rearm()
 
         def failed(failure: Failure) -> None:
@@ -178,45 +195,54 @@ class JobDesk:
     def enqueue(
         self, org: str, caller: str, callee: str, request: fr.CallRequest
     ) -> defer.Deferred[fr.CallQueued | fr.CallError]:
-        """Store the request as a job; ``call_queued`` once committed, or ``call_error busy``."""
+        """Store the request as a job; ``call_queued`` once committed, or ``call_error busy``
+        (every cap a queued call meets, the relay-wide one included, refuses it as ``busy``:
+        the code a client already knows to try again later on, and the detail says which)."""
         now = self._clock.seconds()
         job_id = self._mint_job_id()
         sealed = codec.encode(request.envelope)
         caps = self.caps
 
-        def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
-            return _listed(
-                mailbox.enqueue(
-                    jobs,
-                    caps,
-                    job_id=job_id,
-                    org=org,
-                    caller=caller,
-                    callee=callee,
-                    request_bytes=len(sealed),
-                    now=now,
+        def decide_with(held_total: int) -> defer.Deferred[list[Decision] | Refused]:
+            self._metrics.mailbox_held(held_total)
+
+            def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
+                return _listed(
+                    mailbox.enqueue(
+                        jobs,
+                        caps,
+                        job_id=job_id,
+                        org=org,
+                        caller=caller,
+                        callee=callee,
+                        request_bytes=len(sealed),
+                        now=now,
+                        held_total=held_total,
+                    )
                 )
+
+            return self._store.decide_jobs(
+                JobsOf(org, (caller, callee)),
+                decide,
+                actor=caller,
+                at=now,
+                sealed=SealedBytes(job_id, request=sealed),
             )
 
         def stored(result: list[Decision] | Refused) -> fr.CallQueued | fr.CallError:
             if isinstance(result, Refused):
                 _log.info("job_refused", org=org, caller=caller, reason=str(result.reason))
+                self._metrics.job_refused(str(result.reason))
                 detail = queue_refusal(result.reason, caps)
                 return fr.CallError(code=CallErrorCode.BUSY, detail=detail)
             self._after(result)
+            self._report_held()
             (decision,) = result
             expires_at = decision.job.expires_at if decision.job is not None else now
             _log.info("job_queued", job_id=job_id, org=org, caller=caller, callee=callee)
             return fr.CallQueued(job_id=job_id, expires_at=int(expires_at))
 
-        scope = JobsOf(org, (caller, callee))
-        return self._store.decide_jobs(
-            scope,
-            decide,
-            actor=caller,
-            at=now,
-            sealed=SealedBytes(job_id, request=sealed),
-        ).addCallback(stored)
+        return self._store.mailbox_bytes_held().addCallback(decide_with).addCallback(stored)
 
     def live_call_ended(self, org: str, callee: str) -> None:
         """The last live call to ``callee`` on this relay ended: they may be free for a job."""
@@ -421,8 +447,10 @@ class JobDesk:
         """Carry out what the store has committed: tell listeners, wake long-polls, deliver the
         next job to whoever may now be free, and re-arm the sweep."""
         free: set[tuple[str, str]] = set()
+        dropped = False
         for decision in decisions:
             for effect in decision.effects:
+                dropped = dropped or isinstance(effect, DropRequest | DropCiphertext)
                 if isinstance(effect, TellListenerCancel):
                     listener = self._switchboard.listener_for(effect.org, effect.callee)
                     if listener is not None:
@@ -434,7 +462,15 @@ class JobDesk:
                 free.add(job.callee_member)
         for org, callee in sorted(free):
             self._kick(org, callee)
+        if dropped:
+            # Sealed bytes were dropped (or an answer replaced its request): the total moved.
+            self._report_held()
         self._rearm()
+
+    def _report_held(self) -> None:
+        """Tell the metrics what the mailbox now holds in all (a store failure is logged)."""
+        asked = self._store.mailbox_bytes_held().addCallback(self._metrics.mailbox_held)
+        asked.addErrback(self._failed, "job_bytes_held_failed", None)
 
     def _wake(self, job_id: str) -> None:
         for waiter in list(self._waiters.pop(job_id, [])):

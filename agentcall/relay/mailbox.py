@@ -90,6 +90,8 @@ class Refusal(enum.StrEnum):
     BUSY = "busy"  # the caller already has the maximum of outstanding jobs
     CALLEE_QUEUE_FULL = "callee_queue_full"
     CALLEE_BYTES_FULL = "callee_bytes_full"
+    # The relay already holds its cap of sealed bytes for every callee together.
+    RELAY_BYTES_FULL = "relay_bytes_full"
     TOO_LARGE = "too_large"  # larger than a callee's whole byte cap: could never be queued
     DUPLICATE_JOB = "duplicate_job"
     UNKNOWN_JOB = "unknown_job"  # also a job that is not the asker's: existence is not revealed
@@ -104,6 +106,12 @@ class Refusal(enum.StrEnum):
 
 _positive = attrs.validators.gt(0)
 _positive_s = attrs.validators.gt(0.0)
+
+# Sealed bytes the relay holds for every callee together (``--mailbox-max-total-bytes``): the
+# mailboxes of 64 callees each at their own cap, or about 2,700 requests of the largest size,
+# and hundreds of thousands of ordinary ones, so an organisation meets it only when something
+# fills mailboxes on purpose; then 1 GiB for 72 hours is what the relay's disk gives up.
+MAX_HELD_BYTES_TOTAL = 1024**3
 
 
 @attrs.frozen
@@ -125,6 +133,8 @@ class MailboxLimits:
     max_queued_bytes_per_callee: int = attrs.field(
         default=limits.MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE, validator=_positive
     )
+    # Every callee's mailbox together, counted as the per-callee cap counts one (held_bytes).
+    max_held_bytes_total: int = attrs.field(default=MAX_HELD_BYTES_TOTAL, validator=_positive)
 
 
 @attrs.frozen
@@ -176,6 +186,14 @@ class Job:
     @property
     def callee_member(self) -> Member:
         return (self.org, self.callee)
+
+
+def held_bytes(job: Job) -> int:
+    """The sealed bytes the relay holds for ``job``: its request while it is outstanding, its
+    answer until that is dropped at expiry."""
+    request = job.request_bytes if job.state in OUTSTANDING else 0
+    answer = (job.answer_bytes or 0) if job.holds_ciphertext else 0
+    return request + answer
 
 
 @attrs.frozen
@@ -242,6 +260,7 @@ def enqueue(
     callee: str,
     request_bytes: int,
     now: float,
+    held_total: int,
 ) -> Decision | Refused:
     """Queue a sealed request of ``request_bytes`` (ValueError if not positive) for ``callee``.
 
@@ -250,7 +269,11 @@ def enqueue(
     does not make room for an unbounded amount of ciphertext on the relay's disk. It is checked
     here, when a request comes in: an answer is stored whatever its size (refusing it would
     lose a job that ran), so a callee's mailbox may pass the cap by as much as its answers are
-    larger than their requests, and then takes no new request until enough of it is dropped."""
+    larger than their requests, and then takes no new request until enough of it is dropped.
+
+    ``held_total`` is what every callee's mailbox holds together (:func:`held_bytes` summed
+    over all jobs, which ``jobs`` need not contain): past ``caps.max_held_bytes_total`` with
+    this request, it is refused, and like the callee's cap this bounds only new requests."""
     job = Job(job_id, org, caller, callee, request_bytes, now, now + caps.ttl_s)
     if job_id in jobs:
         return Refused(Refusal.DUPLICATE_JOB)
@@ -266,6 +289,9 @@ def enqueue(
         return Refused(Refusal.CALLEE_QUEUE_FULL)
     if _mailbox_bytes(jobs, job.callee_member) + request_bytes > caps.max_queued_bytes_per_callee:
         return Refused(Refusal.CALLEE_BYTES_FULL)
+    # Last: the relay-wide cap is the one neither the caller nor the callee can do anything about.
+    if held_total + request_bytes > caps.max_held_bytes_total:
+        return Refused(Refusal.RELAY_BYTES_FULL)
     return Decision(job_id, job, audit=(audit.JOB_QUEUE,))
 
 
@@ -499,10 +525,7 @@ def _outstanding(jobs: Jobs) -> list[Job]:
 def _mailbox_bytes(jobs: Jobs, callee: Member) -> int:
     """The sealed bytes the relay holds in ``callee``'s mailbox: requests waiting for them and
     the answers to their jobs it still holds (until expiry)."""
-    mine = [j for j in jobs.values() if j.callee_member == callee]
-    requests = sum(j.request_bytes for j in mine if j.state in OUTSTANDING)
-    answers = sum(j.answer_bytes or 0 for j in mine if j.holds_ciphertext)
-    return requests + answers
+    return sum(held_bytes(j) for j in jobs.values() if j.callee_member == callee)
 
 
 def _count(jobs: Jobs, match: Callable[[Job], bool]) -> int:

@@ -1,6 +1,6 @@
 """What the relay counts for an operator's monitoring (Prometheus), apart from what it does.
 
-The cores report through :class:`RelayEvents` (three plain methods); :data:`NO_METRICS` ignores
+The cores report through :class:`RelayEvents` (a few plain methods); :data:`NO_METRICS` ignores
 them, so a relay without ``--metrics`` pays one method call per event and imports nothing.
 :class:`PrometheusMetrics` keeps the counters in a registry of its own (no process or platform
 collectors: the relay's own numbers only) and :func:`metrics_site` serves them, on an endpoint
@@ -31,6 +31,16 @@ class RelayEvents(Protocol):
         """A write or read of the relay's database failed."""
         ...
 
+    def job_refused(self, reason: str) -> None:
+        """A call could not be queued in the offline mailbox (a ``mailbox.Refusal`` value:
+        ``busy``, ``callee_bytes_full``, ``relay_bytes_full``, …)."""
+        ...
+
+    def mailbox_held(self, total_bytes: int) -> None:
+        """The sealed bytes the offline mailbox holds for every callee together, as the
+        store last said."""
+        ...
+
 
 class _NoMetrics:
     def call_ended(self, audit_event: str, seconds: float) -> None:
@@ -43,6 +53,12 @@ class _NoMetrics:
         pass
 
     def database_error(self) -> None:
+        pass
+
+    def job_refused(self, reason: str) -> None:
+        pass
+
+    def mailbox_held(self, total_bytes: int) -> None:
         pass
 
 
@@ -81,13 +97,26 @@ class PrometheusMetrics:
         self._door = Counter(
             "agentcall_front_door",
             "Connections, sockets and requests the front door refused, evicted or held, by "
-            "reason (connection caps, handshakes_busy and upgrades_busy among them).",
+            "reason (connection caps, evictions, accept_held and upgrades_busy among them).",
             ["reason"],
             registry=self.registry,
         )
         self._database = Counter(
             "agentcall_database_errors",
             "Reads or writes of the relay database that failed.",
+            registry=self.registry,
+        )
+        self._jobs_refused = Counter(
+            "agentcall_jobs_refused",
+            "Calls the offline mailbox could not queue, by reason (relay_bytes_full: the "
+            "relay-wide --mailbox-max-total-bytes was reached).",
+            ["reason"],
+            registry=self.registry,
+        )
+        self._mailbox_held = Gauge(
+            "agentcall_mailbox_held_bytes",
+            "Sealed bytes the offline mailbox holds for every callee together (requests "
+            "waiting, answers kept), what --mailbox-max-total-bytes caps.",
             registry=self.registry,
         )
         connected = Gauge(
@@ -109,6 +138,12 @@ class PrometheusMetrics:
 
     def database_error(self) -> None:
         self._database.inc()
+
+    def job_refused(self, reason: str) -> None:
+        self._jobs_refused.labels(reason=reason).inc()
+
+    def mailbox_held(self, total_bytes: int) -> None:
+        self._mailbox_held.set(total_bytes)
 
     def text(self) -> bytes:
         """The exposition a scrape gets (also what the tests read)."""

@@ -289,6 +289,10 @@ class SqliteRegistry:
         )
         # (org, handle) of members handle_exists has found (see there).
         self._members_found: set[tuple[str, str]] = set()
+        # The sealed bytes the mailbox holds for every callee together, summed from the rows
+        # when first asked and then moved by each committed decide_jobs (the only writer of
+        # jobs, on this connection: one relay process per database). None: not counted yet.
+        self._held_bytes: int | None = None
 
     def close(self) -> None:
         self._conn.close()
@@ -912,9 +916,18 @@ class SqliteRegistry:
             self._audit(event, org, actor=who, target=target, at=at, detail=detail, call_id=job_id)
 
         with transaction(self._conn):
-            return store_jobs.decide(
+            result, moved = store_jobs.decide(
                 self._conn, scope, decide, actor=actor, sealed=sealed, write_audit=write_audit
             )
+        # Only once committed: a transaction that failed (COMMIT included) was rolled back.
+        if self._held_bytes is not None:
+            self._held_bytes += moved
+        return result
+
+    def mailbox_bytes_held(self) -> int:
+        if self._held_bytes is None:
+            self._held_bytes = self._reading(store_jobs.held_bytes)
+        return self._held_bytes
 
     def get_job(self, job_id: str) -> StoredJob | None:
         return self._reading(store_jobs.get, job_id)
@@ -1167,6 +1180,9 @@ class SqliteRelayStore:
 
     def get_job(self, job_id: str) -> Deferred[StoredJob | None]:
         return defer.execute(self.registry.get_job, job_id)
+
+    def mailbox_bytes_held(self) -> Deferred[int]:
+        return defer.execute(self.registry.mailbox_bytes_held)
 
     def jobs_of(self, org: str, handle: str, limit: int) -> Deferred[list[Job]]:
         return defer.execute(self.registry.jobs_of, org, handle, limit)

@@ -195,6 +195,16 @@ class JobStore(Protocol):
         """The job with the sealed bytes kept for it, or None."""
         ...
 
+    def mailbox_bytes_held(self) -> Deferred[int]:
+        """The sealed bytes held for every job together
+        (:func:`agentcall.relay.mailbox.held_bytes`), for the relay-wide cap and its metric.
+
+        Cheap enough to ask before every enqueue: keep a running total, or sum over an index;
+        right after a restart as much as at any other time. Read outside ``decide_jobs``, so
+        enqueues that race one another through a store that answers later may each pass the
+        cap by one request: it bounds the disk, it is not a promise to the byte."""
+        ...
+
     def jobs_of(self, org: str, handle: str, limit: int) -> Deferred[list[Job]]:
         """The jobs ``@org/handle`` sent or receives, newest first, at most ``limit``."""
         ...

@@ -72,6 +72,13 @@ _SELECT_HELD = (
     " attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext, last_delivery,"
     " lapsed FROM jobs WHERE lease_until IS NOT NULL"
 )
+# mailbox.held_bytes in SQL: the request while outstanding, the answer while it is held.
+_SUM_HELD = (
+    "SELECT COALESCE(SUM("
+    "CASE WHEN state IN ('queued', 'delivered', 'running') THEN request_bytes ELSE 0 END"
+    " + CASE WHEN holds_ciphertext = 1 THEN COALESCE(answer_bytes, 0) ELSE 0 END), 0)"
+    " FROM jobs"
+)
 _INSERT = (
     "INSERT INTO jobs (job_id, org, caller, callee, request_bytes, created_at, expires_at,"
     " state, reason, attempts, lease_until, answer_bytes, cancel_requested, holds_ciphertext,"
@@ -159,23 +166,39 @@ def decide(
     actor: str | None,
     sealed: SealedBytes | None,
     write_audit: AuditWrite,
-) -> list[Decision] | Refused:
-    """Load ``scope``, run ``choose``, persist its decisions (inside the caller's transaction)."""
+) -> tuple[list[Decision] | Refused, int]:
+    """Load ``scope``, run ``choose``, persist its decisions (inside the caller's transaction).
+
+    Also how much the sealed bytes held for every job together moved (see :func:`held_bytes`),
+    so that a running total need not be summed again."""
     before = load(conn, scope)
     chosen = choose(before)
     if isinstance(chosen, Refused):
-        return chosen
+        return chosen, 0
     decisions = list(chosen)
+    moved = 0
     for decision in decisions:
         old = before.get(decision.job_id)
         _persist(conn, decision, old, sealed)
+        moved += _held(decision.job) - _held(old)
         row = decision.job or old
         if row is None:  # pragma: no cover - a decision forgets only a row it was given
             raise StoreError(f"a decision forgets job {decision.job_id}, which was not loaded")
         for event in decision.audit:
             target = row.caller if actor == row.callee else row.callee
             write_audit(event, row.org, actor, target, row.job_id, _detail(event, row, sealed))
-    return decisions
+    return decisions, moved
+
+
+def _held(job: Job | None) -> int:
+    return 0 if job is None else mailbox.held_bytes(job)
+
+
+def held_bytes(conn: sqlite3.Connection) -> int:
+    """:func:`agentcall.relay.mailbox.held_bytes` summed over every job: one pass over the
+    table, for a running total to start from."""
+    row = conn.execute(_SUM_HELD).fetchone()
+    return int(row[0])
 
 
 def _persist(

@@ -27,6 +27,7 @@ _log = Logger(namespace="agentcall.relay")
 # The largest per-callee mailbox caps an operator may set (a sanity bound, not a product number).
 MAILBOX_MAX_QUEUED_OPTION = 100_000
 MAILBOX_MAX_BYTES_OPTION = 64 * 1024**3
+MAILBOX_MAX_TOTAL_BYTES_OPTION = 64 * 1024**4
 # The accept queue asked of the kernel for tcp: and ssl: endpoints that name none (Twisted's own
 # default is 50; the kernel caps it at net.core.somaxconn). While the front door holds accepting
 # at its handshake cap, a reconnecting crowd waits there at no cost to the relay; with 50 places
@@ -47,8 +48,9 @@ class Options(usage.Options):
         [
             "no-accept-hold",
             None,
-            "At the --max-handshakes cap close newcomers at once (handshakes_busy) instead of "
-            "holding the port's accept until a place is free.",
+            "At the --max-handshakes cap let every newcomer evict the oldest connection in "
+            "head at once, instead of holding the port's accept until a place is free or the "
+            "--handshake-grace has passed.",
         ],
     ]
     optParameters = [
@@ -131,17 +133,18 @@ class Options(usage.Options):
             str(limits.MAX_CONNECTIONS_IN_HEAD),
             "Connections that may be sending their first request head or WebSocket upgrade "
             "at once; at the cap the relay stops accepting for up to --handshake-grace, then a "
-            "newcomer evicts the oldest of them (1-100000).",
+            "newcomer evicts the oldest of them. A connection the relay accepted is never "
+            "closed for this cap (1-100000).",
         ],
         [
             "handshake-grace",
             None,
             f"{limits.HEAD_EVICT_AFTER_S:g}",
             "Seconds a connection may spend on its first head before a newcomer at the "
-            "--max-handshakes cap may evict it; until then the relay stops accepting (newcomers "
-            "wait in the kernel's accept queue, at no cost to the relay) until half the places "
-            "are free or the grace has passed, so a reconnecting crowd is neither evicted half "
-            "way through TLS nor turned away (0-60).",
+            "--max-handshakes cap evicts it; until then the relay stops accepting (newcomers "
+            "wait in the kernel's accept queue, at no cost to the relay) until a place is free "
+            "or the grace has passed, so a reconnecting crowd is neither evicted half way "
+            "through TLS nor turned away (0-60).",
         ],
         [
             "max-upgrades",
@@ -187,6 +190,17 @@ class Options(usage.Options):
             f"{MAILBOX_MAX_BYTES_OPTION}.",
         ],
         [
+            "mailbox-max-total-bytes",
+            None,
+            None,  # the default is the mailbox's own (MAX_HELD_BYTES_TOTAL, 1 GiB)
+            "Bytes of sealed requests and answers the offline mailbox keeps for every callee "
+            "together, so that many full mailboxes cannot fill the disk (default 1 GiB; at "
+            f"least one largest request ({limits.MAX_REQUEST_FRAME_BYTES}) and at most "
+            f"{MAILBOX_MAX_TOTAL_BYTES_OPTION}). Past it a call that would be queued (its callee "
+            "offline or busy) is refused `busy`, saying the relay's mailbox storage is full, "
+            "and nothing already kept is dropped.",
+        ],
+        [
             "audit-retention-days",
             None,
             str(limits.AUDIT_RETENTION_DAYS),
@@ -229,6 +243,14 @@ class Options(usage.Options):
             MAILBOX_MAX_BYTES_OPTION,
             int,
         )
+        total_bytes = self["mailbox-max-total-bytes"]
+        self["mailbox-max-total-bytes"] = _bounded(
+            str(_default_total_bytes()) if total_bytes is None else total_bytes,
+            "--mailbox-max-total-bytes",
+            limits.MAX_REQUEST_FRAME_BYTES,
+            MAILBOX_MAX_TOTAL_BYTES_OPTION,
+            int,
+        )
         self["audit-retention-days"] = _bounded(
             self["audit-retention-days"],
             "--audit-retention-days",
@@ -236,6 +258,13 @@ class Options(usage.Options):
             limits.AUDIT_RETENTION_MAX_DAYS,
             int,
         )
+
+
+def _default_total_bytes() -> int:
+    # Imported late, as the rest of the relay is, so that --help does not load the mailbox.
+    from agentcall.relay.mailbox import MAX_HELD_BYTES_TOTAL
+
+    return MAX_HELD_BYTES_TOTAL
 
 
 def _open_file_limit() -> int:
@@ -388,6 +417,7 @@ def settings_from(config: Options) -> RelaySettings:
         mailbox=MailboxLimits(
             max_queued_per_callee=config["mailbox-max-queued"],
             max_queued_bytes_per_callee=config["mailbox-max-bytes"],
+            max_held_bytes_total=config["mailbox-max-total-bytes"],
         ),
         audit_retention_days=config["audit-retention-days"],
     )
@@ -471,6 +501,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
         max_callers_per_identity=caps.callers_per_identity,
         mailbox_max_queued=settings.mailbox.max_queued_per_callee,
         mailbox_max_bytes=settings.mailbox.max_queued_bytes_per_callee,
+        mailbox_max_total_bytes=settings.mailbox.max_held_bytes_total,
         audit_retention_days=settings.audit_retention_days,
     )
     return top

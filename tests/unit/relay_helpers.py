@@ -18,6 +18,7 @@ from agentcall import limits
 from agentcall.relay.composition import Relay, RelaySettings, compose
 from agentcall.relay.door import DoorConfig
 from agentcall.relay.gate import GateLimits
+from agentcall.relay.mailbox import MailboxLimits
 from agentcall.relay.store import SqliteRelayStore, open_relay_store
 from agentcall.relay.store_interface import RelayStore
 from agentcall.wire.frames import Direction, SealedEnvelope
@@ -178,9 +179,11 @@ def memory_relay(
     door: DoorConfig | None = None,
     wrap: Callable[[SqliteRelayStore], RelayStore] | None = None,
     metrics: Callable[[Any], Any] | None = None,
+    mailbox: MailboxLimits | None = None,
 ) -> MemoryRelay:
     """A relay for organisation ``acme`` on a fresh database, its clock at ``now``; with
-    ``wrap``, the relay reaches its store through what ``wrap`` makes of it."""
+    ``wrap``, the relay reaches its store through what ``wrap`` makes of it; ``mailbox``
+    replaces the mailbox's default caps."""
     reactor = reactor or MemoryReactorClock()
     reactor.advance(now - reactor.seconds())
     store = open_relay_store(tmp_path / "relay.sqlite")
@@ -192,6 +195,7 @@ def memory_relay(
         call_deadline_s=limits.CALL_DEADLINE_S,
         calls_per_hour=limits.CALLS_PER_HOUR_PER_PAIR,
         door=door or roomy_door(),
+        mailbox=mailbox or MailboxLimits(),
     )
     seen_by_relay = store if wrap is None else wrap(store)
     return MemoryRelay(reactor, store, compose(settings, seen_by_relay, reactor, metrics=metrics))

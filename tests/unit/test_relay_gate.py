@@ -356,29 +356,27 @@ def graceful(handshakes: int = 2, total: int = 10, grace: float = 2.0) -> Connec
     return ConnectionGate(GateLimits(10, total, handshakes, 1, head_grace_s=grace))
 
 
-def test_at_the_head_cap_young_heads_are_kept_and_the_newcomer_is_closed() -> None:
+def test_at_the_head_cap_a_newcomer_evicts_the_oldest_head_however_young() -> None:
+    """A connection the relay accepted is never closed for the head cap: the grace only tells
+    the accept valve how long to keep newcomers waiting in the kernel's queue."""
     g = graceful()
     one, two = g.admit("a", 100.0), g.admit("b", 100.5)
     assert isinstance(one, LetIn) and isinstance(two, LetIn)
-    assert g.admit("c", 101.9) is TurnedAway.HANDSHAKES_BUSY
-    assert not one.ticket.released and g.open_total == 2 and g.in_head == 2
-    # Once the oldest has been in head for the grace, it makes room as before.
-    decision = g.admit("c", 102.0)
+    decision = g.admit("c", 100.6)
     assert isinstance(decision, LetIn)
     assert decision.evicted == ((one.ticket, TurnedAway.EVICTED_IN_HEAD),)
-    assert decision.ticket.opened_at == 102.0
+    assert decision.ticket.opened_at == 100.6
+    assert g.open_total == 2 and g.in_head == 2 and g.oldest_head_opened_at == 100.5
 
 
-def test_a_young_head_refusal_evicts_nothing_for_the_total_cap_either() -> None:
+def test_at_both_caps_a_young_newcomer_evicts_one_of_each() -> None:
     g = graceful(handshakes=1, total=2)
     idle = g.admit("a", 100.0)
     assert isinstance(idle, LetIn)
     g.head_done(idle.ticket)
     heading = g.admit("b", 101.0)
     assert isinstance(heading, LetIn)
-    assert g.admit("c", 101.5) is TurnedAway.HANDSHAKES_BUSY
-    assert not idle.ticket.released and not heading.ticket.released
-    decision = g.admit("c", 103.0)
+    decision = g.admit("c", 101.5)
     assert isinstance(decision, LetIn)
     assert decision.evicted == (
         (idle.ticket, TurnedAway.EVICTED_PLAIN_HTTP),
@@ -386,15 +384,70 @@ def test_a_young_head_refusal_evicts_nothing_for_the_total_cap_either() -> None:
     )
 
 
-def test_a_grace_of_zero_evicts_the_oldest_whatever_its_age() -> None:
-    g = graceful(grace=0.0)
-    first = g.admit("a", 100.0)
-    g.admit("b", 100.0)
-    decision = g.admit("c", 100.0)
-    assert isinstance(first, LetIn) and isinstance(decision, LetIn)
-    assert decision.evicted == ((first.ticket, TurnedAway.EVICTED_IN_HEAD),)
-
-
 def test_a_negative_grace_is_refused() -> None:
     with pytest.raises(ValueError):
         GateLimits(1, 1, 1, 1, head_grace_s=-1.0)
+
+
+def expected_admission(
+    live: list[Ticket], *, source: str
+) -> TurnedAway | list[tuple[Ticket, TurnedAway]]:
+    """What the gate of the test below (3 per source, 5 in all, 2 in head) should do with a
+    newcomer, worked out from the live connections in the order they were let in."""
+    if sum(t.source == source for t in live) >= 3:
+        return TurnedAway.PER_SOURCE
+    evicted: list[tuple[Ticket, TurnedAway]] = []
+    if len(live) >= 5:
+        plain = [t for t in live if t.plain_http]
+        if not plain:
+            return TurnedAway.TOTAL
+        evicted.append((plain[0], TurnedAway.EVICTED_PLAIN_HTTP))
+    heads = [t for t in live if t.in_head and all(t is not v for v, _ in evicted)]
+    if len(heads) >= 2:
+        evicted.append((heads[0], TurnedAway.EVICTED_IN_HEAD))
+    return evicted
+
+
+@settings(max_examples=500)
+@given(
+    st.lists(
+        st.tuples(
+            st.sampled_from(["admit", "admit", "head", "up", "release"]),
+            st.integers(0, 7),
+            st.sampled_from([0.0, 0.1, 1.0, 3.0]),
+        ),
+        max_size=60,
+    ),
+    st.sampled_from([0.0, 0.5, 2.0, 60.0]),
+)
+def test_only_its_own_source_or_a_total_of_sockets_turns_a_newcomer_away(
+    ops: list[tuple[str, int, float]], grace: float
+) -> None:
+    """Whatever the ages of the heads and the grace, a newcomer is closed only at its own
+    source's cap, or at the total cap when every place holds an authenticated socket; at the
+    head cap it takes the place of the oldest connection in head."""
+    g = ConnectionGate(GateLimits(3, 5, 2, 1, head_grace_s=grace))
+    live: list[Ticket] = []  # in the order they were let in
+    now = 0.0
+    for op, n, step in ops:
+        now += step
+        if op == "admit":
+            expected = expected_admission(live, source=f"s{n % 4}")
+            decision = g.admit(f"s{n % 4}", now)
+            if isinstance(expected, TurnedAway):
+                assert decision is expected
+                continue
+            assert isinstance(decision, LetIn) and list(decision.evicted) == expected
+            for victim, _why in expected:
+                live.remove(victim)
+            live.append(decision.ticket)
+        elif live:
+            ticket = live[n % len(live)]
+            if op == "head":
+                g.head_done(ticket)
+            elif op == "up":
+                g.upgraded(ticket)
+            else:
+                g.release(ticket)
+                live.remove(ticket)
+        assert g.open_total == len(live) and g.in_head == sum(t.in_head for t in live) <= 2

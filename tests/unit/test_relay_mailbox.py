@@ -35,6 +35,7 @@ from agentcall.relay.mailbox import (
     decline,
     enqueue,
     fail,
+    held_bytes,
     next_deadline,
     next_delivery,
     renew,
@@ -68,7 +69,11 @@ def queue(
     size: int = 100,
     now: float = T0,
     caps: MailboxLimits = CAPS,
+    held_total: int | None = None,
 ) -> Decision | Refused:
+    """Enqueue into ``box``; the relay-wide total is the box's own unless one is given."""
+    if held_total is None:
+        held_total = total(box)
     result = enqueue(
         box.jobs,
         caps,
@@ -78,10 +83,15 @@ def queue(
         callee=callee,
         request_bytes=size,
         now=now,
+        held_total=held_total,
     )
     if isinstance(result, Decision):
         box.apply(result)
     return result
+
+
+def total(box: Mailbox) -> int:
+    return sum(held_bytes(job) for job in box.jobs.values())
 
 
 def deliver(box: Mailbox, now: float = T0, callee: str = "ken") -> Decision:
@@ -184,6 +194,86 @@ def test_a_request_larger_than_the_whole_byte_cap_is_too_large() -> None:
 def test_default_byte_cap_holds_the_largest_request() -> None:
     assert limits.MAILBOX_MAX_QUEUED_BYTES_PER_CALLEE > limits.MAX_REQUEST_CIPHERTEXT_BYTES
     ok(queue(Mailbox(), "j1", size=limits.MAX_REQUEST_CIPHERTEXT_BYTES))
+
+
+def test_the_relay_wide_byte_cap_refuses_new_requests_to_anyone() -> None:
+    """Every callee's mailbox together stays at or under the relay's cap (exactly full is
+    allowed); a refusal changes nothing that is kept, and a new request fits again once
+    something is dropped."""
+    caps = attrs.evolve(CAPS, max_held_bytes_total=1000)
+    box = Mailbox()
+    ok(queue(box, "j1", size=600, caps=caps))
+    kept = dict(box.jobs)
+    refused = queue(box, "l1", caller="bo", callee="lee", size=401, caps=caps)
+    assert refused == Refused(Refusal.RELAY_BYTES_FULL)
+    assert box.jobs == kept
+    ok(queue(box, "l2", caller="bo", callee="lee", size=400, caps=caps))
+    assert total(box) == 1000
+    run(box, lambda: cancel(box.jobs, "j1", ANA, T0))
+    ok(queue(box, "m1", caller="cy", callee="mo", size=600, caps=caps))
+
+
+def test_the_relay_wide_total_comes_from_the_caller_not_the_rows_in_scope() -> None:
+    """The rows a store hands an enqueue are the caller's and the callee's only; what everyone
+    else's mailboxes hold comes in as ``held_total``."""
+    caps = attrs.evolve(CAPS, max_held_bytes_total=1000)
+    box = Mailbox()
+    assert queue(box, "j1", size=100, caps=caps, held_total=901) == Refused(
+        Refusal.RELAY_BYTES_FULL
+    )
+    ok(queue(box, "j1", size=100, caps=caps, held_total=900))
+
+
+def test_answers_held_count_toward_the_relay_wide_cap() -> None:
+    caps = attrs.evolve(CAPS, max_held_bytes_total=1000)
+    box = Mailbox()
+    ok(queue(box, "j1", size=100, caps=caps))
+    deliver(box)
+    run(box, lambda: answer(box.jobs, "j1", KEN, 900, T0))
+    assert total(box) == 900
+    assert queue(box, "l1", caller="bo", callee="lee", size=101, caps=caps) == Refused(
+        Refusal.RELAY_BYTES_FULL
+    )
+    swept(box, T0 + TTL)  # the answer is dropped at its expiry
+    ok(queue(box, "l1", caller="bo", callee="lee", size=1000, caps=caps, now=T0 + TTL))
+
+
+def test_the_callers_and_the_callees_own_caps_are_named_before_the_relays() -> None:
+    """A caller told ``relay_bytes_full`` could do nothing about it; one told its own cap or
+    the callee's can."""
+    caps = attrs.evolve(
+        CAPS,
+        max_outstanding_per_caller=1,
+        max_queued_bytes_per_callee=500,
+        max_held_bytes_total=500,
+    )
+    box = Mailbox()
+    ok(queue(box, "j1", size=500, caps=caps))
+    assert queue(box, "j2", size=1, caps=caps) == Refused(Refusal.BUSY)
+    assert queue(box, "j3", caller="bo", size=1, caps=caps) == Refused(Refusal.CALLEE_BYTES_FULL)
+    assert queue(box, "l1", caller="bo", callee="lee", size=1, caps=caps) == Refused(
+        Refusal.RELAY_BYTES_FULL
+    )
+
+
+@pytest.mark.parametrize(
+    ("changes", "held"),
+    [
+        ({}, 100),
+        ({"state": JobState.DELIVERED, "attempts": 1, "lease_until": T0 + LEASE}, 100),
+        ({"state": JobState.RUNNING, "attempts": 1, "lease_until": T0 + LEASE}, 100),
+        ({"state": JobState.ANSWERED, "attempts": 1, "answer_bytes": 70}, 70),
+        ({"state": JobState.ANSWERED, "answer_bytes": 70, "holds_ciphertext": False}, 0),
+        ({"state": JobState.CANCELLED, "holds_ciphertext": False}, 0),
+        ({"state": JobState.EXPIRED, "holds_ciphertext": False}, 0),
+    ],
+)
+def test_what_a_job_holds_is_its_request_while_outstanding_then_its_answer(
+    changes: dict[str, Any], held: int
+) -> None:
+    assert held_bytes(attrs.evolve(Job("j1", ORG, "ana", "ken", 100, T0, T0 + TTL), **changes)) == (
+        held
+    )
 
 
 def test_duplicate_job_id_is_refused() -> None:
@@ -630,7 +720,10 @@ def test_limits_must_be_positive() -> None:
 CALLERS = ["ana", "bo", "cy"]
 CALLEES = ["ken", "lee"]
 SMALL = MailboxLimits(
-    max_outstanding_per_caller=3, max_queued_per_callee=4, max_queued_bytes_per_callee=1000
+    max_outstanding_per_caller=3,
+    max_queued_per_callee=4,
+    max_queued_bytes_per_callee=1000,
+    max_held_bytes_total=1500,
 )
 operations = st.one_of(
     st.tuples(st.just("enqueue"), st.sampled_from(CALLERS), st.sampled_from(CALLEES),
@@ -652,7 +745,7 @@ def step(box: Mailbox, op: tuple[object, ...], now: float, serial: int) -> list[
         assert isinstance(caller, str) and isinstance(callee, str) and isinstance(size, int)
         result: Decision | Refused | None = enqueue(
             jobs, SMALL, job_id=f"j{serial:03}", org=ORG, caller=caller, callee=callee,
-            request_bytes=size, now=now,
+            request_bytes=size, now=now, held_total=total(box),
         )  # fmt: skip
     elif name == "deliver":
         assert isinstance(op[1], str)
@@ -706,6 +799,9 @@ def check_invariants(box: Mailbox, before: dict[str, Job], decisions: list[Decis
         assert set(d.audit) <= audit.EVENTS
         if d.job is None:
             assert Forget(d.job_id) in d.effects
+        if d.job_id not in before:
+            # Answers may still grow the total past the cap; a newly queued job never does.
+            assert total(box) <= SMALL.max_held_bytes_total
 
 
 def check_swept(box: Mailbox, now: float) -> None:

@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,10 +17,13 @@ from twisted.python.failure import Failure
 
 from agentcall import limits
 from agentcall.crypto import envelope as crypto_envelope
+from agentcall.errors import CallErrorCode
 from agentcall.relay import tap
-from agentcall.relay.mailbox import MailboxLimits
+from agentcall.relay.jobs import queue_refusal
+from agentcall.relay.mailbox import MailboxLimits, Refusal
 from agentcall.wire import codec
 from agentcall.wire.frames import (
+    CallError,
     CallQueued,
     CallRequest,
     CancelJob,
@@ -287,13 +291,30 @@ def options(*extra: str) -> tap.Options:
 def test_the_mailbox_caps_default_to_the_limits_and_reach_the_settings() -> None:
     settings = tap.settings_from(options())
     assert settings.mailbox == MailboxLimits()
+    assert settings.mailbox.max_held_bytes_total == 1024**3  # what --help says: 1 GiB
     custom = tap.settings_from(
-        options("--mailbox-max-queued", "7", "--mailbox-max-bytes", "2000000")
+        options(
+            "--mailbox-max-queued",
+            "7",
+            "--mailbox-max-bytes",
+            "2000000",
+            "--mailbox-max-total-bytes",
+            "3000000",
+        )
     )
-    assert (custom.mailbox.max_queued_per_callee, custom.mailbox.max_queued_bytes_per_callee) == (
-        7,
-        2_000_000,
-    )
+    assert (
+        custom.mailbox.max_queued_per_callee,
+        custom.mailbox.max_queued_bytes_per_callee,
+        custom.mailbox.max_held_bytes_total,
+    ) == (7, 2_000_000, 3_000_000)
+
+
+def test_the_help_says_what_the_relay_wide_cap_does_and_what_a_caller_sees() -> None:
+    text = str(tap.Options())
+    assert "--mailbox-max-total-bytes" in text
+    words = " ".join(text.split())
+    assert "for every callee together" in words and "refused `busy`" in words
+    assert "default 1 GiB" in words
 
 
 @pytest.mark.parametrize(
@@ -306,6 +327,18 @@ def test_the_mailbox_caps_default_to_the_limits_and_reach_the_settings() -> None
             f"--mailbox-max-bytes must be between {limits.MAX_REQUEST_FRAME_BYTES} and "
             f"{tap.MAILBOX_MAX_BYTES_OPTION}",
         ),
+        (
+            ("--mailbox-max-total-bytes", "1000"),
+            f"--mailbox-max-total-bytes must be between {limits.MAX_REQUEST_FRAME_BYTES} and "
+            f"{tap.MAILBOX_MAX_TOTAL_BYTES_OPTION}",
+        ),
+        (
+            ("--mailbox-max-total-bytes", str(tap.MAILBOX_MAX_TOTAL_BYTES_OPTION + 1)),
+            f"--mailbox-max-total-bytes must be between {limits.MAX_REQUEST_FRAME_BYTES} and "
+            f"{tap.MAILBOX_MAX_TOTAL_BYTES_OPTION}",
+        ),
+        (("--mailbox-max-total-bytes", "1GiB"), "--mailbox-max-total-bytes must be a number"),
+        (("--mailbox-max-total-bytes", ""), "--mailbox-max-total-bytes must be a number"),
     ],
 )
 def test_bad_mailbox_caps_are_refused_clearly(args: tuple[str, ...], message: str) -> None:
@@ -317,3 +350,52 @@ def test_bad_mailbox_caps_are_refused_clearly(args: tuple[str, ...], message: st
 def test_the_composed_relay_uses_the_configured_caps(tmp_path: Path) -> None:
     relay: MemoryRelay = memory_relay(tmp_path, now=NOW)
     assert relay.relay.jobs.caps == MailboxLimits()
+
+
+# --- the relay-wide byte cap ---------------------------------------------------------------------
+
+
+def test_past_the_relay_wide_cap_a_call_is_refused_busy_and_nothing_kept_is_lost(
+    tmp_path: Path,
+) -> None:
+    """Room for one request in all: ann's call to ken is kept, her call to lee is refused
+    ``busy`` saying the relay's storage is full (not lee's mailbox), and once ken's job is gone
+    the call to lee is kept."""
+    one_request = len(codec.encode(sealed_request()))
+    caps = MailboxLimits(max_held_bytes_total=one_request + 10)
+    with capped_switch(tmp_path, caps) as switch:
+        switch.tokens["lee"] = switch.relay.enrol("lee")
+        for callee in ("ken", "lee"):
+            api(switch, "PUT", "/v1/me/offline-delivery", callee, {"enabled": True})
+        job_id = queue_one(switch)
+        to_lee = CallRequest(
+            envelope=sealed_looking(Direction.REQUEST, "@acme/ann", "@acme/lee"),
+            correlation_id=CORRELATION,
+            queue=True,
+        )
+        ann = switch.connect("role=call&to=lee", "ann")
+        ann.send(to_lee)
+        switch.flush()
+        (refused,) = ann.frames[1:]
+        assert isinstance(refused, CallError) and refused.code is CallErrorCode.BUSY
+        assert refused.detail == queue_refusal(Refusal.RELAY_BYTES_FULL, caps)
+        assert "relay's mailbox storage is full" in (refused.detail or "")
+        assert stored_state(switch, job_id) == "queued"
+        assert fired(switch.relay.store.jobs_of("acme", "lee", 10)) == []
+        api(switch, "POST", f"/v1/jobs/{job_id}/cancel", "ann")
+        ann = switch.connect("role=call&to=lee", "ann")
+        ann.send(to_lee)
+        switch.flush()
+        assert isinstance(ann.frames[1], CallQueued)
+
+
+@contextlib.contextmanager
+def capped_switch(tmp_path: Path, caps: MailboxLimits) -> Iterator[Switch]:
+    """:func:`relay_switch` with the mailbox caps ``caps``."""
+    relay = memory_relay(tmp_path, now=NOW, mailbox=caps)
+    previous = txaio.config.loop
+    txaio.config.loop = relay.reactor
+    try:
+        yield Switch(relay)
+    finally:
+        txaio.config.loop = previous

@@ -10,9 +10,13 @@ from typing import Any
 import pytest
 import txaio as _txaio
 
+from agentcall.relay.mailbox import MailboxLimits
 from agentcall.relay.metrics import NO_METRICS, PrometheusMetrics
+from agentcall.wire import codec
+from agentcall.wire.frames import CallError, CallRequest, Direction
 from tests.unit.crypto_helpers import NOW
-from tests.unit.relay_helpers import memory_relay
+from tests.unit.relay_helpers import memory_relay, sealed_looking
+from tests.unit.test_relay_mailbox_wired import CORRELATION, api, queue_one, sealed_request
 from tests.unit.test_relay_protocol import REQUEST, Switch
 
 txaio: Any = _txaio
@@ -86,3 +90,41 @@ def test_database_errors_are_counted_and_no_metrics_costs_nothing() -> None:
     assert value(metrics.text().decode(), "agentcall_database_errors_total") == 1.0
     NO_METRICS.database_error()  # the default: accepted, ignored
     NO_METRICS.call_ended("call.complete", 1.0)
+
+
+def test_the_mailbox_bytes_held_and_its_refusals_are_measured(tmp_path: Path) -> None:
+    """The gauge follows what every mailbox holds (0 at start, up with a queued call, down when
+    it is dropped); a call refused at the relay-wide cap is counted by its reason."""
+    one_request = len(codec.encode(sealed_request()))
+    kept: list[PrometheusMetrics] = []
+
+    def make(switchboard: Any) -> PrometheusMetrics:
+        kept.append(PrometheusMetrics(switchboard.count))
+        return kept[-1]
+
+    caps = MailboxLimits(max_held_bytes_total=one_request)
+    relay = memory_relay(tmp_path, now=NOW, metrics=make, mailbox=caps)
+    previous = txaio.config.loop
+    txaio.config.loop = relay.reactor
+    try:
+        switch = Switch(relay)
+        [metrics] = kept
+        assert value(metrics.text().decode(), "agentcall_mailbox_held_bytes") == 0.0
+        switch.tokens["lee"] = relay.enrol("lee")
+        for callee in ("ken", "lee"):
+            api(switch, "PUT", "/v1/me/offline-delivery", callee, {"enabled": True})
+        job_id = queue_one(switch)
+        assert value(metrics.text().decode(), "agentcall_mailbox_held_bytes") == one_request
+        ann = switch.connect("role=call&to=lee", "ann")
+        to_lee = sealed_looking(Direction.REQUEST, "@acme/ann", "@acme/lee")
+        ann.send(CallRequest(envelope=to_lee, correlation_id=CORRELATION, queue=True))
+        switch.flush()
+        assert isinstance(ann.frames[1], CallError)
+        text = metrics.text().decode()
+        assert value(text, 'agentcall_jobs_refused_total{reason="relay_bytes_full"}') == 1.0
+        api(switch, "POST", f"/v1/jobs/{job_id}/cancel", "ann")
+        assert value(metrics.text().decode(), "agentcall_mailbox_held_bytes") == 0.0
+        NO_METRICS.job_refused("relay_bytes_full")  # the default: accepted, ignored
+        NO_METRICS.mailbox_held(1)
+    finally:
+        txaio.config.loop = previous

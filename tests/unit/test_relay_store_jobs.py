@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 from agentcall import limits
 from agentcall.db import open_database
 from agentcall.errors import ApiError, StoreError
-from agentcall.relay import audit, mailbox
+from agentcall.relay import audit, mailbox, store_jobs
 from agentcall.relay.audit import AuditEntry
 from agentcall.relay.mailbox import Decision, Job, JobState, MailboxLimits, Refusal, Refused
 from agentcall.relay.store import (
@@ -77,6 +77,7 @@ def enqueue(store: Fired, job_id: str = J1, *, now: float = T0, caller: str = "a
             callee="ken",
             request_bytes=len(REQUEST),
             now=now,
+            held_total=0,
         )
         return [result] if isinstance(result, Decision) else result
 
@@ -278,7 +279,7 @@ def _op(name: str, job_id: str, target: str, now: float, jobs: mailbox.Jobs) -> 
     if name == "enqueue":
         return mailbox.enqueue(
             jobs, CAPS, job_id=job_id, org="acme", caller="ana", callee="ken", request_bytes=10,
-            now=now,
+            now=now, held_total=0,
         )  # fmt: skip
     if name == "deliver":
         return mailbox.next_delivery(jobs, CAPS, "acme", "ken", now)
@@ -301,6 +302,8 @@ def test_the_due_scope_and_the_deadline_agree_with_the_core(
     """Whatever the rows, the store's sweep scope and deadline are the core's over all rows."""
     path = tmp_path_factory.mktemp("due") / "relay.sqlite"
     store = Fired(open_relay_store(path))
+    # Another connection to the file, as a relay started afresh would count from it.
+    restarted = sqlite3.connect(path)
     box = mailbox.Mailbox()
     now = T0
     for serial, (name, wait) in enumerate(steps):
@@ -334,6 +337,10 @@ def test_the_due_scope_and_the_deadline_agree_with_the_core(
         assert store.decide_jobs(due, sweep, actor=None, at=now) == expected
         for decision in expected:
             box.apply(decision)
+        # The running total is the core's count over every row, and so is a fresh count.
+        held = sum(mailbox.held_bytes(job) for job in box.jobs.values())
+        assert store.mailbox_bytes_held() == held == store_jobs.held_bytes(restarted)
+    restarted.close()
     store.close()
 
 
@@ -396,7 +403,7 @@ def test_dropped_ciphertext_is_not_left_in_the_file(tmp_path: Path) -> None:
         lambda jobs: [
             mailbox.enqueue(
                 jobs, CAPS, job_id=J1, org="acme", caller="ana", callee="ken",
-                request_bytes=len(marker), now=T0,
+                request_bytes=len(marker), now=T0, held_total=0,
             )
         ],
         actor="ana",
@@ -459,3 +466,74 @@ def test_a_lapsed_run_and_its_late_answer_are_stored(store: Fired) -> None:
         False,
         ANSWER,
     )
+
+
+def test_the_bytes_held_are_kept_across_restarts_and_failed_transactions(tmp_path: Path) -> None:
+    """The running total starts from the rows (a relay restarted with jobs kept), moves with
+    every commit (a request queued, replaced by its answer, dropped at expiry), and a
+    transaction that fails moves it not at all."""
+    path = tmp_path / "relay.sqlite"
+    store = Fired(open_relay_store(path))
+
+    def restarted() -> Fired:
+        """The store closed and opened again: its total counted afresh from the rows."""
+        held = store.mailbox_bytes_held()
+        store.close()
+        again = Fired(open_relay_store(path))
+        assert again.mailbox_bytes_held() == held
+        return again
+
+    assert store.mailbox_bytes_held() == 0
+    j2 = "00000000-0000-4000-8000-000000000002"
+    enqueue(store, J1)
+    enqueue(store, j2)
+    assert store.mailbox_bytes_held() == 2 * len(REQUEST)
+    store = restarted()
+
+    def unsealed(jobs: mailbox.Jobs) -> list[Decision]:
+        job = Job("00000000-0000-4000-8000-000000000003", "acme", "ana", "ken", 10, T0, T0 + 10)
+        return [Decision(job.job_id, job)]
+
+    with pytest.raises(ValueError):
+        store.decide_jobs(JobsOf("acme", ("ana", "ken")), unsealed, actor="ana", at=T0)
+    assert store.mailbox_bytes_held() == 2 * len(REQUEST)
+    ken = ("acme", "ken")
+    store.decide_jobs(
+        JobsOf("acme", ("ken",)),
+        lambda jobs: [mailbox.next_delivery(jobs, CAPS, "acme", "ken", T0)],
+        actor=None,
+        at=T0,
+    )
+    sealed = SealedBytes(J1, answer=ANSWER, terminal=Terminal.COMPLETED)
+    one(store, J1, lambda jobs: mailbox.answer(jobs, J1, ken, len(ANSWER), T0), sealed=sealed)
+    assert store.mailbox_bytes_held() == len(ANSWER) + len(REQUEST)
+    store = restarted()
+    expiry = T0 + CAPS.ttl_s
+    store.decide_jobs(
+        JobsDue(expiry, CAPS.metadata_grace_s),
+        lambda jobs: mailbox.sweep(jobs, CAPS, expiry),
+        actor=None,
+        at=expiry,
+    )
+    assert store.get_job(J1).job.state is JobState.ANSWERED  # kept, its answer dropped
+    assert store.mailbox_bytes_held() == 0
+    store = restarted()
+    store.close()
+
+
+def test_the_total_is_counted_once_not_on_every_ask(tmp_path: Path) -> None:
+    """Asking for the total does not sum the table again (the relay asks before every enqueue):
+    a row changed behind the registry's back is not seen until it counts afresh."""
+    path = tmp_path / "relay.sqlite"
+    store = Fired(open_relay_store(path))
+    enqueue(store, J1)
+    assert store.mailbox_bytes_held() == len(REQUEST)
+    behind = sqlite3.connect(path)
+    with behind:
+        behind.execute("UPDATE jobs SET request_bytes = 1000")
+    behind.close()
+    assert store.mailbox_bytes_held() == len(REQUEST)
+    store.close()
+    restarted = Fired(open_relay_store(path))
+    assert restarted.mailbox_bytes_held() == 1000
+    restarted.close()

@@ -507,24 +507,25 @@ def test_the_connection_wrapper_claims_the_transport_s_interfaces_but_not_tls(
     assert ITransport.providedBy(plain) and not ISSLTransport.providedBy(plain)
 
 
-def test_a_newcomer_at_the_head_cap_is_closed_while_the_heads_are_young(tmp_path: Path) -> None:
-    """A reconnecting crowd: those half way through their handshake keep their place, the
-    newcomer is closed at once (before TLS would start), and the slow ones still lose theirs
-    once the grace has passed."""
+def test_without_the_valve_a_newcomer_at_the_head_cap_evicts_the_oldest_head_however_young(
+    tmp_path: Path,
+) -> None:
+    """With --no-accept-hold the port never stops accepting, and a newcomer at the head cap is
+    never closed: the oldest connection in head makes room, young or not."""
     caps = GateLimits(
         per_source=10, total=10, handshakes=2, callers_per_identity=1, head_grace_s=2.0
     )
-    front = make_front(tmp_path, config(caps=caps))
+    front = make_front(tmp_path, config(caps=caps, hold_accept=False))
+    port = FakePort()
+    front.door.valve.attach(port)
     _, first = front.connect("10.0.0.2")
+    front.reactor.advance(0.5)
     _, second = front.connect("10.0.0.3")
-    _, turned_away = front.connect("10.0.0.4")
-    assert turned_away.disconnected or turned_away.disconnecting
-    assert not first.disconnecting and not second.disconnecting
+    _, newcomer = front.connect("10.0.0.4")
+    assert first.disconnected and not second.disconnecting and not newcomer.disconnecting
+    assert port.reading and port.stops == 0
     assert front.door.gate.open_total == 2
-    front.reactor.advance(2.0)
-    _, newcomer = front.connect("10.0.0.5")
-    assert first.disconnected and not newcomer.disconnecting
-    assert front.door.turned_away.drain() == {"evicted_in_head": 1, "handshakes_busy": 1}
+    assert front.door.turned_away.drain() == {"evicted_in_head": 1}
 
 
 @attrs.define
@@ -568,6 +569,35 @@ def test_at_the_head_cap_the_port_stops_accepting_instead_of_closing_newcomers(
     heads[2][0].dataReceived(get("/v1/status"))
     assert port.reading and port.numberAccepts == 1  # clamped when the first place freed
     assert front.door.turned_away.drain() == {"accept_held": 1}
+
+
+def test_newcomers_the_accept_loop_takes_after_the_port_stopped_evict_and_are_not_closed(
+    tmp_path: Path,
+) -> None:
+    """Twisted's accept loop runs to its end after the valve stopped the port: the newcomers it
+    still takes get places (the oldest heads make room, young as they are) instead of being
+    reset; and one of them finishing its head frees a place, so the port accepts again well
+    before the grace."""
+    caps = GateLimits(
+        per_source=10, total=20, handshakes=2, callers_per_identity=1, head_grace_s=30.0
+    )
+    front = make_front(tmp_path, config(caps=caps))
+    port = FakePort()
+    front.door.valve.attach(port)
+    _, first = front.connect("10.0.0.2")
+    _, second = front.connect("10.0.0.3")
+    assert not port.reading
+    # The same accept loop goes on: two more connections from other sources.
+    _, third = front.connect("10.0.0.4")
+    newcomer, newcomer_socket = front.connect("10.0.0.5")
+    assert first.disconnected and second.disconnected
+    assert not third.disconnecting and not newcomer_socket.disconnecting
+    assert not port.reading and front.door.gate.in_head == 2
+    front.reactor.advance(1.0)
+    newcomer.dataReceived(get("/v1/status"))
+    assert b" 200 " in newcomer_socket.value()
+    assert port.reading
+    assert front.door.turned_away.drain() == {"accept_held": 1, "evicted_in_head": 2}
 
 
 def test_a_held_port_accepts_again_once_the_oldest_head_had_its_grace(tmp_path: Path) -> None:
