@@ -72,6 +72,26 @@ def _changed_message(address: str, pinned: str, served: str) -> str:
     )
 
 
+def _check_served(
+    address: str,
+    identity: SignedIdentityRecord,
+    encryption: SignedEncryptionKeyRecord,
+    relay_origin: str | None,
+) -> None:
+    """The served records name ``address`` and one relay (``relay_origin`` when given), and
+    the identity record's self-signature verifies; else :class:`KeyRecordInvalid`."""
+    served = identity.record
+    if served.address != address:
+        raise KeyRecordInvalid("served identity record names another address")
+    if encryption.record.address != address:
+        raise KeyRecordInvalid("served encryption record names another address")
+    if encryption.record.relay_origin != served.relay_origin:
+        raise KeyRecordInvalid("served records name different relays")
+    if relay_origin is not None and served.relay_origin != relay_origin:
+        raise KeyRecordInvalid("served records name another relay")
+    records.verify_identity_record(identity)
+
+
 class PinBook:
     """The trust decisions over one :class:`IPinStorage`."""
 
@@ -96,36 +116,24 @@ class PinBook:
         key) replaces the pin, and ``on_recovered(address, when)`` is told, this once.
         """
         served = identity.record
-        if served.address != requested_address:
-            raise KeyRecordInvalid("served identity record names another address")
-        if encryption.record.address != requested_address:
-            raise KeyRecordInvalid("served encryption record names another address")
-        if encryption.record.relay_origin != served.relay_origin:
-            raise KeyRecordInvalid("served records name different relays")
-        if relay_origin is not None and served.relay_origin != relay_origin:
-            raise KeyRecordInvalid("served records name another relay")
-        records.verify_identity_record(identity)
-        pin = self._storage.get(served.relay_origin, requested_address)
-        # A changed identity is reported before the checks that depend on which key signed:
-        # they would fail too, with an error that hides what actually happened.
+        # The pin is compared first. A relay that swaps the identity key and also serves
+        # something else wrong (an old epoch, another address, a bad signature) must be
+        # reported as the identity change, the one thing the user can check out of band; any
+        # other error would hide it.
+        origin = served.relay_origin if relay_origin is None else relay_origin
+        pin = self._storage.get(origin, requested_address)
         if pin is not None and pin.identity_pub != served.identity_pub:
-            moved_at = self._recovered_at(pin, identity, recovered)
-            if moved_at is None:
-                raise IdentityChanged(
-                    _changed_message(requested_address, pin.fingerprint, keys.fingerprint(served))
-                )
-            # A new identity starts its own epochs: the old ones were the old key's.
-            pin = attrs.evolve(
+            return self._follow_recovery(
                 pin,
-                identity_pub=served.identity_pub,
-                fingerprint=keys.fingerprint(served),
-                highest_epoch=encryption.record.epoch,
+                requested_address,
+                identity,
+                encryption,
+                now,
+                relay_origin,
+                recovered,
+                on_recovered,
             )
-            records.verify_encryption_record(encryption, pin.identity_pub, now=now)
-            self._storage.put(pin)
-            if on_recovered is not None:
-                on_recovered(requested_address, moved_at)
-            return pin
+        _check_served(requested_address, identity, encryption, relay_origin)
         # A rollback before expiry: a relay replaying an old epoch that has since expired must
         # be reported as the attack it is, not blamed on the callee as "offline too long".
         if pin is not None and encryption.record.epoch < pin.highest_epoch:
@@ -149,16 +157,42 @@ class PinBook:
         self._storage.put(pin)
         return pin
 
-    @staticmethod
-    def _recovered_at(
-        pin: Pin, identity: SignedIdentityRecord, links: Sequence[RecoveryLink]
-    ) -> int | None:
-        if not links:
-            return None
+    def _follow_recovery(
+        self,
+        pin: Pin,
+        address: str,
+        identity: SignedIdentityRecord,
+        encryption: SignedEncryptionKeyRecord,
+        now: float,
+        relay_origin: str | None,
+        recovered: Sequence[RecoveryLink],
+        on_recovered: Callable[[str, int], None] | None,
+    ) -> Pin:
+        """Move the pin to a served identity the pinned one vouched for, or refuse the change."""
+        served = identity.record
+        changed = IdentityChanged(
+            _changed_message(address, pin.fingerprint, keys.fingerprint(served))
+        )
+        if not recovered:
+            raise changed
         try:
-            return recovery.walk(pin.identity_pub, identity, links)
+            # Only sound records are followed; anything wrong with them is still the change.
+            _check_served(address, identity, encryption, relay_origin)
+            moved_at = recovery.walk(pin.identity_pub, identity, recovered)
         except KeyRecordInvalid:
-            return None
+            raise changed from None
+        # A new identity starts its own epochs: the old ones were the old key's.
+        pin = attrs.evolve(
+            pin,
+            identity_pub=served.identity_pub,
+            fingerprint=keys.fingerprint(served),
+            highest_epoch=encryption.record.epoch,
+        )
+        records.verify_encryption_record(encryption, pin.identity_pub, now=now)
+        self._storage.put(pin)
+        if on_recovered is not None:
+            on_recovered(address, moved_at)
+        return pin
 
     def reset(self, relay_origin: str, address: str) -> bool:
         """Forget a pin after out-of-band checking; the next contact pins afresh."""

@@ -19,6 +19,7 @@ from agentcall.caller import keycache
 from agentcall.caller.call import CallRefused, CallResult, place
 from agentcall.client.api import Credentials
 from agentcall.crypto import envelope
+from agentcall.crypto.keys import fingerprint
 from agentcall.crypto.pins import Pin
 from agentcall.db import open_database
 from agentcall.errors import CallErrorCode, StoreError
@@ -409,6 +410,43 @@ def test_kept_records_that_no_longer_match_the_pin_are_a_hard_error(ann: Any) ->
         place_at(ann, directory, bob.dial, NOW + 60)
     assert refused.value.code == "identity_changed"
     assert len(bob.frames) == 1 and directory.fetched == ["bob"]
+
+
+@pytest.mark.parametrize(
+    ("swapped", "rolled_back", "code"),
+    [
+        (True, True, "identity_changed"),
+        (True, False, "identity_changed"),
+        (False, True, "keys_rejected"),
+    ],
+    ids=["swapped and rolled back", "swapped", "rolled back"],
+)
+def test_a_relay_swapping_or_rolling_back_keys_is_refused_for_what_it_did(
+    ann: Any, swapped: bool, rolled_back: bool, code: str
+) -> None:
+    """Bob is pinned at epoch 2. Another identity key is refused as the identity change, with
+    both fingerprints, whatever its epoch; bob's own older epoch is refused as a rollback."""
+    old = make_party(BOB, origin=ORIGIN)
+    bob = Bob(rotate(old), ann[2], holds={2})
+    directory = CountingDirectory({"bob": records(bob.party)})
+    assert place_at(ann, directory, bob.dial).ok
+    db = StateDb.open(ann[0])
+    pinned = db.pins.get(ORIGIN, BOB)
+    assert db.peer_keys(ORIGIN).forget(BOB)  # so this call asks the relay
+    db.close()
+    party = make_party(BOB, origin=ORIGIN) if swapped else old
+    served = party if rolled_back else rotate(rotate(party))
+    directory.served["bob"] = records(served)
+    with pytest.raises(CallRefused) as refused:
+        place_at(ann, directory, bob.dial, NOW + 60)
+    assert refused.value.code == code
+    assert pinned is not None
+    if swapped:
+        assert pinned.fingerprint in str(refused.value)
+        assert fingerprint(served.identity.record) in str(refused.value)
+    else:
+        assert "below the highest seen (2)" in str(refused.value)
+    assert len(bob.frames) == 1
 
 
 def test_kept_records_below_the_pinned_epoch_are_fetched_afresh(ann: Any) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import attrs
 import pytest
 from zope.interface.verify import verifyObject
@@ -9,6 +11,7 @@ from zope.interface.verify import verifyObject
 from agentcall.crypto import keys, records
 from agentcall.crypto.pins import IPinStorage, MemoryPinStorage, Pin, PinBook, PinState
 from agentcall.errors import CryptoError, EpochRollback, IdentityChanged, KeyRecordInvalid
+from agentcall.wire.keyrecords import SignedEncryptionKeyRecord, SignedIdentityRecord
 from tests.unit.crypto_helpers import DAY, NOW, ORIGIN, Party, make_party, rotate
 
 KEN = "@acme/ken"
@@ -153,6 +156,89 @@ def test_changed_identity_stays_refused_until_reset(book: PinBook) -> None:
     assert book.reset(ORIGIN, KEN) is True
     assert book.reset(ORIGIN, KEN) is False
     assert pin(book, new).identity_pub == new.identity_pub
+
+
+@pytest.mark.parametrize(
+    ("swapped", "rolled_back", "refusal"),
+    [
+        (True, True, IdentityChanged),
+        (True, False, IdentityChanged),
+        (False, True, EpochRollback),
+        (False, False, None),
+    ],
+    ids=["swapped and rolled back", "swapped", "rolled back", "neither"],
+)
+def test_the_pin_is_compared_before_the_epoch(
+    book: PinBook,
+    storage: MemoryPinStorage,
+    swapped: bool,
+    rolled_back: bool,
+    refusal: type[CryptoError] | None,
+) -> None:
+    """A relay that swaps the identity key and serves an old epoch is reported as the identity
+    change, with both fingerprints; the rollback message is for the pinned identity only."""
+    ken, relays = make_party(KEN), make_party(KEN)
+    pinned = pin(book, rotate(ken))  # epoch 2
+    party = relays if swapped else ken
+    served = party if rolled_back else rotate(rotate(party))  # epoch 1, or 3
+    if refusal is None:
+        assert pin(book, served, now=NOW + 1).highest_epoch == 3
+        return
+    with pytest.raises(refusal) as info:
+        pin(book, served, now=NOW + 1)
+    message = str(info.value)
+    if swapped:
+        assert pinned.fingerprint in message
+        assert keys.fingerprint(relays.identity.record) in message
+    else:
+        assert "epoch 1 of @acme/ken is below the highest seen (2)" in message
+    assert storage.get(ORIGIN, KEN) == pinned
+
+
+def _forged_signature(party: Party) -> tuple[SignedIdentityRecord, SignedEncryptionKeyRecord]:
+    stranger = make_party(party.address, origin=party.identity.record.relay_origin)
+    return attrs.evolve(party.identity, signature=stranger.identity.signature), party.encryption
+
+
+# Each way served records can be wrong besides the identity key, applied to a party's own.
+FAULTS: dict[str, Callable[[Party], tuple[SignedIdentityRecord, SignedEncryptionKeyRecord]]] = {
+    "an encryption record for another address": lambda p: (
+        p.identity,
+        make_party("@acme/bob").encryption,
+    ),
+    "records naming two relays": lambda p: (
+        p.identity,
+        make_party(KEN, origin="other.example").encryption,
+    ),
+    "a forged self-signature": _forged_signature,
+    "an encryption record signed by another key": lambda p: (
+        p.identity,
+        make_party(KEN).encryption,
+    ),
+    "an expired encryption record": lambda p: (
+        p.identity,
+        rotate(p, not_before=NOW - 40 * DAY, not_after=NOW - 11 * DAY).encryption,
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", list(FAULTS))
+def test_a_swapped_identity_is_reported_whatever_else_is_wrong(
+    book: PinBook, storage: MemoryPinStorage, fault: str
+) -> None:
+    """The identity change is what the user can check out of band, so nothing hides it; the
+    same fault under the pinned identity is refused for what it is."""
+    ken, relays = make_party(KEN), make_party(KEN)
+    pinned = pin(book, ken)
+    identity, encryption = FAULTS[fault](relays)
+    with pytest.raises(IdentityChanged) as info:
+        book.check_and_pin(KEN, identity, encryption, NOW + 1, relay_origin=ORIGIN)
+    assert pinned.fingerprint in str(info.value)
+    assert keys.fingerprint(relays.identity.record) in str(info.value)
+    identity, encryption = FAULTS[fault](ken)
+    with pytest.raises(KeyRecordInvalid):
+        book.check_and_pin(KEN, identity, encryption, NOW + 1, relay_origin=ORIGIN)
+    assert storage.get(ORIGIN, KEN) == pinned
 
 
 @pytest.mark.parametrize(

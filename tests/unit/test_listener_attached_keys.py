@@ -97,6 +97,13 @@ def _identity_swapped(opener: Opener) -> KeysResponse:
     return keys_of(make_party("@acme/ann"))
 
 
+def _identity_swapped_and_rolled_back(opener: Opener) -> KeysResponse:
+    """After ann's epoch 2 is pinned: an identity of the relay's making, at epoch 1."""
+    newer = rotate(ANN)
+    opener.open(attached(call_from(newer), keys_of(newer)))
+    return keys_of(make_party("@acme/ann"))
+
+
 def _encryption_signed_by_another(_opener: Opener) -> KeysResponse:
     """Ann's identity, with an encryption record Mallory signed for ann's address."""
     forged = make_party("@acme/ann")
@@ -141,6 +148,11 @@ REFUSED: list[tuple[str, Callable[[Opener], KeysResponse], str]] = [
     ("records from another organisation", _other_org, "caller_keys_untrusted:KeyRecordInvalid"),
     ("records for another relay", _other_relay, "caller_keys_untrusted:KeyRecordInvalid"),
     ("a changed identity", _identity_swapped, "caller_keys_untrusted:IdentityChanged"),
+    (
+        "a changed identity at an older epoch",
+        _identity_swapped_and_rolled_back,
+        "caller_keys_untrusted:IdentityChanged",
+    ),
     (
         "an encryption record signed by another",
         _encryption_signed_by_another,
