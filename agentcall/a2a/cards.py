@@ -10,6 +10,13 @@ its ``Host`` names a loopback host (or the interface the bridge was told to list
 the bridge's own port, which a DNS-rebinding page cannot fake; the web layer also insists on
 the ``A2A-Version`` header and a JSON body, which no browser sends across origins without a
 preflight that the bridge never grants.
+
+Every request but a card's needs the bridge's bearer token (:mod:`agentcall.a2a.auth`), and
+each card says so (:func:`security`, A2A 1.0's ``securitySchemes`` and
+``securityRequirements``). The cards themselves stay public, as A2A clients read a card to
+learn how to authenticate: a card is made from nothing but the address asked for and the
+bridge's own URL and version, so it tells a client without the token nothing it did not know
+(not who the owner's contacts are, nor whether the address exists).
 """
 
 from __future__ import annotations
@@ -21,6 +28,7 @@ from typing import Any, Final
 import attrs
 
 from agentcall import ids
+from agentcall.a2a.auth import SCHEME, SCHEME_NAME
 from agentcall.a2a.rpc import PROTOCOL_VERSION
 
 WELL_KNOWN: Final = (".well-known", "agent-card.json")
@@ -72,6 +80,12 @@ def route(segments: Sequence[bytes], org: str) -> AgentRoute | NoRoute:
     return AgentRoute(ids.format_address(agent_org, handle), card=rest == WELL_KNOWN)
 
 
+def is_card_path(segments: Sequence[bytes]) -> bool:
+    """Whether ``segments`` ask for an Agent Card (any agent's: the public part of the bridge)."""
+    tail = [segment for segment in segments if segment][-2:]
+    return tuple(tail) == tuple(part.encode("ascii") for part in WELL_KNOWN)
+
+
 def agent_path(address: str) -> str:
     """``/agents/acme/ken`` for ``@acme/ken``."""
     parsed = ids.parse_address(address)
@@ -90,6 +104,26 @@ def allowed_host(header: str | None, port: int, names: Collection[str]) -> str |
     if host not in LOOPBACK_NAMES and host not in names:
         return None
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def security() -> dict[str, Any]:
+    """The card's members that say a request needs the bridge's bearer token (A2A 1.0's
+    ``SecurityScheme`` with an ``HTTPAuthSecurityScheme``, required by the card's one
+    ``SecurityRequirement``; no scopes, so an empty list)."""
+    return {
+        "securitySchemes": {
+            SCHEME_NAME: {
+                "httpAuthSecurityScheme": {
+                    "scheme": SCHEME,
+                    "description": (
+                        "the bridge's token, which `agentcall a2a token` prints to its owner; "
+                        "send it as `Authorization: Bearer TOKEN`"
+                    ),
+                }
+            }
+        },
+        "securityRequirements": [{"schemes": {SCHEME_NAME: {"list": []}}}],
+    }
 
 
 def agent_card(base_url: str, address: str, version: str) -> dict[str, Any]:
@@ -113,6 +147,7 @@ def agent_card(base_url: str, address: str, version: str) -> dict[str, Any]:
         ],
         "version": version,
         "capabilities": {"streaming": True, "pushNotifications": False},
+        **security(),
         "defaultInputModes": ["text/plain"],
         "defaultOutputModes": ["text/plain"],
         "skills": [

@@ -1,10 +1,11 @@
 """Placing the bridge's calls: through the running local service, or dialled from here.
 
 Like ``agentcall call``, the bridge hands a call to this installation's listener service when
-one runs (its private UNIX socket, :mod:`agentcall.wire.local`'s lines, the peer checked to be
-this user) and otherwise places it itself with :func:`agentcall.caller.callflow.run_call`, the
-code both paths of the CLI run. Either way the caller is the person running the bridge, the
-call is sealed end to end, and how it ends is one :class:`~agentcall.wire.local.LocalEnded`.
+one runs (its private UNIX socket, :mod:`agentcall.wire.local`'s lines opened by the service key
+of :mod:`agentcall.local.servicekey`, the peer checked to be this user) and otherwise places
+it itself with :func:`agentcall.caller.callflow.run_call`, the code both paths of the CLI run.
+Either way the caller is the person running the bridge, the call is sealed end to end, and how
+it ends is one :class:`~agentcall.wire.local.LocalEnded`.
 
 Cancelling the Deferred :meth:`CallPlacer.place` returns hangs up: the service cancels a call
 whose connection closes, and a direct call's socket is closed.
@@ -25,7 +26,7 @@ from twisted.python.failure import Failure
 
 from agentcall import limits
 from agentcall.errors import AgentCallError, MalformedFrame
-from agentcall.local import unixsocket
+from agentcall.local import servicekey, unixsocket
 from agentcall.local.home import Home, LocalStateError
 from agentcall.logevents import Logger
 from agentcall.wire.frames import CallStatus
@@ -36,6 +37,7 @@ from agentcall.wire.local import (
     LocalNote,
     LocalStatus,
     decode_line,
+    encode_key_line,
     encode_line,
 )
 
@@ -50,13 +52,20 @@ class _ServiceCall(LineOnlyReceiver):
     delimiter = b"\n"
     MAX_LENGTH = limits.MAX_LOCAL_EVENT_BYTES
 
-    def __init__(self, request: LocalCall, on_state: StateSink, done: defer.Deferred[Any]) -> None:
+    def __init__(
+        self, request: LocalCall, on_state: StateSink, done: defer.Deferred[Any], key: str
+    ) -> None:
         self._request = request
         self._on_state = on_state
         self._done = done
+        self._key = key
 
     def connectionMade(self) -> None:
-        self.sendLine(encode_line(self._request))
+        if self.transport is None:
+            return
+        # The service reads nothing of a connection that does not open with its key.
+        key_line = encode_key_line(self._key)
+        self.transport.write(key_line + encode_line(self._request) + self.delimiter)
 
     def lineReceived(self, line: bytes) -> None:
         if self._done.called:
@@ -121,6 +130,10 @@ class CallPlacer:
         if self._home.relay_override is not None:
             return None  # AGENTCALL_RELAY names a relay for this process; the service has its own
         try:
+            key = servicekey.read(self._home.service_key_path)
+        except OSError:
+            return None  # no service, or a key this process may not read: as the CLI does
+        try:
             sock = unixsocket.connect(
                 self._home.service_socket_path, timeout_s=limits.LOCAL_CONNECT_TIMEOUT_S
             )
@@ -143,7 +156,7 @@ class CallPlacer:
             done: defer.Deferred[LocalEnded] = defer.Deferred(hang_up)
 
             def build() -> _ServiceCall:
-                protocol = _ServiceCall(request, on_state, done)
+                protocol = _ServiceCall(request, on_state, done, key)
                 protocols.append(protocol)
                 return protocol
 

@@ -7,6 +7,10 @@ thin HTTP side: it checks ``Host`` and the body's type, reads at most a request'
 an error too, is HTTP 200 with a JSON body, as A2A's JSON-RPC binding has it; a streaming
 request that is refused before it starts gets that same JSON answer instead of a stream.
 
+In front of it, :class:`agentcall.a2a.gate.Gate` lets through only the owner's own local
+clients (a loopback ``Host``, the bearer token, no answering agent's run); no answer names the
+server software (:class:`CappedRequest`).
+
 A task outlives the HTTP request that started it: a client that hangs up can still read the
 task with ``GetTask``; only ``CancelTask`` hangs up the call.
 """
@@ -23,7 +27,7 @@ from twisted.python.failure import Failure
 from twisted.web import http, resource, server
 
 from agentcall import __version__, limits
-from agentcall.a2a import cards, contexts, rpc, tasks
+from agentcall.a2a import cards, contexts, gate, rpc, tasks
 from agentcall.cli.render import describe_error
 from agentcall.errors import CallErrorCode
 from agentcall.logevents import Logger
@@ -31,7 +35,7 @@ from agentcall.wire.local import LocalCall, LocalEnded
 
 log = Logger()
 
-LOCAL_ONLY = "this bridge answers local clients only (Host must name it on loopback)"
+LOCAL_ONLY = gate.LOCAL_ONLY
 # One stream event, or the end of the stream (None).
 Watcher = Callable[[dict[str, Any] | None], None]
 
@@ -229,11 +233,7 @@ class BridgeResource(resource.Resource):
         return cards.allowed_host(request.getHeader("host"), self._port(), self._names)
 
     def _plain(self, request: server.Request, code: int, text: str) -> bytes:
-        request.setResponseCode(code)
-        request.setHeader("content-type", "application/json")
-        body = _json({"error": text})
-        request.setHeader("content-length", str(len(body)))
-        return body
+        return gate.json_refusal(request, code, text)
 
     def render_GET(self, request: server.Request) -> bytes:
         request.setHeader("x-content-type-options", "nosniff")
@@ -369,6 +369,14 @@ class CappedRequest(server.Request):
 
     _kept = 0
 
+    def write(self, data: bytes) -> None:
+        if not self.startedWriting:
+            # Twisted names itself (``Server: TwistedWeb/…``) in every answer, its own error
+            # pages too, which all pass here before the headers go out; a client learns
+            # nothing from us about what answers it.
+            self.responseHeaders.removeHeader(b"server")
+        super().write(data)
+
     def handleContentChunk(self, data: bytes) -> None:
         room = rpc.MAX_BODY_BYTES + 1 - self._kept
         if room > 0:
@@ -377,9 +385,22 @@ class CappedRequest(server.Request):
             super().handleContentChunk(kept)
 
 
-def make_site(bridge: Bridge, port: Callable[[], int], names: frozenset[str]) -> server.Site:
-    """The HTTP site of ``bridge``; ``port`` says the port it listens on (for Host checks)."""
-    site = server.Site(BridgeResource(bridge, port, names), requestFactory=CappedRequest)
+def make_site(
+    bridge: Bridge,
+    port: Callable[[], int],
+    names: frozenset[str],
+    tokens: gate.TokenSource,
+    run_peer: gate.RunPeer,
+) -> server.Site:
+    """The HTTP site of ``bridge`` behind its gate; ``port`` says the port it listens on (for
+    Host checks), ``tokens`` the bearer token requests must carry, ``run_peer`` which clients
+    to refuse."""
+
+    def local(request: server.Request) -> bool:
+        return cards.allowed_host(request.getHeader("host"), port(), names) is not None
+
+    front = gate.Gate(BridgeResource(bridge, port, names), local, tokens, run_peer)
+    site = server.Site(front, requestFactory=CappedRequest)
     site.displayTracebacks = False
     site.noisy = False
     site.timeOut = limits.CLIENT_CALL_TIMEOUT_S + 60

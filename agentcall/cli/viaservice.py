@@ -11,8 +11,11 @@ connection and the conversations, and this process only renders what comes back.
 :func:`call` (and :func:`jobs`) return None when no service is there to take the call (no
 socket file, a stale one left by a killed service, a socket that refuses, one owned by another
 user), and when ``AGENTCALL_RELAY`` names a relay for this run: the CLI then dials the relay
-itself. Once the request is handed over, the service owns it: if it stops before saying how it
-ended, :class:`ServiceTrouble` says so in one line (the call is not placed a second time).
+itself. The same goes for a service key (:mod:`agentcall.local.servicekey`) this process
+cannot read: only the owner's own processes may act as the owner through the service, and an
+answering agent's run is denied the state directory. Once the request is handed over, the
+service owns it: if it stops before saying how it ended, :class:`ServiceTrouble` says so in
+one line (the call is not placed a second time).
 Ctrl-C or SIGTERM here closes the connection, which hangs up: the service cancels the call.
 """
 
@@ -28,7 +31,7 @@ from types import FrameType
 
 from agentcall import limits
 from agentcall.errors import MalformedFrame
-from agentcall.local import unixsocket
+from agentcall.local import servicekey, unixsocket
 from agentcall.local.home import Home, LocalStateError
 from agentcall.wire.local import (
     FROM_SERVICE,
@@ -42,6 +45,7 @@ from agentcall.wire.local import (
     LocalStatus,
     ToService,
     decode_line,
+    encode_key_line,
     encode_line,
 )
 
@@ -164,13 +168,18 @@ def _exchange(
     if home.relay_override is not None:
         # AGENTCALL_RELAY names a relay for this run; the service keeps its own.
         return None
+    try:
+        # Only the owner's own processes can read it: an answering agent's run cannot.
+        key = servicekey.read(home.service_key_path)
+    except OSError:
+        return None
     sock = connect(home)
     if sock is None:
         return None
     with contextlib.closing(sock), _sigterm_interrupts():
         start = time.monotonic()
         try:
-            sock.sendall(encode_line(request) + b"\n")
+            sock.sendall(encode_key_line(key) + encode_line(request) + b"\n")
         except OSError:
             # It accepted and went away before reading: it never saw the request.
             return None

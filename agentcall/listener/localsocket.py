@@ -7,6 +7,15 @@ removed when it stops; a stale file left by a killed service is replaced at the 
 (:func:`agentcall.local.unixsocket.bind_listening`). Every connection's peer must be this user
 (``SO_PEERCRED``): anyone else is dropped before a byte is read.
 
+This user is not enough: the answering agent runs as this user too, and whoever gets through
+here places calls and reads answers *as the owner*. So two more checks stand before a request
+is read. The peer must not belong to an answering agent's run (:mod:`agentcall.local.runpeer`:
+its marker, its session, its parent chain); and the connection must open with the service key
+(:mod:`agentcall.local.servicekey`), a secret the service writes into the state directory at
+each start, which no run may read. The key is compared in constant time; a wrong or missing
+key ends the connection with an ``unauthorised`` refusal, and nothing the client wrote after
+it is parsed.
+
 One connection carries one request (:mod:`agentcall.wire.local`), dispatched by its type to
 the call handler or the jobs handler (:class:`Handlers`). For a call: a request line within
 :data:`~agentcall.limits.LOCAL_REQUEST_TIMEOUT_S` and
@@ -26,9 +35,10 @@ What placing a call and running a jobs command mean is passed in (:data:`CallHan
 
 from __future__ import annotations
 
+import hmac
 import os
 import socket
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 from typing import Any
 
@@ -39,7 +49,7 @@ from twisted.python.failure import Failure
 
 from agentcall import limits
 from agentcall.errors import MalformedFrame
-from agentcall.local import unixsocket
+from agentcall.local import runpeer, servicekey, unixsocket
 from agentcall.local.unixsocket import PeerCredentials
 from agentcall.logevents import Logger
 from agentcall.wire import codec, local
@@ -63,6 +73,12 @@ CallHandler = Callable[[LocalCall, EventSink], "defer.Deferred[LocalEnded]"]
 # it prints. Cancelling it stops the work (a long poll at the relay is abandoned).
 JobsHandler = Callable[[LocalJobs, EventSink], "defer.Deferred[LocalJobsEnded]"]
 PeerReader = Callable[[socket.socket], PeerCredentials]
+# Whether a peer's pid belongs to an answering agent's run, given the runs' leaders now.
+RunPeerCheck = Callable[[int, Callable[[], Collection[int]]], bool]
+
+
+def _belongs_to_run(pid: int, run_leaders: Callable[[], Collection[int]]) -> bool:
+    return runpeer.belongs_to_run(pid, run_leaders=run_leaders)
 
 
 @attrs.frozen
@@ -98,6 +114,7 @@ class LocalSession(protocol.Protocol):
     def __init__(self, server: LocalSocketService) -> None:
         self._server = server
         self._buffer = b""
+        self._key_seen = False
         self._request_seen = False
         self._call: defer.Deferred[Any] | None = None
         self._jobs = False  # the request is a jobs command, not a call
@@ -120,6 +137,11 @@ class LocalSession(protocol.Protocol):
             _log.warn("local_client_refused", uid=None if peer is None else peer.uid)
             self._transport.abortConnection()
             return
+        if server.is_run_peer(peer.pid, server.run_leaders):
+            # The answering agent (or something it started) acting as the owner.
+            _log.warn("local_client_refused", pid=peer.pid, reason="an answering agent's run")
+            self._transport.abortConnection()
+            return
         if len(server.sessions) >= limits.LOCAL_MAX_CLIENTS:
             _log.warn("local_client_refused", reason="too many connections")
             self._transport.abortConnection()
@@ -137,6 +159,16 @@ class LocalSession(protocol.Protocol):
         if not self._open or self._request_seen:
             return  # one request per connection; anything after it is ignored
         self._buffer += data
+        if not self._key_seen:
+            key_line, newline, rest = self._buffer.partition(b"\n")
+            if not newline:
+                if len(self._buffer) > local.KEY_LINE_BYTES:
+                    self._unauthorised()
+                return
+            if not self._key_matches(key_line):
+                self._unauthorised()
+                return
+            self._key_seen, self._buffer = True, rest
         line, newline, _rest = self._buffer.partition(b"\n")
         if not newline:
             if len(self._buffer) > limits.MAX_LOCAL_REQUEST_BYTES:
@@ -154,6 +186,29 @@ class LocalSession(protocol.Protocol):
             self._refuse("the request is not a call or a jobs command")
             return
         self._start(request)
+
+    def _key_matches(self, line: bytes) -> bool:
+        expected = self._server.key
+        try:
+            shown = local.key_from_line(line)
+        except MalformedFrame:
+            return False
+        return expected is not None and hmac.compare_digest(shown, expected.encode("ascii"))
+
+    def _unauthorised(self) -> None:
+        self._request_seen = True
+        self._buffer = b""
+        self._cancel_timer()
+        _log.warn("local_client_refused", reason="no service key")
+        self._send(
+            LocalEnded.refused(
+                "unauthorised",
+                "the local AgentCall service did not accept this client's key "
+                "(only the owner's own agentcall may use it; if you are the owner, "
+                "`agentcall doctor` checks the service)",
+            )
+        )
+        self._transport.loseConnection()
 
     def _refuse(self, why: str) -> None:
         self._request_seen = True
@@ -270,6 +325,9 @@ class LocalSocketService(service.Service):
         read_peer: PeerReader = unixsocket.peer_credentials,
         uid: int | None = None,
         clock: Any = None,
+        key_path: Path | None = None,
+        run_leaders: Callable[[], Collection[int]] = frozenset,
+        is_run_peer: RunPeerCheck = _belongs_to_run,
     ) -> None:
         self.clock = reactor if clock is None else clock
         self._reactor = reactor
@@ -277,6 +335,10 @@ class LocalSocketService(service.Service):
         self.handlers = handler if isinstance(handler, Handlers) else Handlers(handler)
         self.read_peer = read_peer
         self.uid = os.getuid() if uid is None else uid
+        self.key_path = path.with_name("service.key") if key_path is None else key_path
+        self.key: str | None = None
+        self.run_leaders = run_leaders
+        self.is_run_peer = is_run_peer
         self.sessions: set[LocalSession] = set()
         self._port: _Port | None = None
         self._identity: tuple[int, int] | None = None
@@ -288,6 +350,9 @@ class LocalSocketService(service.Service):
     def startService(self) -> None:
         super().startService()
         try:
+            # A fresh key at each start, written before the socket exists: a client that can
+            # connect can already read it, if it may.
+            self.key = servicekey.make(self.key_path)
             sock, identity = unixsocket.bind_listening(self.path)
         except OSError as exc:
             _log.warn("local_socket_unavailable", path=str(self.path), reason=str(exc))

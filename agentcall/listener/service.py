@@ -34,6 +34,7 @@ from twisted.internet import defer, error
 
 from agentcall import limits
 from agentcall.client.api import Credentials, RelayApi
+from agentcall.confine.undumpable import make_undumpable
 from agentcall.crypto.pins import PinBook
 from agentcall.crypto.replay import ReplayWindow
 from agentcall.errors import AgentCallError, ApiError
@@ -150,6 +151,9 @@ def make_listener_service(
 
     :raises ListenerStartError: with a one-line reason, when it must not start.
     """
+    # Before anything secret is loaded: from here on the owner's other processes (an
+    # answering agent among them) cannot read this one's environment or memory.
+    make_undumpable()
     try:
         home = Home.from_environ(environ)
         config = load_config(home)
@@ -216,6 +220,7 @@ class ListenerService(service.MultiService):
         self._config = config
         self._db = db
         self._api = api
+        self._running: set[int] = set()
         self.link = RelayLink()
         self.core = CallPipeline(
             config,
@@ -273,7 +278,13 @@ class ListenerService(service.MultiService):
         self.call_dial: Callable[..., Any] = self.outgoing.dial
         self.local: LocalSocketService | None = None
         if local_calls is not None:
-            self.local = LocalSocketService(reactor, home.service_socket_path, local_calls(self))
+            self.local = LocalSocketService(
+                reactor,
+                home.service_socket_path,
+                local_calls(self),
+                key_path=home.service_key_path,
+                run_leaders=self.running_agents,
+            )
             self.local.setServiceParent(self)
 
     # --- what the local socket's calls are placed with --------------------------------------
@@ -306,7 +317,22 @@ class ListenerService(service.MultiService):
     def _spawn(
         self, run: AgentRun, parser: OutputParser
     ) -> tuple[defer.Deferred[RunResult], RunHandle]:
-        return run_agent(self._reactor, run, parser)
+        result, handle = run_agent(self._reactor, run, parser)
+        pid = handle.pid
+        if pid is not None:
+            # Each run leads its own session: the local socket refuses clients from it.
+            self._running.add(pid)
+
+            def ended(outcome: RunResult) -> RunResult:
+                self._running.discard(pid)
+                return outcome
+
+            result.addBoth(ended)
+        return result, handle
+
+    def running_agents(self) -> frozenset[int]:
+        """The pids of the agent runs going now (each its session's leader)."""
+        return frozenset(self._running)
 
     def _reload_settings(self) -> RelaySettings:
         """Called before every connection attempt: config.json as it is now."""

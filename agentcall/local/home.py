@@ -160,6 +160,12 @@ class Home(Frozen):
         a socket address allows: reach it through :func:`agentcall.local.unixsocket.short_name`."""
         return self.state_dir / "service.sock"
 
+    @property
+    def service_key_path(self) -> Path:
+        """The key a thin client shows the service first (:mod:`agentcall.local.servicekey`):
+        written 0600 by the service at each start, denied to every answering agent's run."""
+        return self.state_dir / "service.key"
+
     def private_paths(self) -> tuple[Path, ...]:
         """Every file in the state directory that must be 0600 when it exists.
 
@@ -179,6 +185,8 @@ class Home(Frozen):
             self.calls_log_path,
             self.tools_log_path,
             self.listener_log_path,
+            self.service_key_path,
+            self.state_dir / "a2a.token",
         )
 
     # --- the directory ---------------------------------------------------------------------

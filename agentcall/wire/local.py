@@ -193,6 +193,30 @@ def _parse(data: bytes | str, max_bytes: int) -> Any:
         raise MalformedFrame("not valid JSON") from exc
 
 
+# --- the key line: first on every connection ---------------------------------------------------
+# ``key HEX`` ahead of the request: the service key (:mod:`agentcall.local.servicekey`), which
+# only the owner's own processes can read. Its own plain form, not a JSON line, so the service
+# can check it before it parses anything the client wrote.
+KEY_LINE_PREFIX: Final = b"key "
+KEY_LINE_BYTES: Final = len(KEY_LINE_PREFIX) + 64
+
+
+def encode_key_line(key: str) -> bytes:
+    """The line that opens a connection to the service (ended by its newline)."""
+    return KEY_LINE_PREFIX + key.encode("ascii") + b"\n"
+
+
+def key_from_line(line: bytes) -> bytes:
+    """The key a client's first line shows (without its newline); :class:`MalformedFrame`
+    when the line is not of that form."""
+    if len(line) != KEY_LINE_BYTES or not line.startswith(KEY_LINE_PREFIX):
+        raise MalformedFrame("the connection did not open with the service key")
+    key = line[len(KEY_LINE_PREFIX) :]
+    if not all(c in b"0123456789abcdef" for c in key):
+        raise MalformedFrame("the connection did not open with the service key")
+    return key
+
+
 def decode_line(data: bytes | str, accept: Collection[type[Any]], *, max_bytes: int) -> Any:
     """Decode one line of the local socket of an accepted type; :class:`MalformedFrame` else."""
     raw = _parse(data, max_bytes)

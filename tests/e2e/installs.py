@@ -270,3 +270,36 @@ def two_people(root: Path) -> Iterator[World]:
     finally:
         world.ken.stop()
         relay.stop()
+
+
+@contextlib.contextmanager
+def a2a_bridge(install: Install) -> Iterator[tuple[str, LogFollower]]:
+    """``install``'s bridge on a free loopback port: its base URL (from its first line) and
+    its log."""
+    process = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "agentcall",
+            "a2a",
+            "serve",
+            "--listen",
+            "tcp:0:interface=127.0.0.1",
+        ],
+        env=install.env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        cwd=install.root,
+    )
+    log = LogFollower(process.stdout, install.root / "bridge.log")
+    try:
+        url = log.wait_for(r"a2a_listening url=(\S+)").group(1)
+        yield url, log
+    finally:
+        process.terminate()
+        try:
+            process.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)

@@ -10,9 +10,18 @@ import threading
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
+from agentcall.local import servicekey
+from agentcall.wire.local import encode_key_line
 
-def serve_lines(listening: socket.socket, answer: Callable[[bytes], list[bytes]]) -> None:
-    """Accept connections until ``listening`` is shut down; read each one's request line and
+
+def service_key(socket_path: Path) -> str:
+    """Write a service key beside the socket, as the service does when it starts."""
+    return servicekey.make(socket_path.with_name("service.key"))
+
+
+def serve_lines(listening: socket.socket, key: str, answer: Callable[[bytes], list[bytes]]) -> None:
+    """Accept connections until ``listening`` is shut down; read each connection's key line
+    (it must be ``key``: else the connection gets nothing at all), then its request line, and
     write back the lines ``answer`` gives for it (none: the connection closes saying nothing)."""
     while True:
         try:
@@ -21,12 +30,15 @@ def serve_lines(listening: socket.socket, answer: Callable[[bytes], list[bytes]]
             return
         with conn:
             data = b""
-            while b"\n" not in data:
+            while data.count(b"\n") < 2:
                 chunk = conn.recv(65536)
                 if not chunk:
                     break
                 data += chunk
-            for line in answer(data.split(b"\n", 1)[0]):
+            key_line, _, rest = data.partition(b"\n")
+            if key_line + b"\n" != encode_key_line(key):
+                continue
+            for line in answer(rest.split(b"\n", 1)[0]):
                 conn.sendall(line + b"\n")
 
 

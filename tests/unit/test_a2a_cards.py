@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import asyncio
+
 import pytest
 
 from agentcall.a2a import cards
@@ -109,3 +111,53 @@ def test_the_sdk_reads_the_card() -> None:
     assert parsed.capabilities.streaming
     assert parsed.skills[0].id == "ask"
     assert list(parsed.default_output_modes) == ["text/plain"]
+
+
+def test_the_card_requires_the_bridge_bearer_token() -> None:
+    """A2A 1.0's shape: a named HTTP auth scheme "Bearer", required by the card, no scopes."""
+    card = cards.agent_card("http://127.0.0.1:8470", "@acme/ken", "1.2.3")
+    (name,) = card["securitySchemes"]
+    scheme = card["securitySchemes"][name]
+    assert list(scheme) == ["httpAuthSecurityScheme"]
+    assert scheme["httpAuthSecurityScheme"]["scheme"] == "Bearer"
+    assert "agentcall a2a token" in scheme["httpAuthSecurityScheme"]["description"]
+    assert card["securityRequirements"] == [{"schemes": {name: {"list": []}}}]
+
+
+def test_the_sdk_sends_the_token_the_card_asks_for() -> None:
+    """The official client's AuthInterceptor, given this card and a credential for its
+    scheme, puts `Authorization: Bearer TOKEN` on the request."""
+    pytest.importorskip("a2a.client")
+    from a2a.client import AuthInterceptor, ClientCallContext, CredentialService
+    from a2a.client.card_resolver import parse_agent_card
+    from a2a.client.interceptors import BeforeArgs
+
+    class OneToken(CredentialService):
+        async def get_credentials(
+            self, security_scheme_name: str, context: ClientCallContext | None
+        ) -> str | None:
+            return "tok" if security_scheme_name == "bearer" else None
+
+    card = parse_agent_card(cards.agent_card("http://127.0.0.1:8470", "@acme/ken", "1.2.3"))
+    args = BeforeArgs(input=None, method="SendMessage", agent_card=card)
+    asyncio.run(AuthInterceptor(OneToken()).before(args))
+    assert args.context is not None
+    assert args.context.service_parameters == {"Authorization": "Bearer tok"}
+
+
+@pytest.mark.parametrize(
+    ("path", "public"),
+    [
+        ("/agents/acme/ken/.well-known/agent-card.json", True),
+        ("/agents/acme/ken/.well-known/agent-card.json/", True),
+        ("/agents/other/ken/.well-known/agent-card.json", True),  # a 404, but a card's path
+        ("/agents/acme/ken", False),
+        ("/agents/acme/ken/", False),
+        ("/agents/acme/ken/.well-known", False),
+        ("/agents/acme/ken/agent-card.json", False),
+        ("/agents/acme/ken/.well-known/agent-card.json/x", False),
+        ("/", False),
+    ],
+)
+def test_which_paths_ask_for_a_card(path: str, public: bool) -> None:
+    assert cards.is_card_path(_segments(path)) is public

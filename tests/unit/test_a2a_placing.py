@@ -15,6 +15,7 @@ from twisted.python.failure import Failure
 
 from agentcall import limits
 from agentcall.a2a import placing
+from agentcall.local import servicekey
 from agentcall.local.home import Home
 from agentcall.wire.local import (
     EndKind,
@@ -23,11 +24,13 @@ from agentcall.wire.local import (
     LocalNote,
     LocalStatus,
     decode_line,
+    encode_key_line,
     encode_line,
 )
 
 CALL_ID = "5f0c3a5e-1b2c-4d3e-8f4a-0123456789ab"
 REQUEST = LocalCall(target="@acme/ken", message="why?", queue=False)
+KEY = "ab" * 32
 
 
 def _home(tmp_path: Path, relay: str | None = None) -> Home:
@@ -44,7 +47,7 @@ class Connected:
         self.done: defer.Deferred[LocalEnded] = defer.Deferred()
         self.ended: list[LocalEnded] = []
         self.done.addCallback(self.ended.append)
-        self.protocol = placing._ServiceCall(REQUEST, self.states.append, self.done)
+        self.protocol = placing._ServiceCall(REQUEST, self.states.append, self.done, KEY)
         self.transport = StringTransport()
         self.protocol.makeConnection(self.transport)
 
@@ -52,11 +55,13 @@ class Connected:
         self.protocol.dataReceived(raw + b"\n")
 
 
-def test_the_request_goes_out_as_one_line() -> None:
+def test_the_key_then_the_request_go_out_as_two_lines() -> None:
     connected = Connected()
     sent = connected.transport.value()
-    assert sent.endswith(b"\n") and sent.count(b"\n") == 1
-    assert decode_line(sent[:-1], (LocalCall,), max_bytes=10**6) == REQUEST
+    assert sent.startswith(encode_key_line(KEY))
+    request = sent[len(encode_key_line(KEY)) :]
+    assert request.endswith(b"\n") and request.count(b"\n") == 1
+    assert decode_line(request[:-1], (LocalCall,), max_bytes=10**6) == REQUEST
 
 
 def test_status_lines_then_the_end() -> None:
@@ -115,6 +120,7 @@ def _listening(path: Path) -> socket.socket:
 
 def test_a_running_service_is_handed_the_call(tmp_path: Path) -> None:
     home = _home(tmp_path)
+    key = servicekey.make(home.service_key_path)
     reactor = MemoryReactorClock()
     with _listening(home.service_socket_path):
         states: list[str] = []
@@ -124,13 +130,26 @@ def test_a_running_service_is_handed_the_call(tmp_path: Path) -> None:
     protocol: Any = factory.buildProtocol(None)
     transport = StringTransport()
     protocol.makeConnection(transport)
-    assert transport.value().startswith(b'{"type":"call"')
+    assert transport.value().startswith(encode_key_line(key) + b'{"type":"call"')
     protocol.dataReceived(encode_line(LocalStatus("answered", CALL_ID)) + b"\n")
     assert states == ["answered"]
     # Cancelling hangs up: the connection is closed, which the service takes as a hang-up.
     done.addErrback(lambda f: f.trap(defer.CancelledError))
     done.cancel()
     assert transport.disconnecting
+
+
+def test_without_a_readable_service_key_the_call_is_placed_directly(tmp_path: Path) -> None:
+    """Like the CLI: a key this process cannot read (none, or not private) means the direct
+    path, never a connection the service would refuse."""
+    home = _home(tmp_path)
+    reactor = MemoryReactorClock()
+    with _listening(home.service_socket_path):
+        placing.CallPlacer(reactor, home).place(REQUEST, lambda _s: None)
+        servicekey.make(home.service_key_path)
+        os.chmod(home.service_key_path, 0o644)
+        placing.CallPlacer(reactor, home).place(REQUEST, lambda _s: None)
+    assert reactor.adoptedStreamConnections == []
 
 
 def test_a_relay_override_skips_the_service(tmp_path: Path) -> None:
@@ -160,6 +179,8 @@ def test_a_socket_of_another_user_is_not_used(
     """The peer must be this user: pretend to be someone else and the service is not used."""
     home = _home(tmp_path)
     reactor = MemoryReactorClock()
+    # The key is readable (as it would be to that other user); the peer is what is wrong.
+    monkeypatch.setattr(servicekey, "read", lambda _path: KEY)
     real_uid = os.getuid()
     monkeypatch.setattr(os, "getuid", lambda: real_uid + 1)
     with _listening(home.service_socket_path):

@@ -1,9 +1,13 @@
-"""The bridge's HTTP side in memory: a real Site on a memory transport, a fake placer."""
+"""The bridge's HTTP side in memory: a real Site on a memory transport, a fake placer.
+
+Every request carries the bridge's token unless a test says otherwise; the gate's own tests
+(the 401s, the run peer, no ``Server`` header) are in ``test_a2a_gate.py``."""
 
 from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import attrs
@@ -14,10 +18,12 @@ from twisted.internet.task import Clock
 from twisted.internet.testing import StringTransport
 
 from agentcall.a2a import web
+from agentcall.filetrust import PrivateFileError
 from agentcall.wire.local import EndKind, LocalCall, LocalEnded
 from tests.unit.relay_helpers import Answer, parse_answer
 
 PORT = 8470
+TOKEN = "T" * 43
 KEN = "@acme/ken"
 CTX = "ctx_" + "B" * 22
 CALL_ID = "5f0c3a5e-1b2c-4d3e-8f4a-0123456789ab"
@@ -50,6 +56,31 @@ class FakePlacer:
         return placed.done
 
 
+class FakeTokens:
+    """The bridge's token as a test sets it; ``problem`` makes it unusable."""
+
+    def __init__(self, token: str = TOKEN) -> None:
+        self.token = token
+        self.problem: str | None = None
+
+    def current(self) -> str:
+        if self.problem is not None:
+            raise PrivateFileError(Path("/state/a2a.token"), self.problem, "rotate it")
+        return self.token
+
+
+class FakeRunPeer:
+    """Says which client endpoints belong to a run; records every lookup."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int, int] = {}  # client port -> pid of a run
+        self.asked: list[tuple[Any, Any]] = []
+
+    def __call__(self, client: Any, server: Any) -> int | None:
+        self.asked.append((client, server))
+        return self.runs.get(client[1])
+
+
 def _events(answer: Answer) -> list[Any]:
     """The SSE events of a stream's body, each a JSON-RPC response."""
     chunks = [c for c in answer.body.split(b"\n\n") if c]
@@ -66,7 +97,11 @@ class Harness:
         self.bridge = web.Bridge(
             self.clock, self.placer, "acme", mint=lambda: f"id-{next(counter)}"
         )
-        self.site = web.make_site(self.bridge, lambda: PORT, frozenset())
+        self.tokens = FakeTokens()
+        self.run_peer = FakeRunPeer()
+        self.site = web.make_site(
+            self.bridge, lambda: PORT, frozenset(), self.tokens, self.run_peer
+        )
         self.last_protocol: Any = None
 
     def open(
@@ -77,18 +112,31 @@ class Harness:
         *,
         host: str = f"127.0.0.1:{PORT}",
         headers: dict[str, str] | None = None,
+        client_port: int = 40000,
     ) -> StringTransport:
-        """Send a request (HTTP/1.0, so a stream is the raw body); the transport it answers on."""
+        """Send a request (HTTP/1.0, so a stream is the raw body); the transport it answers on.
+
+        ``headers`` add to or replace the defaults; an empty value leaves that header out."""
         lines = [f"{method} {path} HTTP/1.0", f"Host: {host}"]
-        sent = {"A2A-Version": "1.0", "Content-Type": "application/json"}
+        sent = {
+            "A2A-Version": "1.0",
+            "Content-Type": "application/json",
+            "Authorization": f"Bearer {self.tokens.token}",
+        }
         sent.update(headers or {})
         lines += [f"{name}: {value}" for name, value in sent.items() if value]
         if body is not None:
             lines.append(f"Content-Length: {len(body)}")
         raw = ("\r\n".join(lines) + "\r\n\r\n").encode() + (body or b"")
-        address = IPv4Address("TCP", "127.0.0.1", 40000)
+        return self.open_raw(raw, client_port=client_port)
+
+    def open_raw(self, raw: bytes, *, client_port: int = 40000) -> StringTransport:
+        """Send ``raw`` bytes on a new connection from ``client_port``; its transport."""
+        address = IPv4Address("TCP", "127.0.0.1", client_port)
         protocol = self.site.buildProtocol(address)
-        transport = StringTransport(peerAddress=address)
+        transport = StringTransport(
+            hostAddress=IPv4Address("TCP", "127.0.0.1", PORT), peerAddress=address
+        )
         assert protocol is not None
         protocol.makeConnection(transport)
         protocol.dataReceived(raw)

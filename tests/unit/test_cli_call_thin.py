@@ -21,7 +21,14 @@ from agentcall.local.home import Home
 from agentcall.wire import codec
 from agentcall.wire.local import LocalStatus
 from tests.unit.cli_helpers import install, isolate, run_with_clock
-from tests.unit.localstub import imported, loaded, run_probed, serve_lines, serving
+from tests.unit.localstub import (
+    imported,
+    loaded,
+    run_probed,
+    serve_lines,
+    service_key,
+    serving,
+)
 from tests.unit.test_cli_call import CALL_ID, FakeFlow, failed, reply, run
 
 REPO = Path(__file__).resolve().parents[2]
@@ -33,12 +40,13 @@ class StubService:
 
     listening: socket.socket
     path: Path
+    key: str
     lines: list[bytes] = attrs.field(factory=list)
     requests: list[dict[str, object]] = attrs.field(factory=list)
     hang_up_after: int | None = None  # close after this many lines, without an ended one
 
     def serve(self) -> None:
-        serve_lines(self.listening, self._answer)
+        serve_lines(self.listening, self.key, self._answer)
 
     def _answer(self, request: bytes) -> list[bytes]:
         self.requests.append(json.loads(request))
@@ -51,7 +59,7 @@ def stub(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[StubServic
     install(home_dir)
     path = Home.from_environ({"HOME": str(home_dir)}).service_socket_path
     sock, _identity = unixsocket.bind_listening(path)
-    service = StubService(sock, path)
+    service = StubService(sock, path, service_key(path))
     with serving(sock, service.serve):
         yield service
 

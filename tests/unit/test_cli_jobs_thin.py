@@ -30,7 +30,7 @@ from agentcall.wire.http import JobFailureReason, JobInfo, JobState
 from agentcall.wire.local import TO_SERVICE, LocalEnded, LocalJobs, LocalProgress
 from agentcall.wire.payloads import CallFailure, Reply
 from tests.unit.cli_helpers import run_with_clock
-from tests.unit.localstub import imported, run_probed, serve_lines, serving
+from tests.unit.localstub import imported, run_probed, serve_lines, service_key, serving
 from tests.unit.mailbox_helpers import JOB_ID, KEN, OTHER_JOB, FakeJobRelay, job
 from tests.unit.test_cli_call_thin import REPO
 from tests.unit.test_cli_jobs import RUNNING, STOPPING, World, listed, run, world
@@ -44,13 +44,14 @@ class JobsStub:
 
     listening: socket.socket
     path: Path
+    key: str
     world: World
     requests: list[dict[str, object]] = attrs.field(factory=list)
     hang_up: bool = False  # close after reading the request, saying nothing
     refuse: bool = False  # answer as a service that knows only calls does
 
     def serve(self) -> None:
-        serve_lines(self.listening, self._reply)
+        serve_lines(self.listening, self.key, self._reply)
 
     def _reply(self, line: bytes) -> list[bytes]:
         self.requests.append(json.loads(line))
@@ -86,7 +87,7 @@ class JobsStub:
 def stub(world: World) -> Iterator[JobsStub]:
     path = Home.from_environ().service_socket_path
     sock, _identity = unixsocket.bind_listening(path)
-    service = JobsStub(sock, path, world)
+    service = JobsStub(sock, path, service_key(path), world)
     with serving(sock, service.serve):
         yield service
 

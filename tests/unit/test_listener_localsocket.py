@@ -7,7 +7,7 @@ from __future__ import annotations
 import os
 import socket
 import stat
-from collections.abc import Iterator
+from collections.abc import Callable, Collection, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from agentcall import limits
 from agentcall.cli import viaservice
 from agentcall.listener.localsocket import EventSink, LocalSession, LocalSocketService
-from agentcall.local import unixsocket
+from agentcall.local import servicekey, unixsocket
 from agentcall.local.unixsocket import PeerCredentials
 from agentcall.wire import codec, local
 from agentcall.wire.local import (
@@ -81,10 +81,14 @@ class Client(protocol.Protocol):
         ]
 
 
-def connect(path: Path) -> Client:
+def connect(path: Path, *, key: str | None = None) -> Client:
     """Connect with the standard library (a long path needs the /proc alias at connect time),
-    then hand the descriptor to the reactor."""
+    then hand the descriptor to the reactor; the first line is the service key (the one the
+    service wrote beside its socket, unless ``key`` is given)."""
+    if key is None:
+        key = servicekey.read(path.with_name("service.key"))
     sock = unixsocket.connect(path, timeout_s=5)
+    sock.sendall(local.encode_key_line(key))
     sock.setblocking(False)
     client = Client()
     factory = protocol.Factory.forProtocol(lambda: client)
@@ -330,8 +334,12 @@ class MemoryTransport(StringTransport):
         self.loseConnection()
 
 
+KEY = "ab" * 32
+RUN_PID = 4242
+
+
 def session(
-    uid: int | None = None, peer_error: bool = False
+    uid: int | None = None, peer_error: bool = False, *, pid: int = 42, with_key: bool = True
 ) -> tuple[LocalSession, MemoryTransport, Handler, Clock, LocalSocketService]:
     handler = Handler()
     clock = Clock()
@@ -339,12 +347,22 @@ def session(
     def read_peer(_sock: Any) -> PeerCredentials:
         if peer_error:
             raise OSError("no SO_PEERCRED here")
-        return PeerCredentials(pid=42, uid=os.getuid() if uid is None else uid, gid=0)
+        return PeerCredentials(pid=pid, uid=os.getuid() if uid is None else uid, gid=0)
 
-    server = LocalSocketService(reactor, Path("/unused"), handler, read_peer=read_peer, clock=clock)
+    server = LocalSocketService(
+        reactor,
+        Path("/unused"),
+        handler,
+        read_peer=read_peer,
+        clock=clock,
+        is_run_peer=lambda pid, _leaders: pid == RUN_PID,
+    )
+    server.key = KEY
     proto = LocalSession(server)
     transport = MemoryTransport()
     proto.makeConnection(transport)
+    if with_key:
+        proto.dataReceived(local.encode_key_line(KEY))
     return proto, transport, handler, clock, server
 
 
@@ -407,3 +425,167 @@ def test_too_many_clients_are_turned_away() -> None:
     extra = MemoryTransport()
     LocalSession(server).makeConnection(extra)
     assert extra.aborted and len(server.sessions) == limits.LOCAL_MAX_CLIENTS
+
+
+# --- who may act as the owner: the service key and the run check ----------------------------
+
+
+def _refusal(transport: MemoryTransport) -> LocalEnded:
+    [line] = transport.value().splitlines()
+    refusal = local.decode_line(line, FROM_SERVICE, max_bytes=limits.MAX_LOCAL_EVENT_BYTES)
+    assert isinstance(refusal, LocalEnded)
+    return refusal
+
+
+@pytest.mark.parametrize(
+    "first",
+    [
+        local.encode_key_line("ef" * 32),  # another key
+        local.encode_key_line(KEY[:-2] + "AB"),  # upper-case digits are not the key's form
+        b"key " + KEY.encode()[:-1] + b"\n",  # one digit short
+        b"key  " + KEY.encode() + b"\n",  # two spaces
+        b"KEY " + KEY.encode() + b"\n",
+        codec.encode(REQUEST) + b"\n",  # no key line at all: the request comes first
+        b"\n",
+    ],
+)
+def test_a_client_without_the_key_is_refused_before_its_request_is_read(first: bytes) -> None:
+    proto, transport, handler, _clock, server = session(with_key=False)
+    proto.dataReceived(first + codec.encode(REQUEST) + b"\n")
+    refusal = _refusal(transport)
+    assert refusal.code == "unauthorised"
+    assert KEY not in transport.value().decode()
+    assert transport.disconnecting and handler.calls == []
+    # Whatever follows on the same connection is not read either.
+    proto.dataReceived(local.encode_key_line(KEY) + codec.encode(REQUEST) + b"\n")
+    assert handler.calls == [] and len(transport.value().splitlines()) == 1
+    assert server.key == KEY
+
+
+def test_a_service_with_no_key_yet_admits_nobody() -> None:
+    proto, transport, handler, _clock, server = session(with_key=False)
+    server.key = None
+    proto.dataReceived(local.encode_key_line(KEY) + codec.encode(REQUEST) + b"\n")
+    assert _refusal(transport).code == "unauthorised" and handler.calls == []
+
+
+def test_the_key_and_the_request_may_arrive_in_any_pieces() -> None:
+    proto, transport, handler, _clock, _server = session(with_key=False)
+    data = local.encode_key_line(KEY) + codec.encode(REQUEST) + b"\n"
+    for index in range(len(data)):
+        proto.dataReceived(data[index : index + 1])
+    assert [request for request, _send, _d in handler.calls] == [REQUEST]
+    assert not transport.disconnecting
+
+
+def test_an_endless_key_line_is_refused_without_waiting_for_its_end() -> None:
+    proto, transport, handler, _clock, _server = session(with_key=False)
+    proto.dataReceived(b"key " + b"a" * (local.KEY_LINE_BYTES + 1))
+    assert _refusal(transport).code == "unauthorised" and handler.calls == []
+
+
+def test_a_client_from_an_answering_agents_run_is_refused_even_with_the_key() -> None:
+    proto, transport, handler, _clock, server = session(pid=RUN_PID)
+    assert transport.aborted and server.sessions == set()
+    proto.dataReceived(codec.encode(REQUEST) + b"\n")
+    assert handler.calls == [] and transport.value() == b""
+
+
+def test_the_run_check_is_given_the_runs_going_now() -> None:
+    seen: list[tuple[int, frozenset[int]]] = []
+
+    def check(pid: int, leaders: Callable[[], Collection[int]]) -> bool:
+        seen.append((pid, frozenset(leaders())))
+        return False
+
+    server = LocalSocketService(
+        reactor,
+        Path("/unused"),
+        Handler(),
+        read_peer=lambda _sock: PeerCredentials(pid=7, uid=os.getuid(), gid=0),
+        clock=Clock(),
+        run_leaders=lambda: frozenset({11, 12}),
+        is_run_peer=check,
+    )
+    LocalSession(server).makeConnection(MemoryTransport())
+    assert seen == [(7, frozenset({11, 12}))]
+
+
+def test_each_start_writes_a_new_private_key(tmp_path: Path) -> None:
+    state = tmp_path / "state"
+    state.mkdir(mode=0o700)
+    keys = []
+    for _ in range(2):
+        server = LocalSocketService(reactor, state / "service.sock", Handler())
+        server.startService()
+        try:
+            key_file = state / "service.key"
+            assert stat.S_IMODE(os.lstat(key_file).st_mode) == 0o600
+            assert servicekey.read(key_file) == server.key
+            keys.append(server.key)
+        finally:
+            server.stopService()
+    assert keys[0] != keys[1]
+
+
+@pytest.fixture
+def short_served() -> Iterator[tuple[LocalSocketService, Handler]]:
+    """A service whose socket path a child process can dial as it is."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="ac-") as base:
+        state = Path(base) / "s"
+        state.mkdir(mode=0o700)
+        handler = Handler()
+        server = LocalSocketService(reactor, state / "service.sock", handler)
+        server.startService()
+        try:
+            yield server, handler
+        finally:
+            server.stopService()
+
+
+@twisted_test
+async def test_a_process_carrying_a_run_marker_is_refused_over_the_real_socket(
+    short_served: tuple[LocalSocketService, Handler],
+) -> None:
+    """The service's own check (no stand-in): a child process with a run's marker in its
+    environment and the right key gets nothing; the same child without the marker is served."""
+    server, handler = short_served
+    script = (
+        "import socket, sys\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "s.connect(sys.argv[1])\n"
+        "try:\n"
+        "    s.sendall(sys.argv[2].encode() + b'\\n' + sys.argv[3].encode() + b'\\n')\n"
+        "    sys.stdout.write(s.recv(65536).decode() or 'CLOSED')\n"
+        "except OSError:\n"  # aborted before or while it wrote: reset, broken pipe
+        "    sys.stdout.write('CLOSED')\n"
+    )
+    request = codec.encode(REQUEST).decode()
+    key_line = local.encode_key_line(server.key or "").decode().strip()
+
+    def attempt(marked: bool) -> str:
+        import subprocess
+        import sys
+
+        env = {"PATH": os.environ.get("PATH", "")}
+        if marked:
+            env["AGENTCALL_RUN_ID"] = "0" * 32
+        done = subprocess.run(
+            [sys.executable, "-I", "-c", script, str(server.path), key_line, request],
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+        return done.stdout + done.stderr
+
+    refused = await threads.deferToThread(attempt, True)
+    assert handler.calls == []
+    assert refused == "CLOSED"
+    served_client = threads.deferToThread(attempt, False)
+    await handler.started
+    handler.calls[0][2].callback(ANSWER)
+    assert "because" in await served_client

@@ -57,11 +57,18 @@ def session(
 
     handlers = Handlers(calls, jobs if with_jobs else None)
     server = LocalSocketService(
-        reactor, Path("/unused"), handlers, read_peer=read_peer, clock=Clock()
+        reactor,
+        Path("/unused"),
+        handlers,
+        read_peer=read_peer,
+        clock=Clock(),
+        is_run_peer=lambda _pid, _leaders: False,
     )
+    server.key = "cd" * 32
     proto = LocalSession(server)
     transport = MemoryTransport()
     proto.makeConnection(transport)
+    proto.dataReceived(local.encode_key_line(server.key))
     return proto, transport, calls, jobs
 
 
