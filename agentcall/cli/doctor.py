@@ -135,12 +135,15 @@ def _owner_checks(home: Home, config: Config) -> tuple[list[Check], bool]:
 def _limits(config: Config, shell: bool) -> Check:
     """What the agent itself cannot bound; for Claude a warning only when a task has a shell."""
     from agentcall.cli.doctor_checks import OK, WARN, Check
-    from agentcall.cli.policy_report import LIMITS
+    from agentcall.cli.policy_report import kernel_abi, limits_for
     from agentcall.wire.http import AgentKind
 
     kind = config.agent_kind
-    status = WARN if kind is not AgentKind.CLAUDE or shell else OK
-    return Check("limits", status, f"{kind}: " + "; ".join(LIMITS[kind]))
+    abi = kernel_abi()
+    # Without the kernel boundary Claude's Bash is only recorded; with it, what stays open
+    # (the network) is worth a warning only where a task has a shell.
+    status = WARN if (kind is not AgentKind.CLAUDE and abi < 1) or shell else OK
+    return Check("limits", status, f"{kind}: " + "; ".join(limits_for(kind, abi)))
 
 
 # --- the run -------------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ import attrs
 from agentcall import limits
 
 if TYPE_CHECKING:
+    from agentcall.listener.ceiling import Ceiling
     from agentcall.local.config import Config
     from agentcall.local.home import Home
     from agentcall.local.keystore import LocalKeys
@@ -519,8 +520,10 @@ def kernel_boundary(
     *,
     probe: Callable[[], tuple[int, str]] | None = None,
     required: Callable[[], bool] | None = None,
+    isolated: Callable[[], bool] | None = None,
 ) -> Check:
-    """Whether answering agents run inside the Landlock ruleset (``agentcall.confine``)."""
+    """Whether answering agents run inside the Landlock ruleset (``agentcall.confine``), and
+    whether the kernel also keeps them from the owner's other processes."""
     from agentcall.confine import landlock
     from agentcall.confine.rights import NET_ABI
     from agentcall.wire.http import AgentKind
@@ -528,16 +531,26 @@ def kernel_boundary(
     name = "kernel read boundary"
     abi, why = (probe or landlock.probe)()
     needed = (required or _ceiling_requires_boundary)()
-    if abi >= 1 and config.agent_kind is AgentKind.CODEX and abi < NET_ABI:
-        # Codex runs without its own sandbox inside the boundary, which cut its commands off
-        # the network; this kernel's Landlock has no network rules to do it instead.
-        detail = (
-            f"on, Landlock ABI {abi}; Codex's commands are not kept off the network"
-            f" (that needs ABI {NET_ABI}, Linux 6.7)"
-        )
-        return Check(name, WARN, detail)
     if abi >= 1:
-        return Check(name, OK, f"on, Landlock ABI {abi}")
+        from agentcall.confine.support import isolation_gaps
+
+        gaps = list(isolation_gaps(abi))
+        if config.agent_kind is AgentKind.CODEX and abi < NET_ABI:
+            # Codex runs without its own sandbox inside the boundary, which cut its commands
+            # off the network; this kernel's Landlock has no network rules to do it instead.
+            gaps.insert(
+                0,
+                "Codex's commands are not kept off the network"
+                f" (that needs ABI {NET_ABI}, Linux 6.7)",
+            )
+        if not gaps:
+            detail = f"on, Landlock ABI {abi}; no UNIX sockets, signals or abstract sockets"
+            return Check(name, OK, detail + " outside the run")
+        detail = f"on, Landlock ABI {abi}; " + "; ".join(gaps)
+        if isolation_gaps(abi) and (isolated or _ceiling_requires_isolation)():
+            hint = "answer on Linux 6.12 or later (x86_64 or arm64)"
+            return Check(name, FAIL, detail + "; the admin ceiling requires more", hint)
+        return Check(name, WARN, detail)
     if needed:
         detail = f"off: {why}; the admin ceiling requires it, so no agent is started"
         hint = "answer on Linux 5.13 or later with Landlock enabled"
@@ -545,14 +558,25 @@ def kernel_boundary(
     return Check(name, WARN, f"off: {why}; the tool guard is the only boundary")
 
 
-def _ceiling_requires_boundary() -> bool:
+def _admin_ceiling() -> Ceiling | None:
+    """The machine's admin ceiling; None when there is none or it is unusable (which the
+    admin ceiling check reports)."""
     from agentcall.cli import owner
     from agentcall.listener.ceiling import CeilingError
 
     try:
-        ceiling = owner.load_admin_ceiling()
+        return owner.load_admin_ceiling()
     except CeilingError:
-        return False  # reported by the admin ceiling check
+        return None
+
+
+def _ceiling_requires_isolation() -> bool:
+    ceiling = _admin_ceiling()
+    return ceiling is not None and ceiling.require_process_isolation
+
+
+def _ceiling_requires_boundary() -> bool:
+    ceiling = _admin_ceiling()
     return ceiling is not None and ceiling.require_kernel_boundary
 
 

@@ -19,7 +19,8 @@ if TYPE_CHECKING:
     from agentcall.listener.ceiling import Ceiling
     from agentcall.listener.policy import Policy
 
-# What AgentCall can and cannot bound for each agent, said plainly.
+# What AgentCall can and cannot bound for each agent where the kernel offers no boundary
+# (no Landlock: an older kernel, macOS), said plainly.
 LIMITS: Final[dict[AgentKind | None, tuple[str, ...]]] = {
     AgentKind.CLAUDE: (
         "reads outside the working directory and read roots are refused by Claude itself",
@@ -35,6 +36,42 @@ LIMITS: Final[dict[AgentKind | None, tuple[str, ...]]] = {
     ),
     None: ("this installation is caller-only: it answers no calls",),
 }
+
+
+# The same where the kernel boundary holds (Landlock): what it still leaves open.
+BOUNDED_LIMITS: Final[dict[AgentKind | None, tuple[str, ...]]] = {
+    AgentKind.CLAUDE: (
+        "the kernel bounds every read and write, Bash included, to the task's roots and workdir",
+        "Bash keeps the network (it may connect to any host and port)",
+    ),
+    AgentKind.CODEX: (
+        "the kernel bounds every read and write to the task's roots and workdir",
+        "without fetch, Codex may connect only to the ports of its model and proxy",
+    ),
+    AgentKind.COMMAND: (
+        "the kernel bounds every read and write of the agent command to the task's roots"
+        " and workdir",
+        "its network is not bounded",
+    ),
+    None: LIMITS[None],
+}
+
+
+def limits_for(kind: AgentKind | None, abi: int) -> tuple[str, ...]:
+    """What is bounded and what stays open for ``kind`` on a kernel of Landlock ABI ``abi``
+    (0: no kernel boundary)."""
+    if abi < 1 or kind is None:
+        return LIMITS[kind]
+    from agentcall.confine.support import isolation_gaps, isolation_held
+
+    return (*BOUNDED_LIMITS[kind], *isolation_held(abi), *isolation_gaps(abi))
+
+
+def kernel_abi() -> int:
+    """This kernel's Landlock ABI (0: none), as the listener will find it."""
+    from agentcall.confine.landlock import cached_abi
+
+    return cached_abi()
 
 
 def _default_workdir(roots: tuple[str, ...]) -> str | None:
@@ -58,8 +95,11 @@ def _caller_entry(policy: Policy, ceiling: Ceiling | None, layers: Layers, handl
     return {"access": "allowed", "why": why, "menu": list(menu)}
 
 
-def build_report(policy: Policy, ceiling: Ceiling | None, layers: Layers) -> dict[str, Any]:
-    """The effective policy as one JSON-ready value."""
+def build_report(
+    policy: Policy, ceiling: Ceiling | None, layers: Layers, *, abi: int | None = None
+) -> dict[str, Any]:
+    """The effective policy as one JSON-ready value; ``abi``: the kernel's Landlock ABI
+    (this kernel's when None)."""
     from agentcall.cli.owner import ceiling_path
 
     runnable = runnable_tools(ceiling, layers.tasks)
@@ -103,7 +143,9 @@ def build_report(policy: Policy, ceiling: Ceiling | None, layers: Layers) -> dic
         "read_roots": list(layers.read_roots),
         "agent_kind": str(kind) if kind is not None else None,
         "set_up": layers.config is not None,
-        "limits": list(LIMITS[kind]) if layers.config is not None else [],
+        "limits": list(limits_for(kind, kernel_abi() if abi is None else abi))
+        if layers.config is not None
+        else [],
     }
 
 

@@ -42,8 +42,17 @@ class _RulesetAttr(ctypes.Structure):
 
 
 class _NetRulesetAttr(ctypes.Structure):
-    # Scopes (ABI 6) are not used, so the structure stops after the network rights.
+    # For a kernel below ABI 6, which knows no scopes: the structure stops after the network.
     _fields_ = (("handled_access_fs", ctypes.c_uint64), ("handled_access_net", ctypes.c_uint64))
+
+
+class _ScopedRulesetAttr(ctypes.Structure):
+    # ABI 6: what the domain may not reach outside itself (abstract UNIX sockets, signals).
+    _fields_ = (
+        ("handled_access_fs", ctypes.c_uint64),
+        ("handled_access_net", ctypes.c_uint64),
+        ("scoped", ctypes.c_uint64),
+    )
 
 
 class _PathBeneathAttr(ctypes.Structure):
@@ -114,17 +123,23 @@ def restrict(
     *,
     handled_net: int = 0,
     ports: Iterable[tuple[int, int]] = (),
+    scoped: int = 0,
 ) -> None:
     """Confine this process (and every process it starts) for good.
 
     ``rules`` are ``(fd, allowed rights)`` of open ``O_PATH`` descriptors. ``handled_net``
     (ABI 4) are the network rights restricted, ``ports`` the ``(port, allowed rights)`` that
-    lift them; with none handled, the network is left alone. Sets ``no_new_privs`` first,
+    lift them; with none handled, the network is left alone. ``scoped`` (ABI 6) are the scopes:
+    abstract UNIX sockets and signals outside the domain. Sets ``no_new_privs`` first,
     which Landlock requires of an unprivileged process.
     """
     call = syscall or _libc_syscall
     attr: ctypes.Structure
-    if handled_net:
+    if scoped:
+        attr = _ScopedRulesetAttr(
+            handled_access_fs=handled, handled_access_net=handled_net, scoped=scoped
+        )
+    elif handled_net:
         attr = _NetRulesetAttr(handled_access_fs=handled, handled_access_net=handled_net)
     else:
         attr = _RulesetAttr(handled_access_fs=handled)

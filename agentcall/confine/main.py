@@ -4,8 +4,11 @@ Twisted's ``spawnProcess`` has no hook that runs in the child before exec, so th
 runner starts this small program in front of the agent. It first makes the run a session and
 process group of its own (the runner's kill timer signals the group), then reads the ruleset
 the runner wrote (a 0600 file of this user, deleted as soon as it is read), applies it with
-Landlock, and execs the agent in place, which keeps the pid. A ruleset that cannot be read or
-applied stops here (exit 126): an agent never starts without the boundary it was planned with.
+Landlock (with the ABI 6 scopes where the kernel has them: no abstract UNIX socket and no
+signal outside the run), installs the seccomp filter that leaves the run no UNIX sockets of
+its own (:mod:`agentcall.confine.seccomp`), and execs the agent in place, which keeps the
+pid. A ruleset that cannot be read or applied stops here (exit 126): an agent never starts
+without the boundary it was planned with.
 
 The runner starts it as ``python -I -S -c BOOT PACKAGE_ROOT RULESET PROGRAM...``
 (:func:`agentcall.confine.prepare.wrapper_argv`): without ``site`` the interpreter starts in
@@ -28,7 +31,7 @@ import os
 import stat
 import sys
 
-from agentcall.confine import landlock, rights
+from agentcall.confine import landlock, rights, seccomp
 
 HEADER = b"agentcall-ruleset-1"
 FAILED_EXIT = 126
@@ -129,6 +132,7 @@ def apply(entries: Sequence[tuple[str, str]], abi: int) -> None:
             [(fd, r) for fd, r in opened if r],
             handled_net=handled_net,
             ports=ports,
+            scoped=rights.scopes_for(abi),
         )
     finally:
         for fd, _rights in opened:
@@ -159,6 +163,9 @@ def main(argv: Sequence[str] | None = None, *, new_session: bool = False) -> int
         if abi < 1:
             raise RulesetError(why)
         apply(entries, abi)
+        arch = seccomp.current_arch()
+        if arch is not None:
+            seccomp.install(arch)
     except (OSError, RulesetError) as exc:
         detail = exc.strerror if isinstance(exc, OSError) and exc.strerror else str(exc)
         sys.stderr.write(

@@ -30,6 +30,19 @@ def is_port(text: str) -> bool:
     return text.isascii() and text.isdigit() and len(text) <= 5 and 0 < int(text) < 65536
 
 
+# Landlock scopes (ABI 6, Linux 6.12): a confined run may not connect to an abstract UNIX
+# socket, nor signal a process, outside its own domain.
+SCOPE_ABI = 6
+SCOPE_ABSTRACT_UNIX_SOCKET = 1 << 0
+SCOPE_SIGNAL = 1 << 1
+SCOPES = SCOPE_ABSTRACT_UNIX_SOCKET | SCOPE_SIGNAL
+
+
+def scopes_for(abi: int) -> int:
+    """The scopes a ruleset restricts on this ABI: all it knows."""
+    return SCOPES if abi >= SCOPE_ABI else 0
+
+
 # Landlock filesystem rights (include/uapi/linux/landlock.h) and the ABI that brought each.
 EXECUTE = 1 << 0
 WRITE_FILE = 1 << 1

@@ -39,13 +39,35 @@ SYSTEM_READ: tuple[str, ...] = (
     "/opt",
     "/nix/store",
     "/snap",
-    "/proc",
     "/sys",
-    "/run",
 )
-# Shared memory (a tmpfs) that runtimes create their segments in.
-SYSTEM_WRITE: tuple[str, ...] = ("/dev/shm",)  # noqa: S108
-SYSTEM_DEVICE: tuple[str, ...] = ("/dev",)
+# Of /proc, the run's own process (``/proc/self`` is opened by the exec wrapper, so it is the
+# agent's pid, never the listener's) and the machine-wide files runtimes read (CPUs, memory,
+# kernel settings): no other process's directory, whatever the kernel's ptrace rules allow.
+# The agent's children cannot read their own /proc/PID either: ``ps`` or Node's
+# ``process.memoryUsage()`` fail in them.
+PROC_READ: tuple[str, ...] = (
+    "/proc/self",
+    "/proc/cpuinfo",
+    "/proc/meminfo",
+    "/proc/stat",
+    "/proc/loadavg",
+    "/proc/uptime",
+    "/proc/version",
+    "/proc/filesystems",
+    "/proc/swaps",
+    "/proc/cgroups",
+    "/proc/pressure",
+    "/proc/sys",
+)
+# Trees granted entry by entry, less the named entries: ``/run/user`` holds the owner's
+# session (its bus, keyring and credential files), ``/dev/shm`` and ``/dev/mqueue`` are shared
+# with every process of the owner and outlive the run (one caller's run could leave
+# instructions there for the next; the run has its own TMPDIR instead).
+SYSTEM_TREES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
+    ("/run", READ, ("user",)),
+    ("/dev", DEVICE, ("shm", "mqueue")),
+)
 # How deep a read root is opened child by child before the rest of that branch is left out.
 MAX_DEPTH = 16
 
@@ -146,6 +168,20 @@ class _Planner:
             self.grant(os.path.join(real, name), kind, depth + 1, seen | {real})
 
 
+def _grant_entries(
+    planner: _Planner, view: FileView, path: str, kind: str, left_out: tuple[str, ...]
+) -> None:
+    """List ``path`` and grant each entry in it, except ``left_out`` and symbolic links (a
+    link is reached through its target, which is granted or not on its own)."""
+    if not view.exists(path) or view.realpath(path) != path:
+        return
+    planner.add(path, LIST)
+    for name in view.listdir(path):
+        entry = os.path.join(path, name)
+        if name not in left_out and view.realpath(entry) == entry:
+            planner.add(entry, kind)
+
+
 def plan(
     conf: Confinement, view: FileView, *, private_tmp: str | None = None
 ) -> list[tuple[str, str]]:
@@ -164,12 +200,12 @@ def plan(
     for path in SYSTEM_READ:
         if view.exists(path):
             planner.add(path, READ)
-    for path in SYSTEM_DEVICE:
+    for path in PROC_READ:
         if view.exists(path):
-            planner.add(path, DEVICE)
-    for path in SYSTEM_WRITE:
-        if view.exists(path):
-            planner.add(path, WRITE)
+            # As written: the wrapper resolves /proc/self in the run, not here.
+            planner.add(path, READ)
+    for path, kind, left_out in SYSTEM_TREES:
+        _grant_entries(planner, view, path, kind, left_out)
     for path in conf.runtime:
         # The agent's installation, its interpreter, the guard's Python.
         planner.grant(path, READ)

@@ -17,9 +17,13 @@ Kept:
 - ``FAKE_AGENT_*``: the test suite's fake ``claude``/``codex`` reads its scenario and its log
   path from these. They mean nothing to a real agent and nobody sets them outside the tests.
 
-Never kept: any ``AGENTCALL_*`` from outside. Added last, so nothing can override it:
-``AGENTCALL_CALL_ID``, which makes ``agentcall call`` refuse to run inside an answering agent
-(nested calls are not supported).
+Never kept, whatever else says so: any ``AGENTCALL_*`` from outside, and the addresses of the
+owner's desktop session (:data:`SESSION_NAMES`: the SSH agent, the D-Bus session bus, X11 and
+Wayland), which would let the agent act as the owner. The kernel boundary refuses the sockets
+themselves too; this keeps the agent from even being told where they are.
+
+Added last, so nothing can override it: ``AGENTCALL_CALL_ID``, which makes ``agentcall call``
+refuse to run inside an answering agent (nested calls are not supported).
 """
 
 from __future__ import annotations
@@ -64,10 +68,25 @@ _KEEP_PREFIXES: Final = (
     "FAKE_AGENT_",
 )
 _NEVER_PREFIX: Final = "AGENTCALL_"
+SESSION_NAMES: Final = frozenset(
+    {
+        "SSH_AUTH_SOCK",
+        "SSH_AGENT_PID",
+        "GPG_AGENT_INFO",
+        "DBUS_SESSION_BUS_ADDRESS",
+        "DISPLAY",
+        "WAYLAND_DISPLAY",
+        "XAUTHORITY",
+    }
+)
+
+
+def _never(name: str) -> bool:
+    return name.startswith(_NEVER_PREFIX) or name in SESSION_NAMES
 
 
 def _kept(name: str) -> bool:
-    if name.startswith(_NEVER_PREFIX):
+    if _never(name):
         return False
     return name in _KEEP_NAMES or name.startswith(_KEEP_PREFIXES)
 
@@ -78,11 +97,10 @@ def agent_environment(
     """The whole environment of one agent run.
 
     ``additions`` are the adapter's own variables (retry limits and the like); they may not
-    set an ``AGENTCALL_*`` variable, and ``AGENTCALL_CALL_ID`` is always ``call_id``.
+    set an ``AGENTCALL_*`` variable nor a session address, and ``AGENTCALL_CALL_ID`` is always
+    ``call_id``.
     """
     env = {name: value for name, value in environ.items() if _kept(name)}
-    env.update(
-        (name, value) for name, value in additions.items() if not name.startswith(_NEVER_PREFIX)
-    )
+    env.update((name, value) for name, value in additions.items() if not _never(name))
     env[CALL_ID_ENV] = call_id
     return env

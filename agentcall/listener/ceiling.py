@@ -10,7 +10,8 @@ setting can move it: ``/etc/agentcall/policy.json`` on Linux (and other Unix),
       "blocked_callers": ["mallory"],       # refused whatever the owner says
       "max_tools": ["read", "fetch"],       # a cap: other tools are removed from every task
       "assertions": [{"caller": "mallory", "deny": ["*"]}],
-      "require_kernel_boundary": true       # no agent runs where Landlock cannot confine it
+      "require_kernel_boundary": true,      # no agent runs where Landlock cannot confine it
+      "require_process_isolation": true     # ... nor where it could signal or dial outside
     }
 
 A task whose every tool is removed by ``max_tools`` cannot run at all. Layers compose one way:
@@ -62,6 +63,7 @@ _KEYS: Final = frozenset(
         "max_tools",
         "assertions",
         "require_kernel_boundary",
+        "require_process_isolation",
     }
 )
 
@@ -88,6 +90,9 @@ class Ceiling:
     assertions: tuple[Assertion, ...] = ()
     # True: every agent runs inside the kernel boundary (Landlock), and none runs without it.
     require_kernel_boundary: bool = False
+    # True: no agent runs unless the kernel also keeps it from other processes' signals and
+    # abstract sockets (Landlock ABI 6) and the socket filter knows this machine.
+    require_process_isolation: bool = False
 
     def allows_task(self, task_id: str) -> bool:
         return self.allowed_tasks is None or task_id in self.allowed_tasks
@@ -139,7 +144,12 @@ def _parse(data: Any, source: str) -> Ceiling:
     require = data.get("require_kernel_boundary", False)
     if type(require) is not bool:
         raise SchemaProblem(f'"require_kernel_boundary" must be true or false, not {show(require)}')
-    return Ceiling(source, allowed, blocked, max_tools, assertions, require)
+    isolation = data.get("require_process_isolation", False)
+    if type(isolation) is not bool:
+        raise SchemaProblem(
+            f'"require_process_isolation" must be true or false, not {show(isolation)}'
+        )
+    return Ceiling(source, allowed, blocked, max_tools, assertions, require, isolation)
 
 
 def parse_ceiling(data: Any, *, source: str) -> Ceiling:

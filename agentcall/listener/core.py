@@ -286,6 +286,7 @@ class CallPipeline:
         # Step 6: accepted, started, and only now does the message go into a prompt.
         self._progress(call, CallAccepted(call_id=call.call_id))
         self._progress(call, CallStarted(call_id=call.call_id))
+        ceiling = loaded[-1].ceiling if loaded else None
         plan = planning.plan_run(
             self.config,
             opened,
@@ -293,9 +294,10 @@ class CallPipeline:
             workdir,
             binding,
             guard=fx.guard,
-            shell_allowed=planning.shell_allowed(loaded[-1].ceiling if loaded else None),
+            shell_allowed=planning.shell_allowed(ceiling),
             kernel_abi=fx.kernel_abi(),
-            boundary_required=planning.boundary_required(loaded[-1].ceiling if loaded else None),
+            boundary_required=planning.boundary_required(ceiling),
+            isolation_required=planning.isolation_required(ceiling),
             environ=fx.environ,
             which=fx.which,
             is_dir=fx.is_dir,

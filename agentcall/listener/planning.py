@@ -19,6 +19,7 @@ import attrs
 from agentcall.confine import needs
 from agentcall.confine.rights import NET_ABI, is_port
 from agentcall.confine.rules import Confinement
+from agentcall.confine.support import isolation_gaps
 from agentcall.errors import CallErrorCode
 from agentcall.listener import connectors, guardwire
 from agentcall.listener.admission import Admitted
@@ -38,6 +39,10 @@ NOT_INSTALLED_DETAIL: Final = "the answering agent is not installed"
 BOUNDARY_MISSING_DETAIL: Final = (
     "the administrator requires the kernel read boundary (Landlock), which this machine "
     "does not offer, so no agent may run"
+)
+ISOLATION_MISSING_DETAIL: Final = (
+    "the administrator requires the agent to be isolated from the owner's other processes, "
+    "which this machine's kernel cannot do, so no agent may run"
 )
 # More places (os.pathsep-separated, in the listener's environment) a confined agent may read
 # and write, such as a build cache its tools need; the denylist still applies.
@@ -115,6 +120,11 @@ def shell_allowed(ceiling: Ceiling | None) -> bool:
 def boundary_required(ceiling: Ceiling | None) -> bool:
     """Whether the admin ceiling demands the kernel boundary for every agent."""
     return ceiling is not None and ceiling.require_kernel_boundary
+
+
+def isolation_required(ceiling: Ceiling | None) -> bool:
+    """Whether the admin ceiling demands that runs be kept from other processes too."""
+    return ceiling is not None and ceiling.require_process_isolation
 
 
 def owner_ports(environ: Mapping[str, str]) -> tuple[int, ...]:
@@ -199,6 +209,7 @@ def plan_run(
     build_prompt: PromptBuilder,
     kernel_abi: int = 0,
     boundary_required: bool = False,
+    isolation_required: bool = False,
 ) -> RunPlan | CallFailure:
     """Build the prompt and the process to run, or the failure that says why not.
 
@@ -207,6 +218,8 @@ def plan_run(
     """
     if boundary_required and kernel_abi < 1:
         return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=BOUNDARY_MISSING_DETAIL)
+    if isolation_required and isolation_gaps(kernel_abi):
+        return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=ISOLATION_MISSING_DETAIL)
     found = resolve_program(config, environ, which)
     if found is None:
         return CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NOT_INSTALLED_DETAIL)

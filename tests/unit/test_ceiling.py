@@ -97,6 +97,7 @@ BAD = {
     "tool twice": ({"version": 1, "max_tools": ["read", "read"]}, "a tool twice"),
     "bad assertion": ({"version": 1, "assertions": [{"caller": "bob"}]}, "assertions[0]"),
     "boundary not bool": ({"version": 1, "require_kernel_boundary": 1}, "true or false"),
+    "isolation not bool": ({"version": 1, "require_process_isolation": "yes"}, "true or false"),
 }
 
 
@@ -217,6 +218,9 @@ def test_the_kernel_boundary_can_be_required() -> None:
     assert parse_ceiling({"version": 1}, source="x").require_kernel_boundary is False
     required = parse_ceiling({"version": 1, "require_kernel_boundary": True}, source="x")
     assert required.require_kernel_boundary is True
+    assert parse_ceiling({"version": 1}, source="x").require_process_isolation is False
+    isolated = parse_ceiling({"version": 1, "require_process_isolation": True}, source="x")
+    assert isolated.require_process_isolation is True
 
 
 def test_parse_ceiling_names_the_source() -> None:

@@ -17,6 +17,7 @@ from agentcall.cli import card as card_cli
 from agentcall.cli import doctor, owner
 from agentcall.cli.doctor_checks import DoctorDeps
 from agentcall.cli.main import main
+from agentcall.cli.policy_report import kernel_abi
 from agentcall.client.api import RelayUnreachable
 from agentcall.errors import ApiError, ApiErrorCode
 from agentcall.guard.main import DENY_OUTPUT
@@ -470,8 +471,16 @@ def test_codex_is_asked_with_login_status_and_its_limits_warn(
     assert one(report, "agent login")["hint"] == "run `codex login`"
     assert by_name(report, "claude settings") == []
     limits = one(report, "limits")
-    assert limits["status"] == "warn" and "no read floor" in limits["detail"]
+    if kernel_abi() >= 1:
+        assert limits["status"] == "pass" and "kernel bounds every read" in limits["detail"]
+    else:
+        assert limits["status"] == "warn" and "no read floor" in limits["detail"]
     assert one(report, "tool guard")["status"] == "pass"
+    # Without the kernel boundary Codex's missing read floor is a warning.
+    monkeypatch.setattr("agentcall.cli.policy_report.kernel_abi", lambda: 0)
+    _code, report = run_doctor(world, monkeypatch, capsys)
+    limits = one(report, "limits")
+    assert limits["status"] == "warn" and "no read floor" in limits["detail"]
 
 
 def test_a_command_agent_has_no_guard(
@@ -577,7 +586,11 @@ def test_task_policy_and_assertion_problems_fail(
     assert "bob does not get deploy" in one(report, "assertions")["detail"]
     assert "names gone, which is not a task on disk" in one(report, "policy notes")["detail"]
     limits = one(report, "limits")
-    assert limits["status"] == "warn" and "Bash is recorded, not bounded" in limits["detail"]
+    assert limits["status"] == "warn"
+    if kernel_abi() >= 1:
+        assert "Bash included" in limits["detail"] and "keeps the network" in limits["detail"]
+    else:
+        assert "Bash is recorded, not bounded" in limits["detail"]
 
 
 @pytest.mark.slow

@@ -11,7 +11,7 @@ from typing import Any
 import attrs
 import pytest
 
-from agentcall.cli import owner
+from agentcall.cli import owner, policy_report
 from agentcall.cli.main import main
 from agentcall.listener.ceiling import TEST_OVERRIDE_ENV, Ceiling, load_ceiling
 from agentcall.listener.policy import load_policy
@@ -210,7 +210,9 @@ def test_help_has_an_example(command: str, capsys: pytest.CaptureFixture[str]) -
 # --- policy --------------------------------------------------------------------------------------
 
 
-def test_policy_shows_what_callers_meet(machine: Machine, run: Run) -> None:
+def test_policy_shows_what_callers_meet(
+    machine: Machine, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Managed or not, the default menu, each caller, each task's tools and workdir, limits."""
     src = machine.home / "src"
     src.mkdir()
@@ -242,8 +244,23 @@ def test_policy_shows_what_callers_meet(machine: Machine, run: Run) -> None:
         "  the tool guard refuses credential paths inside them",
         "  Bash is recorded, not bounded",
     ]
+    # On a kernel without Landlock: what the guard alone leaves open.
+    monkeypatch.setattr(policy_report, "kernel_abi", lambda: 0)
+    code, out, _err = run("policy")
+    assert code == 0
     for line in expected_lines:
         assert line in out.splitlines(), line
+    # Where the kernel boundary holds, Bash is bounded too, and the network stays open.
+    monkeypatch.setattr(policy_report, "kernel_abi", lambda: 7)
+    _code, out, _err = run("policy")
+    bounded = out.splitlines()
+    assert "  Bash is recorded, not bounded" not in bounded
+    for line in (
+        "  the kernel bounds every read and write, Bash included, to the task's roots and workdir",
+        "  Bash keeps the network (it may connect to any host and port)",
+        "  no signal and no abstract socket outside the run",
+    ):
+        assert line in bounded, line
 
 
 def test_policy_under_a_ceiling(machine: Machine, run: Run) -> None:
@@ -276,14 +293,24 @@ def test_policy_under_a_ceiling(machine: Machine, run: Run) -> None:
     assert "  deploy: cannot run: not allowed by the admin ceiling" in text
 
 
-def test_policy_names_codex_limits_honestly(machine: Machine, run: Run) -> None:
-    """For Codex the report says reads are not restricted and where tool calls are logged."""
+def test_policy_names_codex_limits_honestly(
+    machine: Machine, run: Run, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """For Codex the report says reads are not restricted without the kernel boundary, and
+    what the kernel bounds (its ports) with it."""
     home = Home.from_environ({"HOME": str(machine.home)})
     save_config(home, attrs.evolve(load_config(home, apply_override=False), agent_kind="codex"))
+    monkeypatch.setattr(policy_report, "kernel_abi", lambda: 0)
     out = run("policy")[1]
     assert "Codex's read-only sandbox does not restrict reads (no read floor)" in out
     assert "tool calls are logged where Codex runs the hook" in out
     assert "Claude" not in out
+    monkeypatch.setattr(policy_report, "kernel_abi", lambda: 4)
+    out = run("policy")[1]
+    assert "the kernel bounds every read and write to the task's roots and workdir" in out
+    assert "Codex may connect only to the ports of its model and proxy" in out
+    assert "no read floor" not in out and "Claude" not in out
+    assert "signals and abstract UNIX sockets outside the run are not bounded" in out
 
 
 def test_policy_with_default_blocked_and_not_set_up(

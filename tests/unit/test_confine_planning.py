@@ -171,6 +171,20 @@ def test_a_required_boundary_refuses_to_run_where_it_cannot_hold() -> None:
         assert held.run.confine is not None and held.run.confine.required
 
 
+def test_required_isolation_refuses_to_run_on_a_kernel_without_scopes() -> None:
+    """Below Landlock ABI 6 a run could still signal the owner's processes: an admin who
+    requires isolation gets no agent there, and one everywhere the kernel has it."""
+    for abi in (0, 1, 5):
+        assert plan(kernel_abi=abi, isolation_required=True) == CallFailure(
+            code=CallErrorCode.AGENT_ERROR, detail=planning.ISOLATION_MISSING_DETAIL
+        )
+    held = plan(kernel_abi=6, isolation_required=True)
+    assert isinstance(held, planning.RunPlan) and held.run.confine is not None
+    assert isinstance(plan(kernel_abi=5), planning.RunPlan)
+    assert planning.isolation_required(None) is False
+    assert planning.isolation_required(Ceiling("x", require_process_isolation=True)) is True
+
+
 def test_the_ceiling_decides_whether_the_boundary_is_required() -> None:
     assert planning.boundary_required(None) is False
     assert planning.boundary_required(Ceiling("x")) is False

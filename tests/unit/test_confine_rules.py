@@ -58,14 +58,28 @@ def home_view(**extra_dirs: list[str]) -> FakeView:
         "/h/.config/git": [],
         "/usr": [],
         "/etc": [],
-        "/dev": ["shm"],
+        "/dev": ["shm", "mqueue", "null", "pts", "fd"],
         "/dev/shm": [],
-        "/proc": [],
+        "/dev/mqueue": [],
+        "/dev/pts": [],
+        "/proc": ["self", "1", "4242", "cpuinfo", "sys"],
+        "/proc/4242": ["environ"],
+        "/proc/cpuinfo": [],
+        "/proc/sys": [],
+        "/run": ["user", "systemd", "resolvconf"],
+        "/run/user": ["1000"],
+        "/run/systemd": [],
+        "/run/resolvconf": [],
     }
     dirs.update(extra_dirs)
-    return FakeView(
-        dirs, {"/h/.bashrc", "/h/.env", "/h/notes.txt", "/h/id_rsa", "/h/.ssh/id_ed25519"}
+    view = FakeView(
+        dirs,
+        {"/h/.bashrc", "/h/.env", "/h/notes.txt", "/h/id_rsa", "/h/.ssh/id_ed25519", "/dev/null"},
     )
+    # As the listener sees them: /proc/self is the listener's own directory.
+    view.links["/proc/self"] = "/proc/4242"
+    view.links["/dev/fd"] = "/proc/self/fd"
+    return view
 
 
 def kinds(planned: list[tuple[str, str]]) -> dict[str, set[str]]:
@@ -140,10 +154,30 @@ def test_writes_go_only_to_the_write_roots_the_temp_dir_and_the_agent_state() ->
     )
     planned = kinds(rules.plan(conf, view, private_tmp="/t"))
     writable = {p for p, k in planned.items() if WRITE in k}
-    assert writable == {"/h/project/src", "/h/.claude", "/h/.claude.json", "/t", "/dev/shm"}
+    assert writable == {"/h/project/src", "/h/.claude", "/h/.claude.json", "/t"}
     assert planned["/s/tools.log"] == {APPEND}
-    assert planned["/dev"] == {DEVICE}
+    assert planned["/dev/null"] == planned["/dev/pts"] == {DEVICE}
     assert planned["/usr"] == {READ}
+
+
+def test_shared_memory_and_the_owners_session_directory_are_left_out() -> None:
+    """/dev/shm and /dev/mqueue outlive the run and are shared with all of the owner's
+    processes; /run/user holds the owner's session. Their parents are only listed, and a
+    link in them (/dev/fd) is not granted as a link."""
+    planned = kinds(rules.plan(Confinement((), (), HOME), home_view()))
+    assert planned["/dev"] == planned["/run"] == {LIST}
+    for left_out in ("/dev/shm", "/dev/mqueue", "/run/user", "/run/user/1000", "/dev/fd"):
+        assert left_out not in planned, left_out
+    assert planned["/run/systemd"] == planned["/run/resolvconf"] == {READ}
+
+
+def test_of_proc_only_the_runs_own_directory_and_machine_wide_files_are_read() -> None:
+    """/proc/self goes to the wrapper as written (there it is the agent's own pid); the
+    listener's directory, /proc itself and other pids are never granted."""
+    planned = kinds(rules.plan(Confinement((), (), HOME), home_view()))
+    proc = {p for p in planned if p == "/proc" or p.startswith("/proc/")}
+    assert proc == {"/proc/self", "/proc/cpuinfo", "/proc/sys"}
+    assert all(planned[p] == {READ} for p in proc)
 
 
 def test_a_denylisted_agent_state_is_granted_while_extras_follow_the_denylist() -> None:

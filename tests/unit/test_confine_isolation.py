@@ -1,0 +1,295 @@
+"""What a confined run can no longer talk to: UNIX sockets of its own (the seccomp filter, read
+here by a small BPF interpreter and then tried for real), abstract sockets and signals outside
+the run (Landlock's ABI 6 scopes), other processes' /proc, and the owner's shared memory."""
+
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import struct
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from agentcall.confine import landlock, prepare, rights, seccomp
+from agentcall.confine.rules import Confinement
+
+ABI, WHY_NOT = landlock.probe()
+X86 = seccomp.ARCHES["x86_64"]
+ARM = seccomp.ARCHES["aarch64"]
+I386 = 0x40000003
+
+
+def evaluate(code: list[seccomp.Instruction], nr: int, arch: int, args: tuple[int, ...]) -> int:
+    """Run classic BPF as the kernel would on one struct seccomp_data."""
+    data = struct.pack("<iIQ6Q", nr, arch, 0, *(list(args) + [0] * (6 - len(args))))
+    acc, pc = 0, 0
+    for _step in range(len(code) + 1):
+        op, jt, jf, k = code[pc]
+        if op == seccomp.BPF_LD_W_ABS:
+            acc = struct.unpack_from("<I", data, k)[0]
+        elif op == seccomp.BPF_AND_K:
+            acc &= k
+        elif op in (seccomp.BPF_JEQ_K, seccomp.BPF_JGE_K):
+            taken = acc == k if op == seccomp.BPF_JEQ_K else acc >= k
+            pc += jt if taken else jf
+        elif op == seccomp.BPF_RET_K:
+            return k
+        else:
+            raise AssertionError(f"unknown instruction {op:#x}")
+        pc += 1
+    raise AssertionError("the program did not return")
+
+
+DENY = seccomp.RET_ERRNO | errno.EACCES
+ABSENT = seccomp.RET_ERRNO | errno.ENOSYS
+ALLOW = seccomp.RET_ALLOW
+KILL = seccomp.RET_KILL_PROCESS
+CLOEXEC_NONBLOCK = 0o2000000 | 0o4000
+
+
+@pytest.mark.parametrize("arch", [X86, ARM], ids=["x86_64", "aarch64"])
+@pytest.mark.parametrize(
+    ("call", "args", "verdict"),
+    [
+        ("socket", (socket.AF_UNIX, socket.SOCK_STREAM), DENY),
+        ("socket", (socket.AF_UNIX, socket.SOCK_DGRAM | CLOEXEC_NONBLOCK), DENY),
+        ("socket", (socket.AF_UNIX | (1 << 32), socket.SOCK_STREAM), DENY),  # high half ignored
+        ("socket", (socket.AF_INET, socket.SOCK_STREAM), ALLOW),
+        ("socket", (socket.AF_INET6, socket.SOCK_DGRAM), ALLOW),
+        ("socket", (socket.AF_NETLINK, socket.SOCK_RAW), ALLOW),
+        ("socketpair", (socket.AF_UNIX, socket.SOCK_STREAM), ALLOW),
+        ("socketpair", (socket.AF_UNIX, socket.SOCK_STREAM | CLOEXEC_NONBLOCK), ALLOW),
+        ("socketpair", (socket.AF_UNIX, socket.SOCK_DGRAM), DENY),
+        ("socketpair", (socket.AF_UNIX, socket.SOCK_SEQPACKET), DENY),
+        ("io_uring_setup", (8, 0), ABSENT),
+        ("other", (socket.AF_UNIX,), ALLOW),
+    ],
+)
+def test_the_filter_decides_each_call(
+    arch: seccomp.Arch, call: str, args: tuple[int, ...], verdict: int
+) -> None:
+    numbers = {"socket": arch.socket, "socketpair": arch.socketpair}
+    numbers["io_uring_setup"] = arch.io_uring_setup
+    nr = numbers.get(call, 0)  # read(2) on x86_64, io_setup on aarch64: neither is filtered
+    assert evaluate(seccomp.program(arch), nr, arch.audit, args) == verdict
+
+
+@pytest.mark.parametrize(
+    ("nr", "arch_number"),
+    [(102, I386), (359, I386), (1, I386), (41 | seccomp.X32_SYSCALL_BIT, X86.audit)],
+)
+def test_a_foreign_call_convention_kills_the_process(nr: int, arch_number: int) -> None:
+    """socketcall(2) of 32-bit x86, or x32's numbering, would bypass the numbers above."""
+    assert evaluate(seccomp.program(X86), nr, arch_number, (socket.AF_UNIX,)) == KILL
+
+
+def test_every_jump_lands_inside_the_program() -> None:
+    code = seccomp.program(X86)
+    for index, (op, jt, jf, _k) in enumerate(code):
+        if op in (seccomp.BPF_JEQ_K, seccomp.BPF_JGE_K):
+            assert index + 1 + max(jt, jf) < len(code)
+    assert code[-1][0] == seccomp.BPF_RET_K
+    assert len(seccomp.encode(code)) == 8 * len(code)
+
+
+def test_the_machine_names_the_filter_knows() -> None:
+    assert seccomp.current_arch("x86_64") is X86
+    assert seccomp.current_arch("riscv64") is None
+
+
+def test_the_scopes_come_with_abi_6() -> None:
+    assert rights.scopes_for(5) == 0
+    assert rights.scopes_for(6) == rights.scopes_for(7) == rights.SCOPES == 3
+
+
+def test_a_scoped_ruleset_is_created_with_the_longer_structure() -> None:
+    sizes: list[int] = []
+
+    def record(number: int, *args: object) -> tuple[int, int]:
+        if number == landlock.SYS_CREATE_RULESET:
+            sizes.append(args[1].value)  # type: ignore[attr-defined]
+            return -1, errno.EINVAL
+        raise AssertionError(number)
+
+    for scoped, handled_net in ((rights.SCOPES, 0), (0, rights.NET_RIGHTS), (0, 0)):
+        with pytest.raises(landlock.LandlockError):
+            landlock.restrict(1, [], record, handled_net=handled_net, scoped=scoped)
+    assert sizes == [24, 16, 8]
+
+
+# --- tried for real, from inside the boundary -----------------------------------------------
+
+PROBE = r"""
+import os, signal, socket, sys
+path, abstract, decoy = sys.argv[1], sys.argv[2], int(sys.argv[3])
+def attempt(name, action):
+    try:
+        action()
+        print(name, "ok")
+    except OSError as exc:
+        print(name, "refused", exc.errno)
+def pathname():
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(path)
+def abstract_socket():
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect("\0" + abstract)
+def pair():
+    a, b = socket.socketpair()
+    a.sendall(b"x"); assert b.recv(1) == b"x"
+def own_proc():
+    with open("/proc/self/status") as f:
+        f.read()
+def other_environ():
+    with open(f"/proc/{decoy}/environ", "rb") as f:
+        f.read()
+def other_cmdline():
+    with open(f"/proc/{decoy}/cmdline", "rb") as f:
+        f.read()
+def shm():
+    with open("/dev/shm/agentcall-left-behind", "w") as f:
+        f.write("instructions for the next run")
+def signal_decoy():
+    os.kill(decoy, 0)
+for name, action in [("pathname", pathname), ("abstract", abstract_socket), ("pair", pair),
+                     ("own_proc", own_proc), ("environ", other_environ),
+                     ("cmdline", other_cmdline), ("shm", shm), ("signal", signal_decoy)]:
+    attempt(name, action)
+"""
+
+
+def _results(output: str) -> dict[str, str]:
+    found = {}
+    for line in output.splitlines():
+        name, _, verdict = line.partition(" ")
+        found[name] = verdict
+    return found
+
+
+@pytest.mark.skipif(ABI < 1, reason=f"no Landlock on this kernel: {WHY_NOT}")
+@pytest.mark.skipif(seccomp.current_arch() is None, reason="no filter for this machine")
+@pytest.mark.slow
+def test_a_confined_run_reaches_no_socket_process_or_shared_memory_outside_it(
+    tmp_path: Path,
+) -> None:
+    """The owner's pathname and abstract sockets, a decoy process's environment and its
+    signals, and /dev/shm are all out of reach; the run's own socketpair and /proc work."""
+    probe = tmp_path / "probe.py"
+    probe.write_text(PROBE)
+    path = tmp_path / "owner.sock"
+    abstract = f"agentcall-test-{os.getpid()}"
+    decoy = subprocess.Popen(
+        [sys.executable, "-I", "-c", "import sys; sys.stdin.read()"],
+        stdin=subprocess.PIPE,
+        env={"SECRET_TOKEN": "decoy-secret"},
+    )
+    shm_file = Path("/dev/shm/agentcall-left-behind")
+    with socket.socket(socket.AF_UNIX) as owner, socket.socket(socket.AF_UNIX) as hidden:
+        owner.bind(str(path))
+        owner.listen(1)
+        hidden.bind("\0" + abstract)
+        hidden.listen(1)
+        python = os.path.realpath(sys.executable)
+        conf = Confinement(
+            (str(tmp_path),), (), str(tmp_path), runtime=(sys.prefix, sys.base_prefix, python)
+        )
+        prepared = prepare.prepare(
+            conf, [python, "-I", str(probe), str(path), abstract, str(decoy.pid)], {}
+        )
+        try:
+            done = subprocess.run(
+                list(prepared.argv),
+                env=prepared.env,
+                cwd=tmp_path,
+                capture_output=True,
+                text=True,
+                timeout=60,
+                check=False,
+            )
+        finally:
+            prepare.cleanup(prepared.private_tmp)
+            assert decoy.stdin is not None
+            decoy.stdin.close()
+            decoy.wait(timeout=60)
+    found = _results(done.stdout)
+    assert found.get("pathname") == f"refused {errno.EACCES}", done.stdout + done.stderr
+    assert found["pair"] == "ok"
+    assert found["own_proc"] == "ok"
+    assert found["environ"].startswith("refused")
+    assert found["cmdline"].startswith("refused")
+    assert found["shm"].startswith("refused")
+    assert not shm_file.exists()
+    # No UNIX socket can be made at all, so the abstract one is refused by the filter first
+    # (the scope alone: the test below).
+    assert found["abstract"] == f"refused {errno.EACCES}"
+    if ABI >= rights.SCOPE_ABI:
+        assert found["signal"] == f"refused {errno.EPERM}"
+
+
+@pytest.mark.skipif(ABI < rights.SCOPE_ABI, reason=f"no Landlock scopes here (ABI {ABI})")
+@pytest.mark.slow
+def test_the_scopes_alone_refuse_an_abstract_socket_and_a_signal(tmp_path: Path) -> None:
+    """Without the filter (which refuses every UNIX socket first): Landlock's scope refuses
+    the abstract socket by itself."""
+    abstract = f"agentcall-scope-{os.getpid()}"
+    script = (
+        "import os, socket, sys\n"
+        "from agentcall.confine import landlock, rights\n"
+        "landlock.restrict(rights.handled_rights(landlock.abi_version()), [],"
+        " scoped=rights.SCOPES)\n"
+        "s = socket.socket(socket.AF_UNIX)\n"
+        "try:\n"
+        "    s.connect('\\0' + sys.argv[1]); print('connected')\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno)\n"
+        "try:\n"
+        "    os.kill(int(sys.argv[2]), 0); print('signalled')\n"
+        "except OSError as e:\n"
+        "    print('refused', e.errno)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(landlock.__file__)))
+    with socket.socket(socket.AF_UNIX) as hidden:
+        hidden.bind("\0" + abstract)
+        hidden.listen(1)
+        done = subprocess.run(
+            [sys.executable, "-c", script, abstract, str(os.getpid())],
+            env={"PYTHONPATH": root},
+            capture_output=True,
+            text=True,
+            timeout=60,
+            check=False,
+        )
+    assert done.stdout.split("\n")[:2] == [f"refused {errno.EPERM}"] * 2, done.stderr
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux's")
+def test_a_process_made_undumpable_hides_its_proc_files_from_its_own_user() -> None:
+    """What the listener does first: afterwards /proc/PID/environ belongs to root, so the
+    owner's other processes (an answering agent among them) cannot open it."""
+    script = (
+        "import os, sys\n"
+        "from agentcall.confine.undumpable import is_dumpable, make_undumpable\n"
+        "before = is_dumpable()\n"
+        "assert make_undumpable()\n"
+        "print(before, is_dumpable(), os.stat(f'/proc/{os.getpid()}/environ').st_uid)\n"
+    )
+    root = os.path.dirname(os.path.dirname(os.path.abspath(landlock.__file__)))
+    done = subprocess.run(
+        [sys.executable, "-c", script],
+        env={"PYTHONPATH": root},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.stdout.split() == ["True", "False", "0"], done.stderr
+
+
+def test_no_undumpable_switch_off_linux() -> None:
+    from agentcall.confine.undumpable import make_undumpable
+
+    assert make_undumpable(platform="darwin") is False
