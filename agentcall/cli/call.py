@@ -273,8 +273,16 @@ class Reporter:
         self.extra: dict[str, object] = dict(extra or {})
 
     def fail(
-        self, code: str, message: str, call_id: str | None = None, *, exit_code: int = 1
+        self,
+        code: str,
+        message: str,
+        call_id: str | None = None,
+        *,
+        exit_code: int = 1,
+        detail: str | None = None,
     ) -> NoReturn:
+        """Say why the call failed and exit; ``detail``: the part of ``message`` the callee's
+        side sent, also given on its own under ``--json`` so an agent can keep it apart."""
         from agentcall.cli.main import CommandError
         from agentcall.cli.render import safe_json
 
@@ -287,6 +295,8 @@ class Reporter:
             }
             if call_id is not None:
                 body["call_id"] = call_id
+            if detail:
+                body["detail"] = detail
             body.update(self.extra)
             print(safe_json(body))
         raise CommandError(message, exit_code)
@@ -376,6 +386,7 @@ class Reporter:
                 "turn limit, or the agent no longer knows it); start a new call without "
                 "--continue or --context."
             )
+        detail = None
         if outcome.detail:
             detail = safe_cell(outcome.detail)
             if len(detail) > MAX_DETAIL_SHOWN:
@@ -385,7 +396,7 @@ class Reporter:
             message += " Tasks offered to you: " + ", ".join(outcome.offered) + "."
         # The code too, so people can search for it and scripts can match it.
         message += f" [{code}]"
-        self.fail(str(code), message, outcome.call_id)
+        self.fail(str(code), message, outcome.call_id, detail=detail)
 
 
 class _Progress:

@@ -37,6 +37,7 @@ from agentcall.listener.admission import ASK_TASK, AdmissionDenied, Admitted, re
 from agentcall.listener.agents import AgentAdapter, AgentParser
 from agentcall.listener.agents.base import (
     AgentAnswer,
+    AgentFailure,
     FailureKind,
     cut_utf8,
     sanitize_detail,
@@ -63,6 +64,13 @@ GUARD_UNWIRED_DETAIL: Final = (
     "the owner's tool guard did not see every tool call of the agent, so the answer was withheld"
 )
 NOT_LOGGED_IN_DETAIL: Final = "the answering agent is not logged in"
+# What a caller is told of a failed run. The agent's own words (its stderr, an error line on its
+# stdout) can hold the owner's paths or text aimed at the caller's agent, so they go to calls.log
+# only; the caller gets one of these, in which only numbers come from the run.
+STOPPED_RUN_DETAIL: Final = "the agent was stopped before it answered"
+TOO_MUCH_OUTPUT_DETAIL: Final = "the agent printed too much before answering"
+CLI_TOO_OLD_DETAIL: Final = "the owner's agent CLI is too old for AgentCall"
+NO_ANSWER_DETAIL: Final = "the agent ended without an answer"
 NO_WORKDIR_DETAIL: Final = "none of the directories the owner shares exists on their machine"
 
 KeyFetcher = Callable[[str], Deferred[KeysResponse]]
@@ -319,6 +327,9 @@ def judge_run(
 ) -> Verdict:
     """Interpret a finished run into the reply or failure for the caller.
 
+    A failure tells the caller only :func:`failure_reason`'s words; what the agent printed
+    about it (the end of its stderr, its error line) is ``Verdict.error``, for calls.log.
+
     ``unguarded`` returns the tool calls the guard never saw; any at all withholds the answer
     (it may carry what an unchecked tool read) and flags ``guard_unwired``.
     """
@@ -343,10 +354,28 @@ def judge_run(
     if outcome.kind is FailureKind.UNAUTHENTICATED:
         failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=NOT_LOGGED_IN_DETAIL)
         return Verdict(failure, CallStatus.AGENT_ERROR, short_detail(outcome.detail, secrets))
-    detail = short_detail(outcome.detail, secrets) or "the agent failed without saying why"
+    failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=failure_reason(outcome, result))
     cancelled = outcome.kind is FailureKind.CANCELLED
     status = CallStatus.CANCELED if cancelled else CallStatus.AGENT_ERROR
-    return Verdict(CallFailure(code=CallErrorCode.AGENT_ERROR, detail=detail), status, detail)
+    error = short_detail(outcome.detail, secrets) or "the agent failed without saying why"
+    return Verdict(failure, status, error)
+
+
+def failure_reason(outcome: AgentFailure, result: RunResult) -> str:
+    """The caller's words for a run that ended without an answer: fixed text of ours, and of
+    the run only its exit status or signal, so nothing the agent printed can reach the caller."""
+    if outcome.kind is FailureKind.CANCELLED:
+        return STOPPED_RUN_DETAIL
+    if outcome.kind is FailureKind.OUTPUT_TOO_LARGE:
+        return TOO_MUCH_OUTPUT_DETAIL
+    if outcome.kind is FailureKind.CLI_TOO_OLD:
+        return CLI_TOO_OLD_DETAIL
+    # After an early finish the runner stopped the agent itself, so its signal says nothing.
+    if result.signal is not None and not result.early_finish:
+        return f"the agent was killed by signal {result.signal} without an answer"
+    if result.exit_code is not None and result.exit_code != 0:
+        return f"the agent exited with status {result.exit_code} without an answer"
+    return NO_ANSWER_DETAIL
 
 
 # --- 6. sealing ------------------------------------------------------------------------------

@@ -111,13 +111,28 @@ def _parse(stdout: str) -> Any:
         return None
 
 
+def _peer_failure(
+    code: str, message: str, detail: str, address: str | None, nonce: str
+) -> ToolOutcome:
+    """A failure whose detail the callee's side wrote: our sentence outside, their detail
+    inside the fence (an older or hostile listener may put anything there), and no copy of
+    it in the structured result, which would arrive without its fence."""
+    ours = failure(code, message.replace(f" ({detail})", ""))
+    whose = f"{address or 'the other person'}'s side (its own account of the failure)"
+    return attrs.evolve(ours, text=ours.text + "\n" + fence(detail, whose, nonce))
+
+
 def interpret(name: str, exit_code: int, stdout: str, stderr: str, nonce: str) -> ToolOutcome:
     """The result of tool ``name`` whose command exited ``exit_code`` printing these."""
     body = _parse(stdout)
     if isinstance(body, dict) and body.get("ok") is False:
         if body.get("code") == "pending" and exit_code == EXIT_PENDING:
             return _pending(body)
-        failed = failure(str(body.get("code") or "failed"), str(body.get("message") or ""))
+        code, message = str(body.get("code") or "failed"), str(body.get("message") or "")
+        detail = body.get("detail")
+        if code in PEER_FAILURE_CODES and isinstance(detail, str) and detail:
+            return _peer_failure(code, message, detail, _address(body.get("address")), nonce)
+        failed = failure(code, message)
         if body.get("code") in PEER_FAILURE_CODES and "(" in failed.text:
             # The CLI's sentence may end with a detail the callee's side sent (its agent's
             # error, say): short and cleaned, but still their words.

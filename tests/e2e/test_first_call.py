@@ -10,6 +10,7 @@ kill-timer tests call the task `stuck`, whose own short `timeout_s` applies to t
 
 from __future__ import annotations
 
+import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
@@ -129,15 +130,26 @@ def test_a_stuck_agent_is_killed_and_the_caller_gets_timeout(world: World, scena
 
 
 @pytest.mark.parametrize(
-    ("scenario", "expected"),
-    [("unauthenticated", "not logged in"), ("api_error", "agent"), ("usage_error", "agent")],
+    ("scenario", "expected", "agents_words"),
+    [
+        ("unauthenticated", "not logged in", "Please run /login"),
+        ("api_error", "without an answer", "Repeated 529 Overloaded"),
+        ("usage_error", "too old", "'manual' is invalid"),
+    ],
 )
-def test_agent_failures_give_clear_errors(world: World, scenario: str, expected: str) -> None:
+def test_agent_failures_give_clear_errors(
+    world: World, scenario: str, expected: str, agents_words: str
+) -> None:
+    """The caller is told how the run failed in the listener's words; what the agent printed
+    about it is kept in the owner's calls.log and never sent."""
     world.ken.set_scenario(scenario)
     done = world.ann.cli("call", "@acme/ken", "hello")
     assert done.returncode != 0
     assert expected in done.stderr.lower()
     assert len(done.stderr.strip().splitlines()) <= 2
+    assert agents_words not in done.stdout + done.stderr
+    logged = json.loads((world.ken.state_dir / "calls.log").read_text().splitlines()[-1])
+    assert logged["status"] == "agent_error" and agents_words in logged["error"]
 
 
 def test_huge_output_is_capped_without_blocking(world: World) -> None:

@@ -165,6 +165,12 @@ def test_json_failure_is_one_object_and_exit_one(
     assert body["call_id"] == CALL_ID
     assert body["message"].startswith("Could not reach the relay")
     assert err.splitlines()[-1].startswith("agentcall: Could not reach the relay")
+    # The detail is in the sentence and, for agents that keep it apart, on its own.
+    assert body["detail"] == "relay.example refused the connection"
+    assert f"({body['detail']})" in body["message"]
+    flow.result = failed("busy")
+    _code, out, _err = run(capsys, "bob", "hi", "--json")
+    assert "detail" not in json.loads(out)
 
 
 def test_a_local_refusal_names_its_code(flow: FakeFlow, capsys: pytest.CaptureFixture[str]) -> None:

@@ -24,7 +24,7 @@ from agentcall.crypto import envelope as crypto_envelope
 from agentcall.crypto.pins import IPinStorage, MemoryPinStorage, Pin, PinBook
 from agentcall.crypto.replay import IReplayStorage, MemoryReplayStorage, ReplayWindow
 from agentcall.errors import CallErrorCode
-from agentcall.listener import guardwire, planning, stages
+from agentcall.listener import agent_env, guardwire, planning, stages
 from agentcall.listener.admission import Admitted
 from agentcall.listener.agent_env import CALL_ID_ENV, agent_environment
 from agentcall.listener.agents import claude, command
@@ -970,6 +970,16 @@ def test_agent_environment_keeps_only_what_agents_need(name: str, kept: bool) ->
     assert (name in env) is kept
 
 
+def test_the_owners_session_addresses_never_reach_the_agent() -> None:
+    """Not from the listener's environment, and not from an adapter's additions either."""
+    session = dict.fromkeys(agent_env.SESSION_NAMES, "value")
+    assert {"SSH_AUTH_SOCK", "DBUS_SESSION_BUS_ADDRESS", "DISPLAY", "WAYLAND_DISPLAY"} <= set(
+        session
+    )
+    env = agent_environment({**session, "PATH": "/bin"}, CALL_ID, session)
+    assert env == {"PATH": "/bin", CALL_ID_ENV: CALL_ID}
+
+
 def test_the_call_id_variable_cannot_be_forged() -> None:
     """Neither the environment nor the adapter's additions can set AGENTCALL_* variables."""
     env = agent_environment(
@@ -1085,8 +1095,8 @@ def test_failures_map_to_codes_and_statuses(
     assert (verdict.outcome.code, verdict.status) == (code, status)
 
 
-def test_failure_details_are_fixed_or_short_clean_and_redacted() -> None:
-    """Timeout and login have fixed words; other details are one redacted line."""
+def test_failure_details_are_fixed_and_the_owners_error_is_clean_and_redacted() -> None:
+    """The caller's detail is fixed words; the owner's error is one redacted line."""
     timeout = judge(run_result(exit_code=None, signal=15, timed_out=True)).outcome
     assert (
         isinstance(timeout, CallFailure)
@@ -1095,11 +1105,14 @@ def test_failure_details_are_fixed_or_short_clean_and_redacted() -> None:
     login = judge(FAILURES[1][1], claude.ADAPTER).outcome
     assert isinstance(login, CallFailure) and login.detail == "the answering agent is not logged in"
     stderr = f"fatal: token {TOKEN} rejected\n\x1b[31mred\x1b[0m\n".encode()
-    crash = judge(run_result(exit_code=1, stderr=stderr)).outcome
-    assert isinstance(crash, CallFailure) and crash.detail is not None
-    assert TOKEN not in crash.detail and REDACTED in crash.detail
-    assert "\x1b" not in crash.detail and "\n" not in crash.detail
-    assert len(crash.detail) <= limits.MAX_DETAIL_CHARS
+    crash = judge(run_result(exit_code=1, stderr=stderr))
+    assert crash.outcome == CallFailure(
+        code=CallErrorCode.AGENT_ERROR, detail="the agent exited with status 1 without an answer"
+    )
+    assert crash.error is not None
+    assert TOKEN not in crash.error and REDACTED in crash.error and "red" in crash.error
+    assert "\x1b" not in crash.error and "\n" not in crash.error
+    assert len(crash.error) <= limits.MAX_DETAIL_CHARS
 
 
 def claude_stdout(text: str, *, session: str = "sess-new-1", tools: tuple[str, ...] = ()) -> bytes:

@@ -190,7 +190,10 @@ class AgentAnswer:
 
 @attrs.frozen
 class AgentFailure:
-    """The agent did not answer. ``detail`` is short, single-line and free of control chars."""
+    """The agent did not answer. ``detail`` is short, single-line and free of control chars,
+    and is for the owner's calls.log only: it may quote the agent's stderr or error line. The
+    caller is told words chosen from ``kind`` (:func:`agentcall.listener.stages.failure_reason`).
+    """
 
     kind: FailureKind
     detail: str

@@ -1,8 +1,9 @@
 """The ``command`` kind: any executable that reads the prompt on stdin and prints the answer.
 
 Exit 0 means the whole of stdout is the answer (UTF-8, bad bytes replaced); anything else is
-an ``agent_error`` carrying the end of stderr. Such a command has no sessions and no tools that
-AgentCall knows of, so it cannot resume a conversation.
+an ``agent_error``, whose detail (the exit status and the end of stderr) goes to the owner's
+calls.log; the caller is told the exit status only. Such a command has no sessions and no tools
+that AgentCall knows of, so it cannot resume a conversation.
 """
 
 from __future__ import annotations
