@@ -472,7 +472,7 @@ def guard(home: Home, config: Config, deps: DoctorDeps) -> list[Check]:
                 call_id="doctor",
                 log_path=log,
                 home=home.user_home,
-                extra_denied=guardwire.default_extra_denied(home.tasks_dir),
+                extra_denied=guardwire.default_extra_denied(home.tasks_dir, home.state_dir),
             )
         )
         denied = _run_guard(argv, secret, root, env)

@@ -61,12 +61,24 @@ PROC_READ: tuple[str, ...] = (
     "/proc/sys",
 )
 # Trees granted entry by entry, less the named entries: ``/run/user`` holds the owner's
-# session (its bus, keyring and credential files), ``/dev/shm`` and ``/dev/mqueue`` are shared
-# with every process of the owner and outlive the run (one caller's run could leave
-# instructions there for the next; the run has its own TMPDIR instead).
+# session (its bus, keyring and credential files), ``/run/host`` a toolbox's view of the host's
+# whole disk, ``/run/media`` the owner's mounted drives, ``/run/secrets`` and
+# ``/run/credentials`` service and container credentials.
 SYSTEM_TREES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("/run", READ, ("user",)),
-    ("/dev", DEVICE, ("shm", "mqueue")),
+    ("/run", READ, ("user", "host", "media", "secrets", "credentials")),
+)
+# Of /dev (listed), only the devices every program uses: not /dev/shm or /dev/mqueue, shared
+# with every process of the owner and outliving the run (one caller's run could leave
+# instructions there for the next; the run has its own TMPDIR instead), and none of the devices
+# the owner's groups may open (a camera, a microphone, a GPU, USB), nor /dev/pts, where the
+# owner's terminals are (a run could read what is typed there, or type into them).
+SYSTEM_DEVICES: tuple[str, ...] = (
+    "/dev/null",
+    "/dev/zero",
+    "/dev/full",
+    "/dev/random",
+    "/dev/urandom",
+    "/dev/tty",
 )
 # How deep a read root is opened child by child before the rest of that branch is left out.
 MAX_DEPTH = 16
@@ -206,6 +218,11 @@ def plan(
             planner.add(path, READ)
     for path, kind, left_out in SYSTEM_TREES:
         _grant_entries(planner, view, path, kind, left_out)
+    if view.exists("/dev"):
+        planner.add("/dev", LIST)
+    for path in SYSTEM_DEVICES:
+        if view.exists(path) and view.realpath(path) == path:
+            planner.add(path, DEVICE)
     for path in conf.runtime:
         # The agent's installation, its interpreter, the guard's Python.
         planner.grant(path, READ)

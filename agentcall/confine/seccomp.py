@@ -8,7 +8,9 @@ a UNIX socket at all (``socket(AF_UNIX, …)`` fails with ``EACCES``). ``socketp
 stream kind stays allowed, since runtimes connect their children's pipes with it; a datagram
 pair is refused, because a datagram socket can still ``sendto`` a path. ``io_uring_setup``
 fails with ``ENOSYS`` (as on a kernel without it), since io_uring creates and connects sockets
-without passing through these system calls, and runtimes fall back to plain calls.
+without passing through these system calls, and runtimes fall back to plain calls. The same
+``ENOSYS`` for System V IPC and the kernel keyrings, and calls that act on another process by
+user id alone (``prlimit64``, ``setpriority``, the scheduler's) may name only the caller.
 
 Only the machine's own system call convention is allowed: a 32-bit or x32 call (another
 numbering, where ``socket`` is reached through ``socketcall``) kills the process. Abstract
@@ -56,17 +58,51 @@ X32_SYSCALL_BIT = 0x40000000
 class Arch:
     """One architecture's audit number and the system call numbers the filter names."""
 
-    def __init__(self, audit: int, socket: int, socketpair: int, io_uring_setup: int) -> None:
+    def __init__(
+        self,
+        audit: int,
+        *,
+        socket: int,
+        socketpair: int,
+        absent: tuple[int, ...],
+        self_only: tuple[int, ...],
+        who_self: tuple[tuple[int, int], ...],
+    ) -> None:
         self.audit = audit
         self.socket = socket
         self.socketpair = socketpair
-        self.io_uring_setup = io_uring_setup
+        # Calls that fail with ENOSYS, as on a kernel built without them.
+        self.absent = absent
+        # Calls whose first argument names a process: allowed only on the caller itself (0).
+        self.self_only = self_only
+        # (call, which): allowed only as ``call(which, 0, ...)``, the caller itself.
+        self.who_self = who_self
 
 
 # uname's machine name -> its numbers (asm/unistd_64.h; asm-generic/unistd.h for aarch64).
+# absent: io_uring_setup (it creates and connects sockets behind the filter's back), System V
+# shared memory, semaphores and message queues (they outlive the run and are shared with the
+# owner's processes), and the kernel keyrings (the owner's keys, Kerberos tickets).
+# self_only: prlimit64 (RLIMIT_CPU on the listener kills it), sched_setparam,
+# sched_setscheduler, sched_setattr. who_self: setpriority (PRIO_PROCESS) and ioprio_set
+# (IOPRIO_WHO_PROCESS): the same-user checks of all these ignore Landlock's scopes.
 ARCHES: dict[str, Arch] = {
-    "x86_64": Arch(0xC000003E, socket=41, socketpair=53, io_uring_setup=425),
-    "aarch64": Arch(0xC00000B7, socket=198, socketpair=199, io_uring_setup=425),
+    "x86_64": Arch(
+        0xC000003E,
+        socket=41,
+        socketpair=53,
+        absent=(425, 29, 30, 31, 67, 64, 65, 66, 220, 68, 69, 70, 71, 248, 249, 250),
+        self_only=(302, 142, 144, 314),
+        who_self=((141, 0), (251, 1)),
+    ),
+    "aarch64": Arch(
+        0xC00000B7,
+        socket=198,
+        socketpair=199,
+        absent=(425, *range(186, 198), 217, 218, 219),
+        self_only=(261, 118, 119, 274),
+        who_self=((140, 0), (30, 1)),
+    ),
 }
 
 
@@ -75,38 +111,80 @@ class SeccompError(OSError):
 
 
 Instruction = tuple[int, int, int, int]  # code, jump if true, jump if false, k
+# Before assembly a jump names a label (a string) or skips a number of instructions.
+_Jump = int | str
+_Item = tuple[int, _Jump, _Jump, int] | str
+
+
+def _assemble(items: list[_Item]) -> list[Instruction]:
+    """Resolve labels (the strings in ``items``) into relative jumps."""
+    labels: dict[str, int] = {}
+    code: list[tuple[int, _Jump, _Jump, int]] = []
+    for item in items:
+        if isinstance(item, str):
+            labels[item] = len(code)
+        else:
+            code.append(item)
+
+    def offset(pc: int, jump: _Jump) -> int:
+        target = labels[jump] if isinstance(jump, str) else pc + 1 + jump
+        skip = target - pc - 1
+        if not 0 <= skip <= 255:
+            raise ValueError("a jump of the filter does not fit")
+        return skip
+
+    return [(op, offset(pc, jt), offset(pc, jf), k) for pc, (op, jt, jf, k) in enumerate(code)]
 
 
 def program(arch: Arch) -> list[Instruction]:
     """The filter, as classic BPF instructions."""
-    deny = RET_ERRNO | errno.EACCES
-    absent = RET_ERRNO | errno.ENOSYS
-    # A jump skips that many instructions (to pc + 1 + n); the numbers on the right are each
-    # instruction's index, and where its jumps land.
-    code: list[Instruction] = [
-        (BPF_LD_W_ABS, 0, 0, OFFSET_ARCH),  # 0
-        (BPF_JEQ_K, 1, 0, arch.audit),  # 1: native -> 3
-        (BPF_RET_K, 0, 0, RET_KILL_PROCESS),  # 2: a foreign convention
-        (BPF_LD_W_ABS, 0, 0, OFFSET_NR),  # 3
-        (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),  # 4: below the x32 bit -> 6
-        (BPF_RET_K, 0, 0, RET_KILL_PROCESS),  # 5: x32
-        (BPF_JEQ_K, 4, 0, arch.socket),  # 6: -> 11
-        (BPF_JEQ_K, 6, 0, arch.socketpair),  # 7: -> 14
-        (BPF_JEQ_K, 1, 0, arch.io_uring_setup),  # 8: -> 10
-        (BPF_RET_K, 0, 0, RET_ALLOW),  # 9: every other call
-        (BPF_RET_K, 0, 0, absent),  # 10
-        (BPF_LD_W_ABS, 0, 0, OFFSET_ARG0_LOW),  # 11: socket's domain
-        (BPF_JEQ_K, 6, 0, AF_UNIX),  # 12: UNIX -> 19
-        (BPF_RET_K, 0, 0, RET_ALLOW),  # 13
-        (BPF_LD_W_ABS, 0, 0, OFFSET_ARG0_LOW),  # 14: socketpair's domain
-        (BPF_JEQ_K, 0, 4, AF_UNIX),  # 15: not UNIX -> 20
-        (BPF_LD_W_ABS, 0, 0, OFFSET_ARG1_LOW),  # 16: its type
-        (BPF_AND_K, 0, 0, SOCK_TYPE_MASK),  # 17
-        (BPF_JEQ_K, 1, 0, SOCK_STREAM),  # 18: a stream pair -> 20
-        (BPF_RET_K, 0, 0, deny),  # 19
-        (BPF_RET_K, 0, 0, RET_ALLOW),  # 20
+    items: list[_Item] = [
+        (BPF_LD_W_ABS, 0, 0, OFFSET_ARCH),
+        (BPF_JEQ_K, 1, 0, arch.audit),
+        (BPF_RET_K, 0, 0, RET_KILL_PROCESS),  # a foreign convention: another numbering
+        (BPF_LD_W_ABS, 0, 0, OFFSET_NR),
+        (BPF_JGE_K, 0, 1, X32_SYSCALL_BIT),
+        (BPF_RET_K, 0, 0, RET_KILL_PROCESS),  # x32
+        (BPF_JEQ_K, "socket", 0, arch.socket),
+        (BPF_JEQ_K, "socketpair", 0, arch.socketpair),
     ]
-    return code
+    items += [(BPF_JEQ_K, "absent", 0, nr) for nr in arch.absent]
+    items += [(BPF_JEQ_K, "arg0 is self", 0, nr) for nr in arch.self_only]
+    items += [(BPF_JEQ_K, f"who {nr}", 0, nr) for nr, _which in arch.who_self]
+    items += [
+        (BPF_RET_K, 0, 0, RET_ALLOW),  # every other call
+        "absent",
+        (BPF_RET_K, 0, 0, RET_ERRNO | errno.ENOSYS),
+        "socket",
+        (BPF_LD_W_ABS, 0, 0, OFFSET_ARG0_LOW),
+        (BPF_JEQ_K, "refuse", "allow", AF_UNIX),
+        "socketpair",
+        (BPF_LD_W_ABS, 0, 0, OFFSET_ARG0_LOW),
+        (BPF_JEQ_K, 0, "allow", AF_UNIX),
+        (BPF_LD_W_ABS, 0, 0, OFFSET_ARG1_LOW),
+        (BPF_AND_K, 0, 0, SOCK_TYPE_MASK),
+        (BPF_JEQ_K, "allow", "refuse", SOCK_STREAM),
+        "arg0 is self",
+        (BPF_LD_W_ABS, 0, 0, OFFSET_ARG0_LOW),
+        (BPF_JEQ_K, "allow", "not yours", 0),
+    ]
+    for nr, which in arch.who_self:
+        items += [
+            f"who {nr}",
+            (BPF_LD_W_ABS, 0, 0, OFFSET_ARG0_LOW),
+            (BPF_JEQ_K, 0, "not yours", which),
+            (BPF_LD_W_ABS, 0, 0, OFFSET_ARG1_LOW),
+            (BPF_JEQ_K, "allow", "not yours", 0),
+        ]
+    items += [
+        "refuse",
+        (BPF_RET_K, 0, 0, RET_ERRNO | errno.EACCES),
+        "not yours",
+        (BPF_RET_K, 0, 0, RET_ERRNO | errno.EPERM),
+        "allow",
+        (BPF_RET_K, 0, 0, RET_ALLOW),
+    ]
+    return _assemble(items)
 
 
 def encode(code: Sequence[Instruction]) -> bytes:

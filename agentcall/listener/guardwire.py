@@ -263,12 +263,18 @@ def guard_env(
     }
 
 
-def default_extra_denied(tasks_dir: str | Path) -> list[str]:
-    """The roots the guard must always refuse besides the built-in list: its own code (the
-    installed ``agentcall`` package) and the owner's tasks directory."""
+def default_extra_denied(tasks_dir: str | Path, state_dir: str | Path | None = None) -> list[str]:
+    """The roots the guard and the kernel boundary must always refuse besides the built-in
+    list: the guard's own code (the installed ``agentcall`` package), the owner's tasks
+    directory and the state directory. The built-in list names ``~/.agentcall``; a state
+    directory moved elsewhere (``AGENTCALL_HOME``) holds the same keys, service key and bridge
+    token, and a read root that contains it must not grant it."""
     import agentcall
 
-    return [os.path.dirname(os.path.abspath(agentcall.__file__)), os.path.abspath(tasks_dir)]
+    denied = [os.path.dirname(os.path.abspath(agentcall.__file__)), os.path.abspath(tasks_dir)]
+    if state_dir is not None:
+        denied.append(os.path.abspath(state_dir))
+    return denied
 
 
 def owner_settings_disable_hooks(

@@ -237,7 +237,9 @@ class ListenerService(service.MultiService):
                     argv=tuple(guardwire.guard_argv()),
                     tools_log=str(home.tools_log_path),
                     home=str(home.user_home),
-                    extra_denied=tuple(guardwire.default_extra_denied(home.tasks_dir)),
+                    extra_denied=tuple(
+                        guardwire.default_extra_denied(home.tasks_dir, home.state_dir)
+                    ),
                 ),
                 spawn=self._spawn,
                 call_log=CallLog(home.calls_log_path, secrets=[config.token]),

@@ -66,7 +66,8 @@ def home_view(**extra_dirs: list[str]) -> FakeView:
         "/proc/4242": ["environ"],
         "/proc/cpuinfo": [],
         "/proc/sys": [],
-        "/run": ["user", "systemd", "resolvconf"],
+        "/run": ["user", "systemd", "resolvconf", "host"],
+        "/run/host": [],
         "/run/user": ["1000"],
         "/run/systemd": [],
         "/run/resolvconf": [],
@@ -156,7 +157,7 @@ def test_writes_go_only_to_the_write_roots_the_temp_dir_and_the_agent_state() ->
     writable = {p for p, k in planned.items() if WRITE in k}
     assert writable == {"/h/project/src", "/h/.claude", "/h/.claude.json", "/t"}
     assert planned["/s/tools.log"] == {APPEND}
-    assert planned["/dev/null"] == planned["/dev/pts"] == {DEVICE}
+    assert planned["/dev/null"] == {DEVICE}
     assert planned["/usr"] == {READ}
 
 
@@ -166,7 +167,15 @@ def test_shared_memory_and_the_owners_session_directory_are_left_out() -> None:
     link in them (/dev/fd) is not granted as a link."""
     planned = kinds(rules.plan(Confinement((), (), HOME), home_view()))
     assert planned["/dev"] == planned["/run"] == {LIST}
-    for left_out in ("/dev/shm", "/dev/mqueue", "/run/user", "/run/user/1000", "/dev/fd"):
+    for left_out in (
+        "/dev/shm",
+        "/dev/mqueue",
+        "/dev/pts",  # the owner's terminals
+        "/run/user",
+        "/run/user/1000",
+        "/run/host",
+        "/dev/fd",
+    ):
         assert left_out not in planned, left_out
     assert planned["/run/systemd"] == planned["/run/resolvconf"] == {READ}
 

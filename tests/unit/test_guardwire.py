@@ -224,6 +224,13 @@ def test_default_extra_denied_names_the_package_and_tasks(tmp_path: Path) -> Non
     assert default_extra_denied(tmp_path / "tasks") == [package, str(tmp_path / "tasks")]
 
 
+def test_a_state_directory_outside_the_home_default_is_denied_too(tmp_path: Path) -> None:
+    """AGENTCALL_HOME may put the keys, the service key and the bridge token anywhere (inside
+    a read root, say): the listener passes its state directory, which is denied like the rest."""
+    state = tmp_path / "projects" / "agentcall-work"
+    assert default_extra_denied(tmp_path / "tasks", state)[-1] == str(state)
+
+
 # --- the owner's settings ------------------------------------------------------------------
 
 

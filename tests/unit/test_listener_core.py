@@ -664,5 +664,8 @@ def test_a_good_installation_builds_the_service(tmp_path: Path) -> None:
     assert built.core.keys.address == "@acme/ken"
     assert built.connection.parent is built
     assert not built.link.connected
+    # Wherever AGENTCALL_HOME puts it, the state directory is denied to every run.
+    state_dir = Home.from_environ(environ).state_dir
+    assert str(state_dir) in built.core._fx.guard.extra_denied
     stopped = built.stopService()  # closes the state database
     assert fired(stopped)
