@@ -52,8 +52,9 @@ examples:
   agentcall a2a serve
   agentcall a2a serve --listen tcp:9000:interface=127.0.0.1
   curl -s http://127.0.0.1:8470/agents/acme/ken/.well-known/agent-card.json
-  curl -s -H "Authorization: Bearer $(agentcall a2a token)" -H 'A2A-Version: 1.0' \\
-    -H 'Content-Type: application/json' http://127.0.0.1:8470/agents/acme/ken \\
+  agentcall a2a token | sed 's/^/Authorization: Bearer /' | curl -s -H @- \\
+    -H 'A2A-Version: 1.0' -H 'Content-Type: application/json' \\
+    http://127.0.0.1:8470/agents/acme/ken \\
     -d '{"jsonrpc": "2.0", "id": 1, "method": "GetTask", "params": {"id": "TASK_ID"}}'
   agentcall a2a token --rotate"""
 

@@ -77,6 +77,12 @@ PeerReader = Callable[[socket.socket], PeerCredentials]
 RunPeerCheck = Callable[[int, Callable[[], Collection[int]]], bool]
 
 
+RUN_PEER_REFUSAL = (
+    "the local AgentCall service does not act for a process of an answering agent's run "
+    "(one carrying its variables, in its session, or started by it)"
+)
+
+
 def _belongs_to_run(pid: int, run_leaders: Callable[[], Collection[int]]) -> bool:
     return runpeer.belongs_to_run(pid, run_leaders=run_leaders)
 
@@ -140,7 +146,10 @@ class LocalSession(protocol.Protocol):
         if server.is_run_peer(peer.pid, server.run_leaders):
             # The answering agent (or something it started) acting as the owner.
             _log.warn("local_client_refused", pid=peer.pid, reason="an answering agent's run")
-            self._transport.abortConnection()
+            # Said, not just dropped: a person wrongly taken for a run learns why.
+            refusal = LocalEnded.refused("unauthorised", RUN_PEER_REFUSAL)
+            self._transport.write(codec.encode(refusal) + b"\n")
+            self._transport.loseConnection()
             return
         if len(server.sessions) >= limits.LOCAL_MAX_CLIENTS:
             _log.warn("local_client_refused", reason="too many connections")
@@ -350,14 +359,15 @@ class LocalSocketService(service.Service):
     def startService(self) -> None:
         super().startService()
         try:
-            # A fresh key at each start, written before the socket exists: a client that can
-            # connect can already read it, if it may.
-            self.key = servicekey.make(self.key_path)
             sock, identity = unixsocket.bind_listening(self.path)
         except OSError as exc:
             _log.warn("local_socket_unavailable", path=str(self.path), reason=str(exc))
             return
         try:
+            # A fresh key at each start, written once the socket is ours: a start that fails
+            # to bind leaves the running service's key alone. A client that read the old key
+            # in the moment between is refused (`unauthorised`) and may simply call again.
+            self.key = servicekey.make(self.key_path)
             sock.setblocking(False)
             port = _Port.adopt(self._reactor, sock, self.path, _Factory(self))
             port.startListening()

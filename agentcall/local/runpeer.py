@@ -49,10 +49,29 @@ class ProcessFacts:
         return parse_stat(raw)
 
     def uid(self, pid: int) -> int | None:
+        """The process's real user id (from ``status``, which a hidden process still shows)."""
         try:
-            return os.stat(f"{self._proc}/{pid}").st_uid
+            with open(f"{self._proc}/{pid}/status", "rb") as handle:
+                raw = handle.read()
         except OSError:
             return None
+        return parse_uid(raw)
+
+    def hidden(self, pid: int) -> bool:
+        """Whether the process made itself not dumpable: its /proc files become root's."""
+        try:
+            return os.stat(f"{self._proc}/{pid}").st_uid == 0
+        except OSError:
+            return False
+
+
+def parse_uid(raw: bytes) -> int | None:
+    """The real uid on the ``Uid:`` line of ``/proc/PID/status``."""
+    for line in raw.splitlines():
+        if line.startswith(b"Uid:"):
+            fields = line.split()
+            return int(fields[1]) if len(fields) > 1 and fields[1].isdigit() else None
+    return None
 
 
 def parse_stat(raw: bytes) -> tuple[int, int] | None:
@@ -85,17 +104,21 @@ def belongs_to_run(
     run_leaders: Callable[[], Collection[int]] = lambda: (),
     facts: ProcessFacts | None = None,
     uid: int | None = None,
+    service_pid: int | None = None,
 ) -> bool:
     """True when ``pid``, or a process of this user on its parent chain, carries a run
-    marker, leads a run, or is in a run's session (``run_leaders``: the pids of the runs now
-    going, each the leader of its own session).
+    marker, leads a run, is in a run's session (``run_leaders``: the pids of the runs now
+    going, each the leader of its own session), or is the service itself (``service_pid``,
+    this process by default: whatever descends from the listener is a run).
 
-    The peer itself must be readable: a process of this user whose environment cannot be
-    read (it made itself non-dumpable, or it is already gone) is counted as a run's, since
-    the owner's own clients never hide. Ancestors of another user (init, sshd) end the walk.
+    A peer that hid itself (not dumpable, so its environment cannot be read) counts as a
+    run's: the owner's own clients never hide. An environment unreadable for another reason
+    (a peer of this user running with another group) is no evidence either way, and the walk
+    goes on. Ancestors of another user (init, sshd) end the walk.
     """
     seen = facts or ProcessFacts()
     me = os.getuid() if uid is None else uid
+    myself = os.getpid() if service_pid is None else service_pid
     leaders = set(run_leaders())
     current = pid
     for depth in range(MAX_ANCESTORS):
@@ -103,14 +126,17 @@ def belongs_to_run(
             return False
         if depth and seen.uid(current) != me:
             return False
-        environ = seen.environ(current)
-        facts_of = seen.stat(current)
-        if environ is None or facts_of is None:
-            return depth == 0
-        if environ_marked(environ):
+        place = seen.stat(current)
+        if place is None:
+            return depth == 0  # the peer is gone, or cannot be seen at all
+        parent, session = place
+        if (depth and current == myself) or current in leaders or session in leaders:
             return True
-        parent, session = facts_of
-        if current in leaders or session in leaders:
+        environ = seen.environ(current)
+        if environ is None:
+            if depth == 0 and me != 0 and seen.hidden(current):
+                return True
+        elif environ_marked(environ):
             return True
         current = parent
     return False

@@ -20,7 +20,7 @@ from twisted.python.failure import Failure
 from agentcall import limits
 from agentcall.cli import viaservice
 from agentcall.listener.localsocket import EventSink, LocalSession, LocalSocketService
-from agentcall.local import servicekey, unixsocket
+from agentcall.local import runpeer, servicekey, unixsocket
 from agentcall.local.unixsocket import PeerCredentials
 from agentcall.wire import codec, local
 from agentcall.wire.local import (
@@ -485,10 +485,12 @@ def test_an_endless_key_line_is_refused_without_waiting_for_its_end() -> None:
 
 
 def test_a_client_from_an_answering_agents_run_is_refused_even_with_the_key() -> None:
-    proto, transport, handler, _clock, server = session(pid=RUN_PID)
-    assert transport.aborted and server.sessions == set()
-    proto.dataReceived(codec.encode(REQUEST) + b"\n")
-    assert handler.calls == [] and transport.value() == b""
+    proto, transport, handler, _clock, server = session(pid=RUN_PID, with_key=False)
+    assert transport.disconnecting and server.sessions == set()
+    refusal = _refusal(transport)
+    assert refusal.code == "unauthorised" and "answering agent's run" in (refusal.message or "")
+    proto.dataReceived(local.encode_key_line(KEY) + codec.encode(REQUEST) + b"\n")
+    assert handler.calls == [] and len(transport.value().splitlines()) == 1
 
 
 def test_the_run_check_is_given_the_runs_going_now() -> None:
@@ -530,14 +532,23 @@ def test_each_start_writes_a_new_private_key(tmp_path: Path) -> None:
 
 @pytest.fixture
 def short_served() -> Iterator[tuple[LocalSocketService, Handler]]:
-    """A service whose socket path a child process can dial as it is."""
+    """A service whose socket path a child process can dial as it is. Its run check is the
+    real one, but for "a descendant of the service": here the service is this test's own
+    process, which starts the clients."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="ac-") as base:
         state = Path(base) / "s"
         state.mkdir(mode=0o700)
         handler = Handler()
-        server = LocalSocketService(reactor, state / "service.sock", handler)
+        server = LocalSocketService(
+            reactor,
+            state / "service.sock",
+            handler,
+            is_run_peer=lambda pid, leaders: runpeer.belongs_to_run(
+                pid, run_leaders=leaders, service_pid=0
+            ),
+        )
         server.startService()
         try:
             yield server, handler
@@ -584,7 +595,8 @@ async def test_a_process_carrying_a_run_marker_is_refused_over_the_real_socket(
 
     refused = await threads.deferToThread(attempt, True)
     assert handler.calls == []
-    assert refused == "CLOSED"
+    # Told why (or, if it was still writing when the service closed, cut off).
+    assert refused == "CLOSED" or ('"unauthorised"' in refused and "agent's run" in refused)
     served_client = threads.deferToThread(attempt, False)
     await handler.started
     handler.calls[0][2].callback(ANSWER)

@@ -17,11 +17,20 @@ ME = 1000
 
 
 class Table(ProcessFacts):
-    """A process table: pid -> (ppid, session, uid, environ or None when unreadable)."""
+    """A process table: pid -> (ppid, session, uid, environ or None when unreadable); the
+    pids in ``hidden_pids`` made themselves not dumpable."""
 
-    def __init__(self, rows: Mapping[int, tuple[int, int, int, bytes | None]]) -> None:
+    def __init__(
+        self,
+        rows: Mapping[int, tuple[int, int, int, bytes | None]],
+        hidden_pids: frozenset[int] = frozenset(),
+    ) -> None:
         self.rows = rows
+        self.hidden_pids = hidden_pids
         self.read: list[int] = []
+
+    def hidden(self, pid: int) -> bool:
+        return pid in self.hidden_pids
 
     def environ(self, pid: int) -> bytes | None:
         self.read.append(pid)
@@ -93,10 +102,35 @@ def test_a_client_in_a_runs_session_or_below_its_leader_is_a_runs() -> None:
     assert not belongs_to_run(300, run_leaders=lambda: {999}, facts=Table(below), uid=ME)
 
 
-def test_an_unreadable_client_is_counted_as_a_runs_but_an_unreadable_ancestor_is_not() -> None:
+def test_a_client_that_is_gone_or_hid_itself_is_counted_as_a_runs() -> None:
+    """A peer gone before it could be looked at, or one that made itself not dumpable to
+    hide its environment: the owner's own clients do neither."""
     assert belongs_to_run(300, facts=Table({}), uid=ME)
-    rows = {300: (200, 300, ME, PLAIN), 200: (100, 200, ME, None)}
-    assert not belongs_to_run(300, facts=Table(rows), uid=ME)
+    hidden = {300: (1, 300, ME, None)}
+    assert belongs_to_run(300, facts=Table(hidden, frozenset({300})), uid=ME)
+
+
+def test_an_environment_unreadable_for_another_reason_is_no_evidence() -> None:
+    """The owner's client under newgrp (another group: environ unreadable, not hidden), or
+    below a hidden ancestor such as `ssh-agent bash`: the walk goes on and finds nothing."""
+    regrouped = {300: (200, 300, ME, None), 200: (100, 200, ME, PLAIN), 100: (1, 1, ME, PLAIN)}
+    assert not belongs_to_run(300, facts=Table(regrouped), uid=ME)
+    under_agent = {300: (200, 300, ME, PLAIN), 200: (100, 200, ME, None)}
+    assert not belongs_to_run(300, facts=Table(under_agent, frozenset({200})), uid=ME)
+    # ... but a marked process further up is still found through it.
+    marked_above = {**under_agent, 100: (1, 100, ME, MARKED)}
+    assert belongs_to_run(300, facts=Table(marked_above, frozenset({200})), uid=ME)
+
+
+def test_a_descendant_of_the_service_is_a_runs_whatever_its_environment() -> None:
+    """A run's process that scrubbed its environment and hid its parent still descends from
+    the listener (the service's own pid), unless it was re-parented away."""
+    rows = {300: (250, 300, ME, b""), 250: (77, 250, ME, None), 77: (1, 77, ME, PLAIN)}
+    table = Table(rows, frozenset({250}))
+    assert belongs_to_run(300, facts=table, uid=ME, service_pid=77)
+    assert not belongs_to_run(300, facts=table, uid=ME, service_pid=78)
+    # The service itself is not "below the service".
+    assert not belongs_to_run(77, facts=table, uid=ME, service_pid=77)
 
 
 def test_the_walk_stops_at_another_users_process() -> None:
@@ -125,7 +159,8 @@ def test_a_real_marked_child_is_found_and_an_unmarked_one_is_not() -> None:
         try:
             # Once it runs (just after exec the kernel may not have set its environment yet).
             assert child.stdout is not None and child.stdout.readline() == b"up\n"
-            assert belongs_to_run(child.pid) is expected
+            # Not as the service: this test's process is the child's parent.
+            assert belongs_to_run(child.pid, service_pid=0) is expected
         finally:
             assert child.stdin is not None
             child.stdin.close()
