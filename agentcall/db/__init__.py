@@ -3,9 +3,17 @@
 from agentcall.db.engine import (
     OpenedDatabase,
     SchemaSet,
+    durable_transaction,
     open_database,
     packaged_schema,
     transaction,
 )
 
-__all__ = ["OpenedDatabase", "SchemaSet", "open_database", "packaged_schema", "transaction"]
+__all__ = [
+    "OpenedDatabase",
+    "SchemaSet",
+    "durable_transaction",
+    "open_database",
+    "packaged_schema",
+    "transaction",
+]

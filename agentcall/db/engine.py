@@ -140,6 +140,30 @@ def transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
             raise StoreError(f"database commit failed: {exc}") from exc
 
 
+@contextlib.contextmanager
+def durable_transaction(conn: sqlite3.Connection) -> Iterator[sqlite3.Connection]:
+    """:func:`transaction`, whose commit reaches the disk even against power loss.
+
+    The database runs ``synchronous = NORMAL`` (WAL: safe against a killed process, not a lost
+    machine); for a commit whose success is promised to someone (a queued call acknowledged, an
+    answer stored, a job accepted to run) it is ``FULL`` for that transaction only, so only
+    those pay the extra flush.
+    """
+    _set_synchronous(conn, "FULL")
+    try:
+        with transaction(conn) as inside:
+            yield inside
+    finally:
+        _set_synchronous(conn, "NORMAL")
+
+
+def _set_synchronous(conn: sqlite3.Connection, level: str) -> None:
+    try:
+        conn.execute(f"PRAGMA synchronous = {level}")
+    except sqlite3.Error as exc:
+        raise StoreError(f"database unavailable: {exc}") from exc
+
+
 def open_database(
     path: str | os.PathLike[str],
     schema: SchemaSet,

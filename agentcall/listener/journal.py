@@ -39,7 +39,7 @@ import attrs
 from zope.interface import Interface, implementer
 
 from agentcall import limits
-from agentcall.db import transaction
+from agentcall.db import durable_transaction, transaction
 from agentcall.errors import StoreError
 from agentcall.ids import JOB_ID_RE
 from agentcall.wire.frames import JobError
@@ -349,24 +349,14 @@ class SqliteJournal:
             raise ValueError("not a job id")
         # The accepted row is what stops a second run, so its commit waits for the disk even
         # against power loss, not only against a killed process.
-        self._pragma("PRAGMA synchronous = FULL")
-        try:
-            with transaction(self._conn):
-                entry = self._load(job_id, now)
-                decision = on_delivery(
-                    entry, job_id, expires_at=expires_at, running_here=running_here, now=now
-                )
-                if isinstance(decision, Run | Indeterminate):
-                    self._write(decision.write)
-        finally:
-            self._pragma("PRAGMA synchronous = NORMAL")
+        with durable_transaction(self._conn):
+            entry = self._load(job_id, now)
+            decision = on_delivery(
+                entry, job_id, expires_at=expires_at, running_here=running_here, now=now
+            )
+            if isinstance(decision, Run | Indeterminate):
+                self._write(decision.write)
         return decision
-
-    def _pragma(self, sql: str) -> None:
-        try:
-            self._conn.execute(sql)
-        except sqlite3.Error as exc:
-            raise StoreError(f"state database (journal): {exc}") from exc
 
     def _step(self, job_id: str, now: float, step: _Step) -> Entry | StepRefused:
         with transaction(self._conn):

@@ -30,7 +30,7 @@ from twisted.internet import defer
 from twisted.internet.defer import Deferred
 
 from agentcall import ids, limits
-from agentcall.db import open_database, packaged_schema, transaction
+from agentcall.db import durable_transaction, open_database, packaged_schema, transaction
 from agentcall.errors import ApiError, ApiErrorCode, StoreError
 from agentcall.relay import audit, store_jobs, store_keys
 from agentcall.relay.audit import AuditEntry
@@ -915,7 +915,11 @@ class SqliteRegistry:
         ) -> None:
             self._audit(event, org, actor=who, target=target, at=at, detail=detail, call_id=job_id)
 
-        with transaction(self._conn):
+        # A decision that keeps sealed bytes is one somebody is told was kept: a queued call
+        # (the caller gets call_queued) or a stored answer (the callee gets its
+        # acknowledgement). Those survive power loss; leases and renewals need not.
+        kept = durable_transaction if sealed is not None else transaction
+        with kept(self._conn):
             result, moved = store_jobs.decide(
                 self._conn, scope, decide, actor=actor, sealed=sealed, write_audit=write_audit
             )

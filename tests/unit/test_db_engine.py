@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from agentcall.db import SchemaSet, open_database, transaction
+from agentcall.db import SchemaSet, durable_transaction, open_database, transaction
 from agentcall.db.engine import split_statements
 from agentcall.errors import StoreError
 from agentcall.relay.store import RELAY_SCHEMA
@@ -285,3 +285,27 @@ def test_a_packaged_schema_on_disk_needs_no_importlib_resources() -> None:
         [sys.executable, "-c", probe], capture_output=True, text=True, timeout=60, check=True
     )
     assert done.stdout.strip() == "False", done.stderr
+
+
+def test_a_durable_transaction_flushes_fully_for_its_commit_only(tmp_path: Path) -> None:
+    """FULL around the one transaction (its commit waits for the disk), NORMAL again after,
+    whether it committed or rolled back."""
+    conn = open_database(tmp_path / "s.db", DEMO).connection
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    with durable_transaction(conn):
+        assert conn.execute("PRAGMA synchronous").fetchone()[0] == 2  # FULL
+        conn.execute("INSERT INTO notes (body, created_at) VALUES ('kept', 1.0)")
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # NORMAL
+    full, begin, commit = (
+        seen.index("PRAGMA synchronous = FULL"),
+        seen.index("BEGIN IMMEDIATE"),
+        seen.index("COMMIT"),
+    )
+    assert full < begin < commit < seen.index("PRAGMA synchronous = NORMAL")
+    with pytest.raises(RuntimeError), durable_transaction(conn):
+        conn.execute("INSERT INTO notes (body, created_at) VALUES ('dropped', 2.0)")
+        raise RuntimeError("refused")
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1
+    assert [row[0] for row in conn.execute("SELECT body FROM notes")] == ["kept"]
+    conn.close()

@@ -537,3 +537,18 @@ def test_the_total_is_counted_once_not_on_every_ask(tmp_path: Path) -> None:
     restarted = Fired(open_relay_store(path))
     assert restarted.mailbox_bytes_held() == 1000
     restarted.close()
+
+
+def test_a_queued_call_and_a_stored_answer_are_kept_against_power_loss(store: Fired) -> None:
+    """The commits behind call_queued (the request kept) and behind an answer's acknowledgement
+    (the answer kept) run with synchronous = FULL; a decision that keeps no sealed bytes (a
+    cancel, a lease, a renewal) does not pay for it."""
+    conn = store.wrapped.registry._conn
+    seen: list[str] = []
+    conn.set_trace_callback(seen.append)
+    enqueue(store)
+    assert "PRAGMA synchronous = FULL" in seen
+    assert conn.execute("PRAGMA synchronous").fetchone()[0] == 1  # back to NORMAL
+    seen.clear()
+    one(store, J1, lambda jobs: mailbox.cancel(jobs, J1, ("acme", "ana"), T0), actor="ana")
+    assert "COMMIT" in seen and "PRAGMA synchronous = FULL" not in seen
