@@ -2,7 +2,8 @@
 
 Twisted's ``spawnProcess`` has no hook that runs in the child before exec, so the listener's
 runner starts this small program in front of the agent. It first makes the run a session and
-process group of its own (the runner's kill timer signals the group), then reads the ruleset
+process group of its own (the runner's kill timer signals the group) and has the kernel kill it
+when the listener dies (``PR_SET_PDEATHSIG``, kept across the exec), then reads the ruleset
 the runner wrote (a 0600 file of this user, deleted as soon as it is read), applies it with
 Landlock (with the ABI 6 scopes where the kernel has them: no abstract UNIX socket and no
 signal outside the run), installs the seccomp filter that leaves the run no UNIX sockets of
@@ -149,10 +150,33 @@ def lead_a_session() -> None:
         pass
 
 
+PARENT_ENV = "AGENTCALL_LISTENER_PID"
+PR_SET_PDEATHSIG = 1
+SIGKILL = 9
+
+
+def die_with_parent(parent: int) -> bool:
+    """Have the kernel SIGKILL this process (and so the agent it becomes: the setting survives
+    ``execve``) when ``parent`` (the listener) dies, even by ``kill -9``. False when the
+    parent is already gone, which the caller treats as a reason not to start."""
+    import ctypes
+
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0) != 0:
+        raise OSError(ctypes.get_errno(), "prctl(PR_SET_PDEATHSIG)")
+    # Set after the fork: a parent that died before it would never send it.
+    return os.getppid() == parent
+
+
 def main(argv: Sequence[str] | None = None, *, new_session: bool = False) -> int:
+    # The listener's pid, for this wrapper alone: it never reaches the agent.
+    parent = os.environ.pop(PARENT_ENV, "")
     if new_session:
         # First: a kill the runner sends from here on reaches the whole run.
         lead_a_session()
+    if parent.isdigit() and not die_with_parent(int(parent)):
+        sys.stderr.write(PREFIX + "the listener that started this run is gone\n")
+        return FAILED_EXIT
     args = list(sys.argv[1:] if argv is None else argv)
     if len(args) < 2:
         sys.stderr.write(PREFIX + "usage: python -I -m agentcall.confine RULESET PROGRAM...\n")

@@ -17,7 +17,7 @@ from collections.abc import Mapping, Sequence
 from typing import NamedTuple
 
 from agentcall.confine import needs, rules
-from agentcall.confine.main import encode_ruleset
+from agentcall.confine.main import PARENT_ENV, encode_ruleset
 
 WRAPPER_MODULE = "agentcall.confine"
 RULESET_NAME = "ruleset"
@@ -117,6 +117,8 @@ def prepare(conf: rules.Confinement, argv: Sequence[str], env: Mapping[str, str]
         raise
     wrapped_env = dict(env)
     wrapped_env["TMPDIR"] = private_tmp
+    # The wrapper asks the kernel to kill the run if this process dies (and drops the name).
+    wrapped_env[PARENT_ENV] = str(os.getpid())
     return Prepared(tuple(wrapper_argv(ruleset, argv)), wrapped_env, private_tmp)
 
 

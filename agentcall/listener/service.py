@@ -49,6 +49,7 @@ from agentcall.listener.core import CallPipeline
 from agentcall.listener.effects import Effects
 from agentcall.listener.localsocket import CallHandler, Handlers, LocalSocketService
 from agentcall.listener.mailboxdesk import MailboxDesk
+from agentcall.listener.orphans import LiveRuns
 from agentcall.listener.outgoing import OutgoingCalls
 from agentcall.listener.planning import GuardSetup
 from agentcall.listener.policy import PolicyError, load_policy
@@ -166,6 +167,8 @@ def make_listener_service(
     except AgentCallError as exc:
         raise ListenerStartError(str(exc)) from None
     _check_identity(config, keys)
+    # Before any new work: what a listener that died here left running is killed now.
+    LiveRuns(home.live_runs_path).reap()
     # Validated now so a broken policy, ceiling or assertion stops startup; every call reads
     # them afresh.
     load_admission = admission_loader(home, config, test_ceiling=test_ceiling)
@@ -221,6 +224,7 @@ class ListenerService(service.MultiService):
         self._db = db
         self._api = api
         self._running: set[int] = set()
+        self._live = LiveRuns(home.live_runs_path)
         self.link = RelayLink()
         self.core = CallPipeline(
             config,
@@ -320,16 +324,19 @@ class ListenerService(service.MultiService):
         self, run: AgentRun, parser: OutputParser
     ) -> tuple[defer.Deferred[RunResult], RunHandle]:
         result, handle = run_agent(self._reactor, run, parser)
-        pid = handle.pid
+        pid, run_id = handle.pid, handle.run_id
+        # Each run leads its own session: the local socket refuses clients from it. Its
+        # marker is kept where a listener started after a crash of this one finds it.
         if pid is not None:
-            # Each run leads its own session: the local socket refuses clients from it.
             self._running.add(pid)
+        self._live.started(run_id)
 
-            def ended(outcome: RunResult) -> RunResult:
-                self._running.discard(pid)
-                return outcome
+        def ended(outcome: RunResult) -> RunResult:
+            self._running.discard(pid or 0)
+            self._live.ended(run_id)
+            return outcome
 
-            result.addBoth(ended)
+        result.addBoth(ended)
         return result, handle
 
     def running_agents(self) -> frozenset[int]:

@@ -161,6 +161,11 @@ class Home(Frozen):
         return self.state_dir / "service.sock"
 
     @property
+    def live_runs_path(self) -> Path:
+        """The markers of the agent runs going now (:mod:`agentcall.listener.orphans`)."""
+        return self.state_dir / "runs.live"
+
+    @property
     def service_key_path(self) -> Path:
         """The key a thin client shows the service first (:mod:`agentcall.local.servicekey`):
         written 0600 by the service at each start, denied to every answering agent's run."""
@@ -187,6 +192,7 @@ class Home(Frozen):
             self.listener_log_path,
             self.service_key_path,
             self.state_dir / "a2a.token",
+            self.live_runs_path,
         )
 
     # --- the directory ---------------------------------------------------------------------

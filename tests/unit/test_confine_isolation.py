@@ -4,8 +4,10 @@ the run (Landlock's ABI 6 scopes), other processes' /proc, and the owner's share
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import os
+import signal
 import socket
 import struct
 import subprocess
@@ -339,3 +341,76 @@ def test_no_undumpable_switch_off_linux() -> None:
     from agentcall.confine.undumpable import make_undumpable
 
     assert make_undumpable(platform="darwin") is False
+
+
+DIES_WITH_LISTENER = """
+import subprocess, sys
+from agentcall.confine import prepare
+from agentcall.confine.rules import Confinement
+conf = Confinement((sys.argv[1],), (), sys.argv[1])
+agent = ["/bin/sh", "-c", "echo running; exec sleep 600"]
+prepared = prepare.prepare(conf, agent, {"PATH": "/usr/bin:/bin"})
+child = subprocess.Popen(list(prepared.argv), env=prepared.env)
+print(child.pid, flush=True)
+sys.stdin.read()
+"""
+
+
+@pytest.mark.skipif(ABI < 1, reason=f"no Landlock on this kernel: {WHY_NOT}")
+@pytest.mark.skipif(not hasattr(os, "pidfd_open"), reason="needs pidfd_open (Linux 5.3)")
+@pytest.mark.slow
+def test_a_run_dies_with_its_listener_even_by_kill_9(tmp_path: Path) -> None:
+    """A process standing for the listener starts a confined `sleep 600` and is SIGKILLed:
+    the kernel kills the run at once (its parent-death signal), no orphan is left."""
+    import select
+
+    root = os.path.dirname(os.path.dirname(os.path.abspath(landlock.__file__)))
+    listener = subprocess.Popen(
+        [sys.executable, "-c", DIES_WITH_LISTENER, str(tmp_path)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        env={"PYTHONPATH": root, "PATH": "/usr/bin:/bin"},
+    )
+    assert listener.stdout is not None
+    run = int(listener.stdout.readline())
+    watch = os.pidfd_open(run)
+    # Past the wrapper: the agent itself runs (not a wrapper that found its listener gone).
+    assert listener.stdout.readline() == b"running\n"
+    try:
+        listener.kill()
+        listener.wait(timeout=60)
+        # Readable once the run has ended: an event, bounded for a loaded machine.
+        ended, _, _ = select.select([watch], [], [], 60)
+        assert ended == [watch], f"the run {run} outlived its listener"
+    finally:
+        os.close(watch)
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(run, signal.SIGKILL)
+
+
+def test_the_listener_pid_is_the_wrappers_alone(tmp_path: Path) -> None:
+    """The wrapper takes the listener's pid from its environment and the agent never sees it;
+    a wrapper whose listener is already gone does not start the agent."""
+    conf = Confinement((str(tmp_path),), (), str(tmp_path))
+    prepared = prepare.prepare(conf, ["/usr/bin/env"], {"PATH": "/usr/bin:/bin"})
+    try:
+        assert prepared.env["AGENTCALL_LISTENER_PID"] == str(os.getpid())
+        shown = subprocess.run(
+            list(prepared.argv), env=prepared.env, capture_output=True, text=True, timeout=60
+        )
+        assert shown.returncode == 0, shown.stderr
+        assert "AGENTCALL_LISTENER_PID" not in shown.stdout and "PATH=" in shown.stdout
+    finally:
+        prepare.cleanup(prepared.private_tmp)
+    prepared = prepare.prepare(conf, ["/usr/bin/env"], {"PATH": "/usr/bin:/bin"})
+    try:
+        gone = subprocess.run(
+            list(prepared.argv),
+            env={**prepared.env, "AGENTCALL_LISTENER_PID": "1"},  # not its parent
+            capture_output=True,
+            text=True,
+            timeout=60,
+        )
+        assert gone.returncode == 126 and "is gone" in gone.stderr and "PATH=" not in gone.stdout
+    finally:
+        prepare.cleanup(prepared.private_tmp)
