@@ -130,7 +130,7 @@ class CallPlacer:
         if self._home.relay_override is not None:
             return None  # AGENTCALL_RELAY names a relay for this process; the service has its own
         try:
-            key = servicekey.read(self._home.service_key_path)
+            key = servicekey.read(self._home)
         except OSError:
             return None  # no service, or a key this process may not read: as the CLI does
         try:

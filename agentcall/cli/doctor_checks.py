@@ -534,7 +534,8 @@ def kernel_boundary(
     if abi >= 1:
         from agentcall.confine.support import isolation_gaps
 
-        gaps = list(isolation_gaps(abi))
+        kernel_gaps = isolation_gaps(abi)
+        gaps = list(kernel_gaps)
         if config.agent_kind is AgentKind.CODEX and abi < NET_ABI:
             # Codex runs without its own sandbox inside the boundary, which cut its commands
             # off the network; this kernel's Landlock has no network rules to do it instead.
@@ -547,7 +548,7 @@ def kernel_boundary(
             detail = f"on, Landlock ABI {abi}; no UNIX sockets, signals or abstract sockets"
             return Check(name, OK, detail + " outside the run")
         detail = f"on, Landlock ABI {abi}; " + "; ".join(gaps)
-        if isolation_gaps(abi) and (isolated or _ceiling_requires_isolation)():
+        if kernel_gaps and (isolated or _ceiling_requires_isolation)():
             hint = "answer on Linux 6.12 or later (x86_64 or arm64)"
             return Check(name, FAIL, detail + "; the admin ceiling requires more", hint)
         return Check(name, WARN, detail)

@@ -95,11 +95,8 @@ def _caller_entry(policy: Policy, ceiling: Ceiling | None, layers: Layers, handl
     return {"access": "allowed", "why": why, "menu": list(menu)}
 
 
-def build_report(
-    policy: Policy, ceiling: Ceiling | None, layers: Layers, *, abi: int | None = None
-) -> dict[str, Any]:
-    """The effective policy as one JSON-ready value; ``abi``: the kernel's Landlock ABI
-    (this kernel's when None)."""
+def build_report(policy: Policy, ceiling: Ceiling | None, layers: Layers) -> dict[str, Any]:
+    """The effective policy as one JSON-ready value (its limits for this kernel)."""
     from agentcall.cli.owner import ceiling_path
 
     runnable = runnable_tools(ceiling, layers.tasks)
@@ -143,9 +140,7 @@ def build_report(
         "read_roots": list(layers.read_roots),
         "agent_kind": str(kind) if kind is not None else None,
         "set_up": layers.config is not None,
-        "limits": list(limits_for(kind, kernel_abi() if abi is None else abi))
-        if layers.config is not None
-        else [],
+        "limits": list(limits_for(kind, kernel_abi())) if layers.config is not None else [],
     }
 
 

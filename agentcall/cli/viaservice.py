@@ -170,7 +170,7 @@ def _exchange(
         return None
     try:
         # Only the owner's own processes can read it: an answering agent's run cannot.
-        key = servicekey.read(home.service_key_path)
+        key = servicekey.read(home)
     except OSError:
         return None
     sock = connect(home)

@@ -60,13 +60,10 @@ PROC_READ: tuple[str, ...] = (
     "/proc/pressure",
     "/proc/sys",
 )
-# Trees granted entry by entry, less the named entries: ``/run/user`` holds the owner's
-# session (its bus, keyring and credential files), ``/run/host`` a toolbox's view of the host's
-# whole disk, ``/run/media`` the owner's mounted drives, ``/run/secrets`` and
-# ``/run/credentials`` service and container credentials.
-SYSTEM_TREES: tuple[tuple[str, str, tuple[str, ...]], ...] = (
-    ("/run", READ, ("user", "host", "media", "secrets", "credentials")),
-)
+# /run is read entry by entry, less these: ``user`` holds the owner's session (its bus,
+# keyring and credential files), ``host`` a toolbox's view of the host's whole disk, ``media``
+# the owner's mounted drives, ``secrets`` and ``credentials`` service and container credentials.
+RUN_LEFT_OUT: tuple[str, ...] = ("user", "host", "media", "secrets", "credentials")
 # Of /dev (listed), only the devices every program uses: not /dev/shm or /dev/mqueue, shared
 # with every process of the owner and outliving the run (one caller's run could leave
 # instructions there for the next; the run has its own TMPDIR instead), and none of the devices
@@ -216,8 +213,7 @@ def plan(
         if view.exists(path):
             # As written: the wrapper resolves /proc/self in the run, not here.
             planner.add(path, READ)
-    for path, kind, left_out in SYSTEM_TREES:
-        _grant_entries(planner, view, path, kind, left_out)
+    _grant_entries(planner, view, "/run", READ, RUN_LEFT_OUT)
     if view.exists("/dev"):
         planner.add("/dev", LIST)
     for path in SYSTEM_DEVICES:

@@ -33,7 +33,10 @@ def isolation_held(abi: int, machine: str | None = None) -> tuple[str, ...]:
     """What, besides files, the kernel keeps every confined run from (``abi`` >= 1)."""
     held: list[str] = []
     if seccomp.current_arch(machine) is not None:
-        held.append("no UNIX socket of its own (no SSH agent, session bus, display or service)")
+        held.append(
+            "no UNIX socket of its own (no SSH agent, session bus, display or service),"
+            " no System V IPC or keyring, no limit or priority set on another process"
+        )
     if abi >= SCOPE_ABI:
         held.append("no signal and no abstract socket outside the run")
     return tuple(held)

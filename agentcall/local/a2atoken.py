@@ -28,7 +28,6 @@ from typing import Final
 from agentcall.filetrust import PrivateFileError
 from agentcall.local.home import Home
 
-FILE_NAME: Final = "a2a.token"
 # 32 random bytes, URL-safe base64 without padding: 43 characters.
 TOKEN_BYTES: Final = 32
 # What a token may look like: the alphabet of token_urlsafe, long enough to be a real secret.
@@ -38,7 +37,7 @@ ROTATE_FIX: Final = f"run `{ROTATE}` to replace it with a new token"
 
 
 def token_path(home: Home) -> Path:
-    return home.state_dir / FILE_NAME
+    return home.a2a_token_path
 
 
 def is_token(text: str) -> bool:

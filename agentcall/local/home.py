@@ -171,6 +171,11 @@ class Home(Frozen):
         written 0600 by the service at each start, denied to every answering agent's run."""
         return self.state_dir / "service.key"
 
+    @property
+    def a2a_token_path(self) -> Path:
+        """The A2A bridge's bearer token (:mod:`agentcall.local.a2atoken`)."""
+        return self.state_dir / "a2a.token"
+
     def private_paths(self) -> tuple[Path, ...]:
         """Every file in the state directory that must be 0600 when it exists.
 
@@ -191,7 +196,7 @@ class Home(Frozen):
             self.tools_log_path,
             self.listener_log_path,
             self.service_key_path,
-            self.state_dir / "a2a.token",
+            self.a2a_token_path,
             self.live_runs_path,
         )
 

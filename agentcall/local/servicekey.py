@@ -12,7 +12,13 @@ Standard library only, and light: the thin ``agentcall call`` imports it.
 from __future__ import annotations
 
 import os
-import stat
+
+from agentcall.filetrust import PrivateFileError
+
+# typing is imported for the type checker only: the thin `agentcall call` imports this module.
+TYPE_CHECKING = False
+if TYPE_CHECKING:
+    from agentcall.local.home import Home
 
 # 32 random bytes, written as 64 lowercase hex digits.
 KEY_BYTES = 32
@@ -39,19 +45,16 @@ def make(path: os.PathLike[str] | str) -> str:
     return key
 
 
-def read(path: os.PathLike[str] | str) -> str:
-    """The key in ``path``; :class:`ServiceKeyError` (an OSError) unless the file is a regular
-    file of this user that nobody else may read or write, holding exactly one key."""
-    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_CLOEXEC)
+def read(home: Home) -> str:
+    """The running service's key; an OSError (:class:`ServiceKeyError`, or
+    :class:`FileNotFoundError` when there is no key) unless it is a private file of this user
+    in a private state directory (:meth:`~agentcall.local.home.Home.read_private`) holding
+    exactly one key."""
+    path = home.service_key_path
     try:
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode) or info.st_uid != os.getuid():
-            raise ServiceKeyError(f"{path} is not a file of this user")
-        if info.st_mode & 0o077:
-            raise ServiceKeyError(f"{path} may be read or written by others")
-        raw = os.read(fd, KEY_CHARS + 2)
-    finally:
-        os.close(fd)
+        raw = home.read_private(path)
+    except PrivateFileError as exc:
+        raise ServiceKeyError(str(exc)) from None
     text = raw.decode("ascii", "replace").removesuffix("\n")
     if not is_key(text):
         raise ServiceKeyError(f"{path} does not hold a service key")

@@ -86,7 +86,7 @@ def connect(path: Path, *, key: str | None = None) -> Client:
     then hand the descriptor to the reactor; the first line is the service key (the one the
     service wrote beside its socket, unless ``key`` is given)."""
     if key is None:
-        key = servicekey.read(path.with_name("service.key"))
+        key = path.with_name("service.key").read_text().strip()
     sock = unixsocket.connect(path, timeout_s=5)
     sock.sendall(local.encode_key_line(key))
     sock.setblocking(False)
@@ -523,7 +523,8 @@ def test_each_start_writes_a_new_private_key(tmp_path: Path) -> None:
         try:
             key_file = state / "service.key"
             assert stat.S_IMODE(os.lstat(key_file).st_mode) == 0o600
-            assert servicekey.read(key_file) == server.key
+            assert key_file.read_text() == f"{server.key}\n"
+            assert servicekey.is_key(server.key or "")
             keys.append(server.key)
         finally:
             server.stopService()
