@@ -21,6 +21,12 @@ class CallErrorCode(enum.StrEnum):
     RATE_LIMITED = "rate_limited"
     MESSAGE_TOO_LARGE = "message_too_large"
     PROTOCOL_ERROR = "protocol_error"
+    # The relay cannot write its store: its disk is full (or the filesystem is read-only) ...
+    STORAGE_FULL = "storage_full"
+    # ... or the store fails otherwise (an I/O error, a database it cannot reach). Both pass.
+    UNAVAILABLE = "unavailable"
+    # The callee's listener disconnected during a live call, before it answered.
+    CALLEE_GONE = "callee_gone"
     # Peer-originated (inside an authenticated, sealed failure outcome).
     BUSY = "busy"
     AGENT_ERROR = "agent_error"
@@ -50,6 +56,9 @@ RELAY_CALL_ERRORS = frozenset(
         CallErrorCode.BUSY,
         # A live call whose caller or callee an admin removed from the organisation.
         CallErrorCode.REVOKED,
+        CallErrorCode.STORAGE_FULL,
+        CallErrorCode.UNAVAILABLE,
+        CallErrorCode.CALLEE_GONE,
     }
 )
 
@@ -63,6 +72,8 @@ PEER_FAILURE_CODES = frozenset(
         CallErrorCode.TASK_NOT_OFFERED,
         CallErrorCode.CONTEXT_UNKNOWN,
         CallErrorCode.CANCELED,
+        # The listener stopped while the agent worked: it may have acted, and will not go on.
+        CallErrorCode.INDETERMINATE_EXECUTION,
     }
 )
 
@@ -98,6 +109,9 @@ class ApiErrorCode(enum.StrEnum):
     JOB_ENDED = "job_ended"  # cancel of a mailbox job that has already ended
     CARD_NOT_NEWER = "card_not_newer"  # a card dated no later than the one the relay keeps
     TOO_MANY_HOLDS = "too_many_holds"  # past limits.MAX_AUDIT_HOLDS legal holds
+    # The relay cannot write its store (503): out of space, or failing otherwise.
+    STORAGE_FULL = "storage_full"
+    UNAVAILABLE = "unavailable"
     INTERNAL = "internal"
 
 
@@ -148,6 +162,25 @@ class EpochRollback(CryptoError):
 
 class StoreError(AgentCallError):
     """A persistent store could not be read or written."""
+
+
+class LoggedInAggregate(AgentCallError):
+    """A failure already logged where it is counted (one line per storage episode, a tally of
+    dropped rows): :meth:`agentcall.logevents.Logger.failure` writes one debug line for it, not
+    a traceback, so that every request meanwhile does not add one."""
+
+
+class StorageFault(StoreError, LoggedInAggregate):
+    """The store's storage itself failed (no space, read-only, I/O error, unreachable): the
+    request was sound and may succeed later, unlike a store refusing bad data.
+
+    ``code`` is what the asker is told: :attr:`CallErrorCode.STORAGE_FULL` or
+    :attr:`CallErrorCode.UNAVAILABLE` (the API uses the same strings).
+    """
+
+    def __init__(self, code: CallErrorCode, message: str) -> None:
+        super().__init__(message)
+        self.code = code
 
 
 class ApiError(AgentCallError):

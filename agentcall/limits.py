@@ -140,6 +140,10 @@ MAX_JOBS_LISTED = 200  # GET /v1/jobs returns at most this many, newest first
 # could reconnect. Longer than a listener's longest reconnect delay (RECONNECT_MAX_S plus
 # jitter) plus one lease, in which its renew or result arrives.
 MAILBOX_RESTART_GRACE_S = 120.0
+# A listener's jobs_held lists at most this many jobs (those it runs and those whose result the
+# relay has not acknowledged; a handful in practice). One holding more says nothing, and its
+# leases lapse as they would for a listener that predates jobs_held.
+MAILBOX_MAX_JOBS_HELD = 1000
 
 # Relay HTTP client timeout.
 HTTP_TIMEOUT_S = 10.0

@@ -23,7 +23,10 @@ from typing import Any, TypeVar
 
 from twisted.logger import ILogObserver, LogLevel
 from twisted.logger import Logger as _TwistedLogger
+from twisted.python.failure import Failure
 from zope.interface import implementer
+
+from agentcall.errors import LoggedInAggregate
 
 P = TypeVar("P")
 LEVEL_ENV = "AGENTCALL_LOG_LEVEL"
@@ -99,6 +102,23 @@ class Logger(_TwistedLogger):
             )
             format = text.replace("{", "{{").replace("}", "}}")
         super().emit(level, format, **kwargs)
+
+    def failure(
+        self,
+        format: str,
+        failure: Failure | None = None,
+        level: LogLevel = LogLevel.critical,
+        **kwargs: Any,
+    ) -> None:
+        """As Twisted's, except for a failure logged in aggregate elsewhere (the storage
+        failing, a dropped audit row): one debug line without a traceback, since every request
+        meanwhile would otherwise add a traceback (to a full disk, as like as not)."""
+        if failure is None:
+            failure = Failure()
+        if isinstance(failure.value, LoggedInAggregate):
+            self.emit(LogLevel.debug, format, reason=str(failure.value), **kwargs)
+            return
+        super().failure(format, failure, level, **kwargs)
 
 
 # What every JSON line starts with; then the event's own fields.

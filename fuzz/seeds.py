@@ -47,6 +47,9 @@ def all_frames() -> list[frames.Frame]:
     return [
         frames.Ready(role=frames.Role.CALL, address=ANN, relay_origin=ORIGIN),
         frames.Ready(role=frames.Role.LISTEN, address=KEN, relay_origin=ORIGIN),
+        frames.Ready(
+            role=frames.Role.LISTEN, address=KEN, relay_origin=ORIGIN, calls=True, jobs_held=True
+        ),
         frames.CallRequest(envelope=request, correlation_id=CORRELATION_ID),
         frames.CallRequest(envelope=request, correlation_id=CORRELATION_ID, queue=True),
         frames.CallQueued(job_id=CALL_ID, expires_at=NOW + 72 * 3600),
@@ -87,9 +90,12 @@ def all_frames() -> list[frames.Frame]:
         ),
         frames.CancelJob(job_id=CALL_ID),
         frames.JobAck(job_id=CALL_ID),
+        frames.JobNack(job_id=CALL_ID, code=CallErrorCode.STORAGE_FULL),
         frames.JobAccepted(job_id=CALL_ID),
         frames.JobDeclined(job_id=CALL_ID),
         frames.JobRenew(job_id=CALL_ID),
+        frames.JobsHeld(job_ids=()),
+        frames.JobsHeld(job_ids=(CALL_ID, CALL_ID)),
         frames.JobResult(job_id=CALL_ID, terminal=frames.Terminal.COMPLETED, envelope=response),
         frames.JobResult(job_id=CALL_ID, error=frames.JobError.INDETERMINATE_EXECUTION),
     ]

@@ -50,6 +50,16 @@ _TURNS = limits.MAX_CONTEXT_TURNS
 _TTL_H = limits.MAILBOX_TTL_S / 3600
 # The --wait suggested for fetching a queued call's answer.
 SUGGESTED_WAIT_S = 600
+# The relay cannot take the call now (its storage is full or failing): sysexits' EX_UNAVAILABLE,
+# apart from 1 so that a script can wait and try again instead of giving up.
+EXIT_RELAY_UNAVAILABLE = 69
+_RELAY_UNAVAILABLE_CODES = frozenset({"storage_full", "unavailable"})
+
+
+def exit_status(code: str) -> int:
+    """The exit status of a call that failed with ``code``."""
+    return EXIT_RELAY_UNAVAILABLE if code in _RELAY_UNAVAILABLE_CODES else 1
+
 
 DESCRIPTION = f"""\
 Call a coworker's coding agent and print its answer.
@@ -59,8 +69,10 @@ organisation, or a bare handle in your organisation. MESSAGE is the question; se
 are joined with spaces, and `-` reads the message from stdin (at most 64,000 bytes of UTF-8).
 
 The answer is printed on stdout; progress (ringing, answered, working, with elapsed time) on
-stderr. The exit status is 0 when an answer came back and 1 otherwise, with a one-line reason.
-Calls cannot be placed from inside an agent that is answering a call.
+stderr. The exit status is 0 when an answer came back and 1 otherwise, with a one-line reason;
+{EXIT_RELAY_UNAVAILABLE} when the relay cannot take the call now because its storage is full or
+failing (storage_full, unavailable): try again later. Calls cannot be placed from inside an
+agent that is answering a call.
 
 When the agent's owner has turned on offline delivery (`agentcall access --offline enabled`)
 and their agent is offline or busy, the relay keeps your call for up to {_TTL_H:g} hours and
@@ -278,7 +290,7 @@ class Reporter:
         message: str,
         call_id: str | None = None,
         *,
-        exit_code: int = 1,
+        exit_code: int | None = None,
         detail: str | None = None,
     ) -> NoReturn:
         """Say why the call failed and exit; ``detail``: the part of ``message`` the callee's
@@ -299,7 +311,7 @@ class Reporter:
                 body["detail"] = detail
             body.update(self.extra)
             print(safe_json(body))
-        raise CommandError(message, exit_code)
+        raise CommandError(message, exit_status(code) if exit_code is None else exit_code)
 
     def result(self, result: CallResult, task: str | None, *, ended: bool = False) -> int:
         """Print ``result``; ``ended``: the conversation it continued is over (context_unknown)."""

@@ -74,11 +74,22 @@ _DESCRIPTIONS: Final[dict[CallErrorCode, str]] = {
         "The relay kept the call, but the agent's listener did not take it after three tries."
     ),
     CallErrorCode.INDETERMINATE_EXECUTION: (
-        "The agent's listener stopped while working on the call; it may have run and will not "
-        "run it again."
+        "The agent's listener stopped while the agent worked on your call: the agent may have "
+        "acted on it, and the call will not be run again."
     ),
     CallErrorCode.REVOKED: "The call ended because you or the callee left the organisation.",
     CallErrorCode.EXPIRED: "The call was not answered within 72 hours and has expired.",
+    CallErrorCode.STORAGE_FULL: (
+        "The relay is out of storage space and cannot take calls now; try again later or tell "
+        "its operator."
+    ),
+    CallErrorCode.UNAVAILABLE: (
+        "The relay cannot use its storage right now; try again later or tell its operator."
+    ),
+    CallErrorCode.CALLEE_GONE: (
+        "The agent you called went away during the call: its listener disconnected before "
+        "answering."
+    ),
 }
 
 

@@ -13,7 +13,9 @@
   is ``prepareConnection``. Until then nothing is delivered and nothing is sent.
 - Decodes every frame strictly for the listener role; a malformed one is logged and dropped.
 - Dials with ``mailbox=1`` in the query: this listener takes offline-mailbox jobs
-  (``job_delivery``), so the relay may hand it the owner's queued calls.
+  (``job_delivery``), so the relay may hand it the owner's queued calls. A relay that asks
+  for ``jobs_held`` in its ``ready`` (:attr:`RelayLink.takes_jobs_held`) is told first which
+  jobs this listener holds.
 - Stops for good when the relay closes its current socket with :data:`CLOSE_REPLACED`: another
   listener for the same identity connected, and redialling would only replace it in turn; and
   with :data:`CLOSE_REMOVED`: an admin removed the member, so its token will never work again.
@@ -155,6 +157,12 @@ class RelayLink:
         protocol = self._protocol
         return protocol is not None and protocol.usable and protocol.relay_takes_calls
 
+    @property
+    def takes_jobs_held(self) -> bool:
+        """The current socket is usable and its relay asked for ``jobs_held``."""
+        protocol = self._protocol
+        return protocol is not None and protocol.usable and protocol.relay_takes_jobs_held
+
     def send(self, frame: Frame) -> bool:
         """Send one frame now; False (nothing sent) when no usable socket exists."""
         protocol = self._protocol
@@ -242,6 +250,11 @@ class _ListenerProtocol(WebSocketClientProtocol):
     def relay_takes_calls(self) -> bool:
         """The relay's ready frame said this socket carries our own outgoing calls too."""
         return isinstance(self._ready, Ready) and self._ready.calls
+
+    @property
+    def relay_takes_jobs_held(self) -> bool:
+        """The relay's ready frame asked this mailbox socket for ``jobs_held``."""
+        return isinstance(self._ready, Ready) and self._ready.jobs_held
 
     @property
     def replaced(self) -> bool:

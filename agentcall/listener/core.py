@@ -88,6 +88,8 @@ class _Call:
     cancel_requested: bool = False
     answered: bool = False
     run: Cancellable | None = None
+    # The relay socket it came on closed: the relay ended it, so nothing of it is kept to send.
+    relay_lost: bool = False
     # A mailbox job: its frames go here, not to the relay, and its answer lives longer.
     sink: CallSink | None = None
     answer_validity_s: float = limits.CALL_DEADLINE_S
@@ -203,6 +205,16 @@ class CallPipeline:
             return False
         self._request_cancel(call)
         return True
+
+    def relay_lost(self) -> None:
+        """The relay socket closed: the relay ends every live call that came over it
+        (``callee_gone``), so their agents are stopped now, as for a cancel, since no answer
+        can reach the caller any more. Mailbox jobs go on: their results wait in the journal."""
+        for call in tuple(self._calls.values()):
+            if call.sink is None and not call.answered:
+                _log.info("call_orphaned", call_id=call.call_id, running=call.run is not None)
+                call.relay_lost = True
+                self._request_cancel(call)
 
     def _request_cancel(self, call: _Call) -> None:
         if call.cancel_requested:
@@ -332,18 +344,18 @@ class CallPipeline:
             self._cancelled(call, CancelPhase.RUNNING)
             return
         if self._stopping and result.cancelled:
-            failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
-            verdict = stages.Verdict(failure, CallStatus.CANCELED, STOPPED_DETAIL)
-        else:
-            verdict = stages.judge_run(
-                plan.adapter,
-                result,
-                plan.parser,
-                secrets=self._secrets,
-                timeout_s=plan.run.timeout_s,
-                task_id=decision.task_id,
-                unguarded=self._unguarded(call.call_id),
-            )
+            self._agent_finished(call, CallStatus.CANCELED, result)
+            self._stopped(call, opened)
+            return
+        verdict = stages.judge_run(
+            plan.adapter,
+            result,
+            plan.parser,
+            secrets=self._secrets,
+            timeout_s=plan.run.timeout_s,
+            task_id=decision.task_id,
+            unguarded=self._unguarded(call.call_id),
+        )
         self._agent_finished(call, verdict.status, result)
         outcome = self._converse(facts, decision, workdir, binding, verdict)
         self._answer(
@@ -366,8 +378,7 @@ class CallPipeline:
             self._cancelled(call, CancelPhase.RUNNING)
             return True
         if self._stopping and result is not None and result.cancelled:
-            failure = CallFailure(code=CallErrorCode.AGENT_ERROR, detail=STOPPED_DETAIL)
-            self._answer(call, opened, failure, CallStatus.CANCELED, error=STOPPED_DETAIL)
+            self._stopped(call, opened)
             return True
         if problem is None:
             return False
@@ -452,6 +463,21 @@ class CallPipeline:
             terminal=str(frame.terminal),
         )
 
+    def _stopped(self, call: _Call, opened: stages.OpenedCall) -> None:
+        """The listener's shutdown cut the run: the agent may have acted, and will not go on.
+
+        A live call gets a sealed ``indeterminate_execution``; a job's sink is told, and its
+        result is the journal's ``indeterminate_execution`` rather than a sealed answer, as for
+        a listener that died (docs/mailbox.md).
+        """
+        if call.sink is None:
+            failure = CallFailure(code=CallErrorCode.INDETERMINATE_EXECUTION, detail=STOPPED_DETAIL)
+            self._answer(call, opened, failure, CallStatus.CANCELED, error=STOPPED_DETAIL)
+            return
+        call.answered = True
+        call.sink.stopped()
+        self._record(call, CallStatus.CANCELED, text=STOPPED_DETAIL, error=STOPPED_DETAIL)
+
     def _cancelled(self, call: _Call, phase: CancelPhase) -> None:
         _log.debug("call_cancelled", call_id=call.call_id, phase=str(phase))
         self._terminal(call, CallCancelled(call_id=call.call_id, phase=phase))
@@ -462,7 +488,8 @@ class CallPipeline:
         if call.sink is not None:
             call.sink.frame(frame)
         else:
-            self._outbox.deliver(frame, keep=True)
+            # Kept for the next connection only while the relay may still wait for it.
+            self._outbox.deliver(frame, keep=not call.relay_lost)
 
     def _progress(self, call: _Call, frame: Frame) -> None:
         if call.sink is not None:

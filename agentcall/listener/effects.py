@@ -41,6 +41,10 @@ class CallSink(Protocol):
     def agent_starting(self) -> None:
         """The agent is about to be spawned (never raises)."""
 
+    def stopped(self) -> None:
+        """The listener's shutdown cut the run: it ends with no answer, and may have acted
+        (instead of a terminal frame; never raises)."""
+
 
 class Spawner(Protocol):
     """Start one agent run; the Deferred fires with its result once the process is gone."""

@@ -27,10 +27,22 @@ as the job's result, exactly as a live call would.
   and on a repeated delivery of the job.
 - The pipeline's terminal frame becomes one ``job_result``: a sealed ``call_outcome`` becomes
   the answer with its terminal, ``call_rejected`` the error ``rejected``, ``call_cancelled``
-  the error ``canceled``. It is stored in the journal *before* it is sent, and sent again on
-  every new relay connection until the relay's ``job_ack``.
+  the error ``canceled``; a run the listener's own shutdown cut (the sink's ``stopped``, not a
+  frame) the error ``indeterminate_execution``, as if the listener had died. It is stored in
+  the journal *before* it is sent, and sent again on every new relay connection until the
+  relay's ``job_ack``.
+- ``job_nack``: the relay could not store the result (its storage is failing). The job's lease
+  is renewed again and the result sent again on the same connection, after 1 s, then twice as
+  long each time up to :data:`RESULT_RETRY_MAX_S`, until its ``job_ack``; waiting for a new
+  connection would let the lease lapse and leave a finished answer in the journal.
 - ``cancel_job``: the running job is cancelled like a live call (its process group is killed),
   and reports ``canceled`` once the agent is gone.
+- ``jobs_held``: on a connection whose ``ready`` asks for it, the first frame lists every job
+  held here: running, or its result not yet acknowledged (which, after a crash, includes each
+  job the journal now says is indeterminate; the relay leaves those to that result, so such a
+  job is reported by this side alone). The relay ends every other lease of ours at once,
+  rather than letting a lease held for a listener that died keep our next job from us. Sent
+  only when the list is complete (see :meth:`MailboxDesk.held`).
 
 The journal is synchronous SQLite on the reactor thread, like the replay window and the pins.
 """
@@ -40,7 +52,7 @@ from __future__ import annotations
 from collections.abc import Callable
 
 import attrs
-from twisted.internet.interfaces import IReactorTime
+from twisted.internet.interfaces import IDelayedCall, IReactorTime
 from twisted.internet.task import LoopingCall
 
 from agentcall import ids, limits
@@ -72,11 +84,18 @@ from agentcall.wire.frames import (
     JobDeclined,
     JobDelivery,
     JobError,
+    JobNack,
     JobRenew,
     JobResult,
+    JobsHeld,
 )
 
 _log = Logger(namespace="agentcall.listener.mailbox")
+
+# A result the relay could not store is sent again after 1 s, 2 s, 4 s, ... at most this long
+# apart: soon after the relay's storage recovers, without a tight loop while it stays full.
+RESULT_RETRY_FIRST_S = 1.0
+RESULT_RETRY_MAX_S = 30.0
 
 
 # --- pure: frames and stored replies ------------------------------------------------------------
@@ -167,9 +186,28 @@ class _JobSink:
     def agent_starting(self) -> None:
         self.desk._job_starting(self)
 
+    def stopped(self) -> None:
+        self.desk._job_stopped(self)
+
     def stop_renewing(self) -> None:
         if self.renew.running:
             self.renew.stop()
+
+
+@attrs.define(eq=False)
+class _Resending:
+    """A result the relay said it could not store: its lease renewal and its next sending."""
+
+    renew: LoopingCall
+    delay_s: float
+    next_send: IDelayedCall | None = None
+
+    def stop(self) -> None:
+        if self.renew.running:
+            self.renew.stop()
+        if self.next_send is not None and self.next_send.active():
+            self.next_send.cancel()
+        self.next_send = None
 
 
 class MailboxDesk:
@@ -191,6 +229,10 @@ class MailboxDesk:
         # Jobs whose stored result the relay has not acknowledged, oldest first (the journal
         # holds the results; this only says which rows to look at).
         self._unacked: dict[str, None] = {}
+        # Results the relay refused to store for now (job_nack), by job id.
+        self._resending: dict[str, _Resending] = {}
+        # Set once start() read the journal: only then is jobs_held complete.
+        self._journal_read = False
 
     # --- state, for the service and tests ------------------------------------------------
 
@@ -216,6 +258,7 @@ class MailboxDesk:
             return
         for report in reports:
             self._unacked[report.job_id] = None
+        self._journal_read = True
         indeterminate = sum(isinstance(report, Indeterminate) for report in reports)
         _log.info(
             "journal_restarted",
@@ -224,10 +267,31 @@ class MailboxDesk:
             indeterminate=indeterminate,
         )
 
-    def relay_ready(self) -> None:
-        """A relay connection became usable: say ``job_accepted`` again for every job running
-        here, then send every unacknowledged result again."""
+    def held(self) -> tuple[str, ...] | None:
+        """Every job this listener holds, as ``jobs_held`` lists them: those running here, then
+        those whose result the relay has not acknowledged (after a crash, the journal's
+        indeterminate ones among them). None when it cannot say so completely: the journal
+        was not read at start-up, or there are more than a report may list. An incomplete list
+        would have the relay end leases held here; saying nothing leaves them to lapse."""
+        if not self._journal_read:
+            return None
+        held = dict.fromkeys(job_id for job_id in self._running if self._runs_here(job_id))
+        held.update(self._unacked)
+        if len(held) > limits.MAILBOX_MAX_JOBS_HELD:
+            return None
+        return tuple(held)
+
+    def relay_ready(self, *, report_held: bool = False) -> None:
+        """A relay connection became usable: with ``report_held`` (its ``ready`` asked), say
+        first which jobs are held here (``jobs_held``); then say ``job_accepted`` again for
+        every job running here, then send every unacknowledged result again."""
         now = self._clock.seconds()
+        if report_held:
+            held = self.held()
+            if held is None:
+                _log.warn("jobs_held_unsaid", journal_read=self._journal_read)
+            else:
+                self._send(JobsHeld(job_ids=held))
         # The relay may never have processed the first accept; one that did takes it again as
         # a no-op. Before the results, so the relay hears of the running job first.
         for job_id in tuple(self._running):
@@ -263,6 +327,8 @@ class MailboxDesk:
             self._on_cancel(frame.job_id)
         elif isinstance(frame, JobAck):
             self._on_ack(frame.job_id)
+        elif isinstance(frame, JobNack):
+            self._on_nack(frame)
         else:
             return False
         return True
@@ -380,8 +446,48 @@ class MailboxDesk:
             # It ended already: what happened stands, cancel or not.
             self._send(stored_result(job_id, entry.reply))
 
+    def _on_nack(self, nack: JobNack) -> None:
+        job_id = nack.job_id
+        if job_id not in self._unacked:
+            return  # acknowledged meanwhile, or never ours
+        resending = self._resending.get(job_id)
+        if resending is None:
+            renew = LoopingCall(self._renew, job_id)
+            renew.clock = self._clock
+            resending = _Resending(renew, RESULT_RETRY_FIRST_S)
+            self._resending[job_id] = resending
+            # Renewed now too: the relay may already count the lease down since the last one.
+            renew.start(limits.MAILBOX_RENEW_S, now=True)
+        elif resending.next_send is not None and resending.next_send.active():
+            return  # a duplicate nack: the next sending is already set
+        _log.warn(
+            "job_result_unstored", job_id=job_id, code=str(nack.code), retry_in_s=resending.delay_s
+        )
+        resending.next_send = self._clock.callLater(resending.delay_s, self._resend, job_id)
+        resending.delay_s = min(resending.delay_s * 2, RESULT_RETRY_MAX_S)
+
+    def _resend(self, job_id: str) -> None:
+        resending = self._resending.get(job_id)
+        if resending is not None:
+            resending.next_send = None
+        try:
+            entry = self._journal.get(job_id)
+        except StoreError:
+            _log.failure("journal_read_failed", job_id=job_id)
+            return
+        if entry is None or entry.reply is None or entry.state is JobState.ACKNOWLEDGED:
+            self._stop_resending(job_id)
+            return
+        self._send(stored_result(job_id, entry.reply))
+
+    def _stop_resending(self, job_id: str) -> None:
+        resending = self._resending.pop(job_id, None)
+        if resending is not None:
+            resending.stop()
+
     def _on_ack(self, job_id: str) -> None:
         self._unacked.pop(job_id, None)
+        self._stop_resending(job_id)
         try:
             acknowledged = self._journal.acknowledge(job_id, self._clock.seconds())
         except StoreError:
@@ -411,6 +517,12 @@ class MailboxDesk:
         if result is None:
             return  # accepted and started: job_accepted said it already
         self._finish(job, *result)
+
+    def _job_stopped(self, job: _JobSink) -> None:
+        # The listener's shutdown cut the agent: it may have acted, so the job ends as it
+        # would had the listener died, never with a sealed answer or a run again.
+        error = JobError.INDETERMINATE_EXECUTION
+        self._finish(job, JobResult(job_id=job.job_id, error=error), StoredReply(error=error))
 
     def _finish(self, job: _JobSink, result: JobResult, reply: StoredReply) -> None:
         if job.ended:

@@ -9,13 +9,16 @@ retried on the next connection instead of stopping the listener.
 :class:`ListenerService` composes the relay connection, the call pipeline, the mailbox desk
 (queued jobs, run through the same pipeline, journalled in ``state.sqlite``) and a periodic key
 check. Before it dials, the desk's journal marks every job that may have run before a crash as
-``indeterminate_execution``; whenever a relay connection becomes ready, the desk says
-``job_accepted`` again for the job running here (the relay may have lost the first) and sends
-again every result the relay has not acknowledged.
+``indeterminate_execution``; whenever a relay connection becomes ready, the desk tells a relay
+that asks which jobs it holds (``jobs_held``), says ``job_accepted`` again for the job running
+here (the relay may have lost the first) and sends again every result the relay has not
+acknowledged.
 
 Stopping it (SIGTERM under twistd) refuses new calls and jobs, stops a running agent and waits
 for it (bounded by the kill grace plus a little), sends what can still be sent, and closes the
-socket normally.
+socket normally. A run it cut ends ``indeterminate_execution`` (a live call's sealed failure,
+a job's journalled result). A relay socket that drops stops the agent of a live call that came
+on it: the relay has ended that call for its caller (``callee_gone``).
 
 When the relay says another listener for the same identity took over (close code 4000), the
 service stops the whole process the same way, and :attr:`ListenerService.replaced` tells
@@ -261,7 +264,7 @@ class ListenerService(service.MultiService):
             on_frame=self._on_frame,
             on_ready=self._relay_ready,
             on_replaced=self._replaced_elsewhere,
-            on_lost=self.outgoing.socket_lost,
+            on_lost=self._relay_lost,
         )
         self.connection.setServiceParent(self)
         internet.TimerService(KEY_CHECK_INTERVAL_S, self._check_keys).setServiceParent(self)
@@ -383,9 +386,15 @@ class ListenerService(service.MultiService):
 
     def _relay_ready(self) -> None:
         self.core.relay_ready()
-        self.desk.relay_ready()
+        self.desk.relay_ready(report_held=self.link.takes_jobs_held)
         defer.Deferred.fromCoroutine(self._publish_if_behind())
         self.card.check()
+
+    def _relay_lost(self) -> None:
+        # What rode the socket is over: our own outgoing calls, and the live calls we answer
+        # (the relay ends those callee_gone). Jobs carry on under their journal.
+        self.outgoing.socket_lost()
+        self.core.relay_lost()
 
     # --- keys -------------------------------------------------------------------------------
 

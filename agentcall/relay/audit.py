@@ -20,6 +20,7 @@ from twisted.internet.defer import Deferred
 from twisted.python.failure import Failure
 
 from agentcall import limits
+from agentcall.errors import LoggedInAggregate
 from agentcall.logevents import Logger
 
 INVITE_ISSUE = "invite.issue"
@@ -147,7 +148,7 @@ class AuditLog(Protocol):
         ...
 
 
-class AuditDropped(Exception):
+class AuditDropped(LoggedInAggregate):
     """The row was never written: the database kept refusing and the backlog was full."""
 
 

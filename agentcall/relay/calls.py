@@ -4,7 +4,8 @@ A caller's connection carries exactly one call. The book compares the envelope's
 header with what the relay itself authenticated (org, caller handle, target handle), so a forged
 ``from`` or a ``to`` outside the caller's org is refused; it never opens an envelope. Listener
 frames act only on calls addressed to that listener's own identity: a listener can neither learn
-about nor affect anyone else's call.
+about nor affect anyone else's call. A call ends at its deadline, or at once when the listener
+socket it was rung through closes (``callee_gone``).
 
 Audit rows name who caused a transition: ``actor`` is the caller for ``call.submit``, the callee
 for ``call.accept``/``call.complete``/``call.fail``/``call.cancel``, and None (the relay itself)
@@ -29,7 +30,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from agentcall import ids, limits
-from agentcall.errors import CallErrorCode
+from agentcall.errors import CallErrorCode, StorageFault
 from agentcall.logevents import Logger
 from agentcall.relay import audit as events
 from agentcall.relay.audit import AuditEntry, AuditSink
@@ -44,6 +45,7 @@ from agentcall.relay.store_interface import (
     Submission,
     SubmissionLog,
 )
+from agentcall.relay.storewatch import storage_detail
 from agentcall.relay.switchboard import Channel, Switchboard
 from agentcall.wire import frames as fr
 from agentcall.wire.closecodes import CLOSE_NORMAL
@@ -56,6 +58,8 @@ _log = Logger(namespace="agentcall.relay.calls")
 
 # (code sent to the caller, detail sent to the caller, reason for the log)
 Refusal = tuple[CallErrorCode, str, str]
+
+GONE_DETAIL = "the callee's listener disconnected during the call"
 
 _UNKNOWN_HANDLE: Refusal = (
     CallErrorCode.UNKNOWN_HANDLE,
@@ -178,6 +182,8 @@ class Call:
     phase: Phase
     caller_channel: Channel | None  # None once the caller's connection went away
     deadline: Pending = attrs.field(eq=False, repr=False)
+    # The listener session it was rung through: when that socket closes, the call ends.
+    callee_channel: Channel = attrs.field(eq=False, repr=False)
     cancel_sent: bool = False
     # Placed on the caller's persistent (listener) socket rather than a socket of its own.
     shared_socket: bool = False
@@ -295,8 +301,7 @@ class CallBook:
 
         def lookup_failed(failure: Failure) -> None:
             # Nothing is said about the target; the caller may try again.
-            _log.failure("directory_failed", failure=failure, org=org, caller=caller)
-            channel.close(CLOSE_NORMAL, "internal error")
+            self._store_failed(failure, "directory_failed", channel, org, caller)
 
         def ring(exists: bool, status: MailboxStatus | None) -> object:
             def go(keys: KeysResponse | None) -> object:
@@ -374,6 +379,7 @@ class CallBook:
             phase=Phase.RINGING,
             caller_channel=channel,
             deadline=self._clock.callLater(self._deadline_s, self._expire, call_id),
+            callee_channel=listener,
             shared_socket=isinstance(channel, CallPort),
         )
         self._calls[call.call_id] = call
@@ -414,10 +420,22 @@ class CallBook:
 
         def failed(failure: Failure) -> None:
             # Nothing was acknowledged; the caller may try again.
-            _log.failure("job_enqueue_failed", failure=failure, org=org, caller=caller)
-            channel.close(CLOSE_NORMAL, "internal error")
+            self._store_failed(failure, "job_enqueue_failed", channel, org, caller)
 
         return self._desk.enqueue(org, caller, target, request).addCallbacks(answered, failed)
+
+    def _store_failed(
+        self, failure: Failure, event: str, channel: Channel, org: str, caller: str
+    ) -> None:
+        """The store could not answer for a call: a storage fault (a full disk) is said to the
+        caller in words (the watch logs the episode); anything else is a bug, logged in full,
+        and the socket ends so the caller does not wait for its deadline."""
+        fault = failure.value
+        if isinstance(fault, StorageFault):
+            self._refuse(channel, org, caller, (fault.code, storage_detail(fault), "storage"))
+            return
+        _log.failure(event, failure=failure, org=org, caller=caller)
+        channel.close(CLOSE_NORMAL, "internal error")
 
     def _refuse(self, channel: Channel, org: str, caller: str, refusal: Refusal) -> None:
         code, detail, reason = refusal
@@ -539,12 +557,23 @@ class CallBook:
             )
 
     def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
-        """A listener session ended. Its calls stay: a reconnected session may still deliver."""
-        in_flight = sum(1 for c in self._calls.values() if (c.org, c.target) == (org, handle))
-        # listener_detached (relay/protocol.py) is the session's info line; calls left in
-        # flight are worth one of their own.
-        emit = _log.info if in_flight else _log.debug
-        emit("listener_gone", org=org, handle=handle, in_flight=in_flight)
+        """A listener session ended: every live call rung through that very socket ends now,
+        ``callee_gone``, rather than leaving its caller waiting for the deadline.
+
+        A session replaced by a newer one of the same identity (4000) ends its calls the same
+        way when its socket's teardown arrives. A listener stops a live call's agent when its
+        socket drops, so the new session does not answer them; an outcome an older listener
+        kept and sends on the new session before that teardown still finishes its call.
+        """
+        ending = [call for call in self._calls.values() if call.callee_channel is channel]
+        # listener_detached (relay/protocol.py) is the session's info line; calls it cut short
+        # are worth one of their own.
+        emit = _log.info if ending else _log.debug
+        emit("listener_gone", org=org, handle=handle, in_flight=len(ending))
+        for call in ending:
+            self._fail(
+                call, events.CALL_FAIL, CallErrorCode.CALLEE_GONE, "listener_gone", told=GONE_DETAIL
+            )
 
     def member_removed(self, org: str, handle: str) -> int:
         """An admin removed ``@org/handle``: every live call they placed or would answer ends
@@ -599,8 +628,11 @@ class CallBook:
         # The frame object itself goes on: the relay neither opens nor rebuilds the answer.
         self._finish(call, event, frame, "done", detail=str(frame.terminal))
 
-    def _fail(self, call: Call, event: str, code: CallErrorCode, detail: str) -> None:
-        error = fr.CallError(code=code, call_id=call.call_id)
+    def _fail(
+        self, call: Call, event: str, code: CallErrorCode, detail: str, *, told: str | None = None
+    ) -> None:
+        """End ``call`` with ``code`` (``told``: the detail the caller reads, if any)."""
+        error = fr.CallError(code=code, call_id=call.call_id, detail=told)
         self._finish(call, event, error, str(code), detail=detail)
 
     def _finish(

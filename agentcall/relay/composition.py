@@ -28,6 +28,7 @@ from agentcall.relay.protocol import RelayWebSocketFactory
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.retention import Retention, RetentionPolicy
 from agentcall.relay.store_interface import RelayStore
+from agentcall.relay.storewatch import StorageWatch
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.web import ApiWithSocket, CappedRequest, HealthPage, RelayApi
 
@@ -69,6 +70,8 @@ class Relay:
     seen: LastSeen = attrs.field(eq=False, repr=False)
     # Prunes old audit rows and invites (tap runs a pass at start and then daily).
     retention: Retention = attrs.field(eq=False, repr=False)
+    # Whether the storage takes writes; probes it while it does not (tap stops it at stop).
+    storage: StorageWatch = attrs.field(eq=False, repr=False)
 
 
 def compose(
@@ -81,6 +84,9 @@ def compose(
     ``metrics`` makes what counts its events (given the switchboard, for the listener gauge)."""
     switchboard = Switchboard()
     events = NO_METRICS if metrics is None else metrics(switchboard)
+    # Told of every operation the storage fails (a full disk): logs the episode once, probes.
+    storage = StorageWatch(reactor, store.probe, events)
+    store.watch_faults(storage.fault)
     # The windows start from the calls of the last hour, so a restart grants no fresh hour.
     limiter = SlidingWindowLimiter(settings.calls_per_hour, limits.RATE_WINDOW_S)
     windows_restored = restore_windows(store, limiter, reactor.seconds())
@@ -116,6 +122,8 @@ def compose(
     )
     # Jobs outlive the process: the sweep is armed from the store (failures are logged).
     jobs.start()
+    # What could not be written while the storage failed is tried again once it recovers.
+    storage.when_recovered(jobs.storage_recovered)
     door = Door(settings.door, reactor, audit_sink)
     door.turned_away.on_note = events.turned_away
     seen = LastSeen(store)
@@ -147,7 +155,7 @@ def compose(
     root.putChild(b"v1", ApiWithSocket(api, WebSocketResource(ws_factory), door))
     # Probes for a supervisor or load balancer, outside the versioned API.
     root.putChild(b"healthz", HealthPage())
-    root.putChild(b"readyz", HealthPage(store))
+    root.putChild(b"readyz", HealthPage(store, storage))
     # An invite link opened in a browser (the secret after # never reaches the relay).
     root.putChild(b"invite", InvitePages())
     site = RelaySite(root, door, reactor)
@@ -163,4 +171,5 @@ def compose(
         audit=audit_sink,
         seen=seen,
         retention=Retention(store, reactor, RetentionPolicy(settings.audit_retention_days)),
+        storage=storage,
     )

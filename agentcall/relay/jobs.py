@@ -8,9 +8,22 @@ mailbox-capable listener (``job_delivery``), acknowledges a listener's result af
 at the store's next deadline, and releases long-polls when a job ends.
 
 The store is the truth, so several relays may share it: the desk keeps in memory only what
-belongs to this process (which listener sockets said ``mailbox=1``, the sweep timer, the
-waiting HTTP requests). A job ended by another relay wakes no waiter here; the waiter's own
-timeout answers it, and the client asks again.
+belongs to this process (which listener sockets said ``mailbox=1``, which of them it handed
+a lease, what each said it holds, the sweep timer, the waiting HTTP requests). A job ended by
+another relay wakes no waiter here; the waiter's own timeout answers it, and the client asks
+again.
+
+A mailbox listener's first frame, ``jobs_held``, lists every job it holds (running there, or
+its result unacknowledged). Every other lease of that callee's ends at once, as if it had
+lapsed (:func:`~agentcall.relay.mailbox.reconcile`), unless this process handed it to a
+session of theirs that is still open (a session being replaced may be accepting it this very
+moment; only it can say): those are judged when that session is gone. So a relay restart's
+grace holds back only the leases of listeners that have not come back, and a lease held for a
+listener that died never keeps its callee's next job from the listener that replaced it. A
+listener that predates ``jobs_held`` sends none: its leases lapse as before. With several
+relays, a session open on another relay is not seen here; two installations of one identity
+listening through two relays at once could then have a delivery reclaimed from one and given
+to the other (the single-relay replacement above prevents this).
 
 With several relays, nothing tells one relay what happened on another. A job queued through
 relay A for a callee whose listener is attached to relay B is delivered by B only when
@@ -28,7 +41,7 @@ from twisted.internet import defer
 from twisted.python.failure import Failure
 
 from agentcall import ids, limits
-from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, MalformedFrame
+from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, MalformedFrame, StorageFault
 from agentcall.logevents import Logger
 from agentcall.relay import api_rules, mailbox
 from agentcall.relay.callerkeys import attachable_keys
@@ -138,6 +151,16 @@ class JobDesk:
         self._metrics = metrics
         # Listener sockets of this process that said mailbox=1, by identity.
         self._mailbox_listeners: dict[tuple[str, str], Channel] = {}
+        # Leases this process handed to mailbox sessions still open, by identity: job id to the
+        # session sent it. Only that session can say it does not hold the job (a replaced one
+        # may be accepting it right now), so another session's jobs_held never ends them.
+        self._handed: dict[tuple[str, str], dict[str, Channel]] = {}
+        # What the current mailbox session of each identity said it holds (jobs_held), kept to
+        # reconcile again once a session it replaced is gone.
+        self._held: dict[tuple[str, str], frozenset[str]] = {}
+        # Deliveries being decided or sent, by callee, and the reconciles waiting for them.
+        self._delivering: dict[tuple[str, str], int] = {}
+        self._reconcile_due: set[tuple[str, str]] = set()
         self._waiters: dict[str, list[defer.Deferred[None]]] = {}
         self._sweep: Pending | None = None
         self._sweep_at: float | None = None
@@ -176,6 +199,42 @@ class JobDesk:
 
         decided = self._store.decide_jobs(JobsHeld(), decide, actor=None, at=now)
         return decided.addCallbacks(graced, failed)
+
+    def storage_recovered(self) -> None:
+        """The storage takes writes again after failing: carry on with what it refused.
+
+        While it failed, no renewal could be stored, so every held lease gets ``lease_s`` from
+        now (as a restart gives its grace) before the sweep runs again; each listener that is
+        attached here and may be idle is offered its next job (a delivery that failed is not
+        retried otherwise while the listener stays connected)."""
+        if not self._graced:
+            # The start-up grace failed with the storage: it is given now, in full.
+            if self._grace_retry is not None and self._grace_retry.active():
+                self._grace_retry.cancel()
+            self.start().addCallback(lambda _: self._kick_attached())
+            return
+        now = self._clock.seconds()
+        lease_s = self.caps.lease_s
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision]:
+            return mailbox.restart_grace(jobs, now, lease_s)
+
+        def graced(result: list[Decision] | Refused) -> None:
+            if not isinstance(result, Refused) and result:
+                _log.info("job_leases_graced", jobs=len(result), why="storage_recovered")
+            self._report_held()
+            self._rearm()
+            self._kick_attached()
+
+        decided = self._store.decide_jobs(JobsHeld(), decide, actor=None, at=now)
+        decided.addCallbacks(graced, self._failed, errbackArgs=("job_recovery_failed", None))
+
+    def _kick_attached(self) -> None:
+        for org, handle in sorted(self._mailbox_listeners):
+            # A reconciliation the failing store could not take is taken now; the core hands
+            # out one lease per callee at a time, so the two never deliver twice.
+            self._reconcile(org, handle)
+            self._kick(org, handle)
 
     def stop(self) -> None:
         if self._sweep is not None and self._sweep.active():
@@ -252,6 +311,8 @@ class JobDesk:
     # --- the callee's listener ---------------------------------------------------------------
 
     def listener_attached(self, org: str, handle: str, channel: Channel, *, mailbox: bool) -> None:
+        # A new session has said nothing yet about what it holds.
+        self._held.pop((org, handle), None)
         if not mailbox:
             self._mailbox_listeners.pop((org, handle), None)
             return
@@ -260,9 +321,21 @@ class JobDesk:
         self._kick(org, handle)
 
     def listener_gone(self, org: str, handle: str, channel: Channel) -> None:
-        # What it held stays out until its lease lapses: a reconnected session may still finish.
-        if self._mailbox_listeners.get((org, handle)) is channel:
-            del self._mailbox_listeners[(org, handle)]
+        # What it held stays out until its lease lapses (a reconnected session may still finish
+        # it), or until the identity's current session says it does not hold it.
+        key = (org, handle)
+        if self._mailbox_listeners.get(key) is channel:
+            del self._mailbox_listeners[key]
+            self._held.pop(key, None)
+        handed = self._handed.get(key, {})
+        released = [job_id for job_id, to in handed.items() if to is channel]
+        for job_id in released:
+            del handed[job_id]
+        if not handed:
+            self._handed.pop(key, None)
+        if released and key in self._held:
+            # A session the current one replaced is gone: its leases are judged now.
+            self._reconcile(org, handle)
 
     def from_listener(
         self, org: str, handle: str, channel: Channel, frame: fr.Frame
@@ -273,6 +346,8 @@ class JobDesk:
         caps = self.caps
         if isinstance(frame, fr.JobResult):
             return self._result(org, handle, channel, frame, now)
+        if isinstance(frame, fr.JobsHeld):
+            return self._jobs_held(org, handle, channel, frame)
         choose: Callable[[mailbox.Jobs], Decision | Refused | None]
         if isinstance(frame, fr.JobAccepted):
             choose = lambda jobs: mailbox.accept(jobs, caps, frame.job_id, by, now)  # noqa: E731
@@ -302,6 +377,46 @@ class JobDesk:
             OneJob(job_id), lambda jobs: _listed(choose(jobs)), actor=handle, at=now
         )
         return decided.addCallback(done).addErrback(self._failed, "job_frame_failed", job_id)
+
+    def _jobs_held(
+        self, org: str, handle: str, channel: Channel, frame: fr.JobsHeld
+    ) -> defer.Deferred[None]:
+        key = (org, handle)
+        if self._mailbox_listeners.get(key) is not channel:
+            # Not (or no longer) the identity's mailbox session: it speaks for nothing here.
+            _log.info("jobs_held_ignored", org=org, handle=handle)
+            return defer.succeed(None)
+        self._held[key] = frozenset(frame.job_ids)
+        return self._reconcile(org, handle)
+
+    def _reconcile(self, org: str, handle: str) -> defer.Deferred[None]:
+        """End each lease of ``@org/handle`` that their current session does not hold and that
+        was not handed to a session of theirs still open here (:func:`mailbox.reconcile`)."""
+        key = (org, handle)
+        held = self._held.get(key)
+        if held is None:
+            return defer.succeed(None)
+        if self._delivering.get(key):
+            # A lease being handed out now is not yet noted as handed: wait for it.
+            self._reconcile_due.add(key)
+            return defer.succeed(None)
+        # Taken now: the decision may run in a database thread, reading only what it closes over.
+        holding = held | frozenset(self._handed.get(key, {}))
+        now = self._clock.seconds()
+        caps = self.caps
+
+        def decide(jobs: mailbox.Jobs) -> list[Decision]:
+            return mailbox.reconcile(jobs, caps, key, holding, now)
+
+        def done(result: list[Decision] | Refused) -> None:
+            if isinstance(result, Refused):  # pragma: no cover - reconcile never refuses
+                return
+            if result:
+                _log.info("job_leases_reclaimed", org=org, handle=handle, jobs=len(result))
+            self._after(result)
+
+        decided = self._store.decide_jobs(JobsOf(org, (handle,)), decide, actor=handle, at=now)
+        return decided.addCallback(done).addErrback(self._failed, "job_reconcile_failed", None)
 
     def _result(
         self, org: str, handle: str, channel: Channel, frame: fr.JobResult, now: float
@@ -350,11 +465,19 @@ class JobDesk:
                 self._after(result)
             channel.send(fr.JobAck(job_id=job_id))
 
+        def unstored(failure: Failure) -> None:
+            # Not stored, so not acknowledged: the listener keeps the lease and tries again on
+            # this connection (one that predates job_nack ignores it and sends the result
+            # again on its next connection).
+            self._failed(failure, "job_result_failed", job_id)
+            fault = failure.value
+            code = fault.code if isinstance(fault, StorageFault) else CallErrorCode.UNAVAILABLE
+            channel.send(fr.JobNack(job_id=job_id, code=code))
+
         decided = self._store.decide_jobs(
             OneJob(job_id), decide, actor=handle, at=now, sealed=sealed
         )
-        # A store failure sends no ack: the listener sends the result again on its next connection.
-        return decided.addCallback(done).addErrback(self._failed, "job_result_failed", job_id)
+        return decided.addCallbacks(done, unstored)
 
     # --- the caller over HTTP -----------------------------------------------------------------
 
@@ -387,6 +510,7 @@ class JobDesk:
         now = self._clock.seconds()
         member = (org, handle)
         self._mailbox_listeners.pop(member, None)
+        self._held.pop(member, None)
 
         def decide(jobs: mailbox.Jobs) -> list[Decision]:
             return mailbox.revoke(jobs, member, now)
@@ -460,6 +584,7 @@ class JobDesk:
                 self._wake(decision.job_id)
             if job is not None and job.state not in mailbox.HOLDING_LEASE:
                 free.add(job.callee_member)
+                self._hand(job.callee_member, job.job_id, None)
         for org, callee in sorted(free):
             self._kick(org, callee)
         if dropped:
@@ -491,6 +616,16 @@ class JobDesk:
         if timer is not None and timer.active():
             timer.cancel()
 
+    def _hand(self, key: tuple[str, str], job_id: str, channel: Channel | None) -> None:
+        """Note that ``channel`` was handed the lease of ``job_id`` (None: nobody holds it)."""
+        handed = self._handed.setdefault(key, {})
+        if channel is None:
+            handed.pop(job_id, None)
+        else:
+            handed[job_id] = channel
+        if not handed:
+            del self._handed[key]
+
     def _kick(self, org: str, callee: str) -> None:
         """Hand the callee's next job to their listener if it takes jobs, is idle, and has not
         just declined one."""
@@ -507,9 +642,21 @@ class JobDesk:
         def decide(jobs: mailbox.Jobs) -> list[Decision] | Refused:
             return _listed(mailbox.next_delivery(jobs, caps, org, callee, now))
 
+        key = (org, callee)
+        self._delivering[key] = self._delivering.get(key, 0) + 1
         decided = self._store.decide_jobs(JobsOf(org, (callee,)), decide, actor=None, at=now)
         decided.addCallback(self._deliver, org, callee)
         decided.addErrback(self._failed, "job_delivery_failed", None)
+        decided.addBoth(self._delivered, key)
+
+    def _delivered(self, _: object, key: tuple[str, str]) -> None:
+        """A delivery was decided and sent (or not): a reconcile it held back may run now."""
+        left = self._delivering.pop(key, 1) - 1
+        if left:
+            self._delivering[key] = left
+        elif key in self._reconcile_due:
+            self._reconcile_due.discard(key)
+            self._reconcile(*key)
 
     def _deliver(
         self, result: list[Decision] | Refused, org: str, callee: str
@@ -518,6 +665,8 @@ class JobDesk:
             return None
         (decision,) = result
         self._rearm()
+        key = (org, callee)
+        self._hand(key, decision.job_id, self._mailbox_listeners.get(key))
 
         def with_keys(
             stored: StoredJob | None,
@@ -536,6 +685,7 @@ class JobDesk:
                 # Gone meanwhile (cancelled, or the listener left): the lease takes it back.
                 return
             job = stored.job
+            self._hand(key, job.job_id, channel)
             try:
                 envelope = codec.decode(
                     stored.request, fr.SealedEnvelope, max_bytes=len(stored.request)

@@ -18,17 +18,17 @@ States and the operations that move a job between them::
     ----------> QUEUED ---------------------> DELIVERED ----------> RUNNING
                  ^   |                         |     |                |
                  |   | cancel                  |     | answer, fail,  | answer, fail,
-                 |   v                         |     | cancel_done    | cancel_done,
-                 | CANCELLED                   |     v                v lease lapsed
+                 |   v                         |     | cancel_done    | cancel_done, lease
+                 | CANCELLED                   |     v                v lapsed or not held
                  |                             |   ANSWERED  FAILED (reason)  CANCELLED
                  +-----------------------------+
-                   lease lapsed or declined,         at the 3rd attempt instead:
-                   fewer than 3 attempts             FAILED delivery_failed
+                   lease lapsed, not held or         at the 3rd attempt instead:
+                   declined; fewer than 3 attempts   FAILED delivery_failed
 
     QUEUED, DELIVERED or RUNNING at created_at + 72 h ----------------> EXPIRED
 
     FAILED indeterminate_execution by a lapsed running lease (lapsed), before created_at + 72 h:
-      answer -> ANSWERED;  fail -> FAILED (the listener's reason)
+      answer -> ANSWERED;  fail -> FAILED (the listener's reason; indeterminate confirms it)
 
 A result can overtake the relay's view: an accept lost on the way (the listener's journal holds
 the job, the relay let the delivery lapse back to ``queued``) is still followed by the job's
@@ -46,6 +46,12 @@ cannot run a job twice: a job that was running is never delivered again. Leases 
 expiry are taken by :func:`sweep`; the relay calls it on a timer at :func:`next_deadline`, and
 at its start-up first gives every held lease a grace (:func:`restart_grace`).
 
+A lease need not wait to lapse when its callee's listener says it is held for nobody: a
+listener that (re)connects lists every job it holds (:func:`reconcile`), and each other lease of
+that callee ends at once exactly as a lapse would end it (a delivered job queued again, a running
+one failed ``indeterminate_execution``). So a lease held for a listener that died, graced or
+not, never keeps the callee's one delivery at a time from their new listener.
+
 Cancelling a delivered or running job does not end it at once: it is marked, the listener is
 told (:class:`TellListenerCancel`) and the job ends ``cancelled`` on :func:`cancel_done` or when
 its lease lapses; an answer or failure that wins the race ends it as reported.
@@ -62,7 +68,7 @@ with the listener's reason) instead.
 from __future__ import annotations
 
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Collection, Iterable, Mapping
 
 import attrs
 
@@ -433,10 +439,15 @@ def fail(
     jobs: Jobs, job_id: str, by: Member, reason: FailureReason, now: float
 ) -> Decision | Refused:
     """The listener reports that the job failed (for instance indeterminate after a restart);
-    from ``queued`` and after a lapse as well, like :func:`answer`."""
+    from ``queued`` and after a lapse as well, like :func:`answer`.
+
+    ``indeterminate_execution`` for a job the relay already failed so when its lease lapsed
+    (or :func:`reconcile` ended it) confirms that verdict: it becomes final, audited once."""
     job = _result_for(jobs, job_id, by, now)
     if isinstance(job, Refused):
         return job
+    if job.lapsed and reason is FailureReason.INDETERMINATE_EXECUTION:
+        return Decision(job_id, attrs.evolve(job, lapsed=False))
     return _end(job, JobState.FAILED, (audit.JOB_FAIL,), reason)
 
 
@@ -481,12 +492,40 @@ def restart_grace(
     While the relay was down no listener could renew, so leases lapsed that say nothing about
     the listeners; sweeping them at once would fail running jobs ``indeterminate_execution``
     (and drop the answers that follow) before any listener could reconnect. A lease already
-    longer is kept; nothing is audited (no job changes state)."""
+    longer is kept; nothing is audited (no job changes state). The grace protects only a
+    listener that comes back: one that reconnects and reports what it holds ends the rest of
+    its leases at once (:func:`reconcile`), so a lease held for a dead listener stalls nobody;
+    one that never comes back (or predates the report) leaves them to lapse after the grace."""
     decisions = []
     for job in _sorted(jobs.values()):
         if job.lease_until is not None and job.lease_until < now + grace_s:
             decisions.append(Decision(job.job_id, attrs.evolve(job, lease_until=now + grace_s)))
     return decisions
+
+
+def reconcile(
+    jobs: Jobs, caps: MailboxLimits, member: Member, holding: Collection[str], now: float
+) -> list[Decision]:
+    """``member``'s listener holds exactly the jobs in ``holding``: every other lease of
+    theirs is held for nobody and ends now, as it would when it lapsed.
+
+    ``holding`` is what the listener reports (running there, or answered and not yet
+    acknowledged; its journal knows both across a crash) together with what the relay handed
+    to any session of theirs still open, which only that session can speak for. A delivered
+    job outside it was never taken (taking it means journalling it first): queued again with
+    the attempt spent, so a job that kills its listener on arrival still ends
+    ``delivery_failed``, and cancelled instead when its caller asked. A running one may have
+    run, somewhere: failed ``indeterminate_execution``, never delivered again, and marked
+    ``lapsed`` so that a result of that run, should one come after all, still ends it. Jobs
+    past their expiry are the sweep's. Idempotent; nothing is refused."""
+    return [
+        _lapse(job, caps)
+        for job in _sorted(jobs.values())
+        if job.callee_member == member
+        and job.state in HOLDING_LEASE
+        and job.job_id not in holding
+        and now < job.expires_at
+    ]
 
 
 def next_deadline(jobs: Jobs, caps: MailboxLimits) -> float | None:

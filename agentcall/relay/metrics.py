@@ -31,6 +31,14 @@ class RelayEvents(Protocol):
         """A write or read of the relay's database failed."""
         ...
 
+    def storage_fault(self, code: str) -> None:
+        """An operation failed because the storage did (``storage_full``, ``unavailable``)."""
+        ...
+
+    def storage_writable(self, writable: bool) -> None:
+        """The storage takes writes (again), or stopped taking them."""
+        ...
+
     def job_refused(self, reason: str) -> None:
         """A call could not be queued in the offline mailbox (a ``mailbox.Refusal`` value:
         ``busy``, ``callee_bytes_full``, ``relay_bytes_full``, …)."""
@@ -53,6 +61,12 @@ class _NoMetrics:
         pass
 
     def database_error(self) -> None:
+        pass
+
+    def storage_fault(self, code: str) -> None:
+        pass
+
+    def storage_writable(self, writable: bool) -> None:
         pass
 
     def job_refused(self, reason: str) -> None:
@@ -106,6 +120,19 @@ class PrometheusMetrics:
             "Reads or writes of the relay database that failed.",
             registry=self.registry,
         )
+        self._storage_faults = Counter(
+            "agentcall_storage_faults",
+            "Operations that failed because the relay's storage did, by code (storage_full: "
+            "out of space or read-only; unavailable: I/O errors and the like).",
+            ["code"],
+            registry=self.registry,
+        )
+        self._storage_writable = Gauge(
+            "agentcall_storage_writable",
+            "1 while the relay's storage takes writes, 0 from a storage fault until a probe "
+            "write succeeds again.",
+            registry=self.registry,
+        )
         self._jobs_refused = Counter(
             "agentcall_jobs_refused",
             "Calls the offline mailbox could not queue, by reason (relay_bytes_full: the "
@@ -138,6 +165,12 @@ class PrometheusMetrics:
 
     def database_error(self) -> None:
         self._database.inc()
+
+    def storage_fault(self, code: str) -> None:
+        self._storage_faults.labels(code=code).inc()
+
+    def storage_writable(self, writable: bool) -> None:
+        self._storage_writable.set(1.0 if writable else 0.0)
 
     def job_refused(self, reason: str) -> None:
         self._jobs_refused.labels(reason=reason).inc()

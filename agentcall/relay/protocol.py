@@ -376,6 +376,8 @@ class RelayWebSocket(WebSocketServerProtocol):
             address=address,
             relay_origin=self.factory.relay_origin,
             calls=self.role is frames.Role.LISTEN,
+            # A mailbox listener says first what jobs it holds (JobDesk reconciles its leases).
+            jobs_held=self.role is frames.Role.LISTEN and self.mailbox,
         )
         self.channel.send(ready)
         if self.role is frames.Role.CALL:

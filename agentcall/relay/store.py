@@ -4,7 +4,7 @@ This module (with :mod:`agentcall.relay.store_keys` and :mod:`agentcall.relay.st
 every SQL statement of the relay.
 :class:`SqliteRegistry` is synchronous ``sqlite3``; :class:`SqliteRelayStore` is the relay's
 asynchronous :class:`~agentcall.relay.store_interface.RelayStore` over it. The queries run on
-the reactor thread and their Deferreds have fired when they are returned (``defer.execute``):
+the reactor thread and their Deferreds have fired when they are returned (``defer.succeed``):
 every query is small, indexed and local, and the connection belongs to one thread, so a thread
 pool would add a thread hop and a shutdown order to get right, for no gain. Callers never rely
 on that: a PostgreSQL store answers later, and the tests drive the relay's cores with a store
@@ -31,7 +31,8 @@ from twisted.internet.defer import Deferred
 
 from agentcall import ids, limits
 from agentcall.db import durable_transaction, open_database, packaged_schema, transaction
-from agentcall.errors import ApiError, ApiErrorCode, StoreError
+from agentcall.db.faults import storage_fault
+from agentcall.errors import ApiError, ApiErrorCode, StorageFault, StoreError
 from agentcall.relay import audit, store_jobs, store_keys
 from agentcall.relay.audit import AuditEntry
 from agentcall.relay.auth import hash_secret, secret_matches
@@ -302,6 +303,15 @@ class SqliteRegistry:
     def ping(self) -> None:
         """A query that touches the database file (``/readyz``); raises StoreError if not."""
         self._read("SELECT COUNT(*) FROM orgs", ())
+
+    def probe(self, now: float) -> None:
+        """A write that must reach the storage: raises StoreError while writes fail."""
+        with transaction(self._conn) as conn:
+            conn.execute(
+                "INSERT INTO store_probe (id, written_at) VALUES (1, ?)"
+                " ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at",
+                (now,),
+            )
 
     def ensure_org(self, org: str, now: float) -> bool:
         if not ids.is_org(org):
@@ -1005,48 +1015,68 @@ class SqliteRelayStore:
 
     def __init__(self, registry: SqliteRegistry) -> None:
         self.registry = registry
+        # Told of every storage fault (a full disk, an I/O error): the relay's storage watch.
+        self._on_fault: Callable[[StorageFault, str], object] = lambda _fault, _operation: None
 
     def close(self) -> None:
         self.registry.close()
 
     def ping(self) -> Deferred[None]:
-        return defer.execute(self.registry.ping)
+        return self._run(self.registry.ping)
+
+    def probe(self, now: float) -> Deferred[None]:
+        return self._run(self.registry.probe, now)
+
+    def watch_faults(self, report: Callable[[StorageFault, str], object]) -> None:
+        self._on_fault = report
+
+    def _run(self, step: Callable[..., T], *args: Any, **kwargs: Any) -> Deferred[T]:
+        """``step`` now, as a fired Deferred; an error that is the storage failing comes out
+        as a :class:`StorageFault` (whatever layer raised it) and is reported first."""
+        try:
+            return defer.succeed(step(*args, **kwargs))
+        except Exception as exc:
+            fault = storage_fault(exc)
+            if fault is None:
+                return defer.fail()
+            self._on_fault(fault, step.__name__)
+            return defer.fail(fault)
 
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:
-        return defer.execute(self.registry.ensure_org, org, now)
+        return self._run(self.registry.ensure_org, org, now)
 
     def org_exists(self, org: str) -> Deferred[bool]:
-        return defer.execute(self.registry.org_exists, org)
+        return self._run(self.registry.org_exists, org)
 
     def handle_exists(self, org: str, handle: str) -> Deferred[bool]:
-        return defer.execute(self.registry.handle_exists, org, handle)
+        return self._run(self.registry.handle_exists, org, handle)
 
     def get_member(self, org: str, handle: str) -> Deferred[Member | None]:
-        return defer.execute(self.registry.get_member, org, handle)
+        return self._run(self.registry.get_member, org, handle)
 
     def authenticate(self, org: str, handle: str, token: str) -> Deferred[Member | None]:
-        return defer.execute(self.registry.authenticate, org, handle, token)
+        return self._run(self.registry.authenticate, org, handle, token)
 
     def list_members(self, org: str, *, after: str = "", limit: int) -> Deferred[list[MemberInfo]]:
-        return defer.execute(self.registry.list_members, org, after=after, limit=limit)
+        return self._run(self.registry.list_members, org, after=after, limit=limit)
 
     def remove_member(
         self, org: str, handle: str, *, release: bool, actor: str, now: float
     ) -> Deferred[MemberInfo]:
-        return defer.execute(
+        return self._run(
             self.registry.remove_member, org, handle, release=release, actor=actor, now=now
         )
 
     def set_member_role(
         self, org: str, handle: str, role: MemberRole, *, actor: str, now: float
     ) -> Deferred[MemberInfo]:
-        return defer.execute(self.registry.set_member_role, org, handle, role, actor=actor, now=now)
+        return self._run(self.registry.set_member_role, org, handle, role, actor=actor, now=now)
 
     def record_seen(self, seen: Sequence[tuple[str, str, float]]) -> Deferred[None]:
-        return defer.execute(self.registry.record_seen, seen)
+        return self._run(self.registry.record_seen, seen)
 
     def rotate_token(self, org: str, handle: str, token: str, now: float) -> Deferred[None]:
-        return defer.execute(self.registry.rotate_token, org, handle, token, now)
+        return self._run(self.registry.rotate_token, org, handle, token, now)
 
     def recover(
         self,
@@ -1057,9 +1087,7 @@ class SqliteRelayStore:
         new_identity: SignedIdentityRecord,
         now: float,
     ) -> Deferred[str]:
-        return defer.execute(
-            self.registry.recover, org, handle, previous, statement, new_identity, now
-        )
+        return self._run(self.registry.recover, org, handle, previous, statement, new_identity, now)
 
     def create_invite(
         self,
@@ -1071,7 +1099,7 @@ class SqliteRelayStore:
         description: str | None,
         now: float,
     ) -> Deferred[tuple[str, InviteInfo]]:
-        return defer.execute(
+        return self._run(
             self.registry.create_invite,
             org,
             created_by=created_by,
@@ -1082,44 +1110,44 @@ class SqliteRelayStore:
         )
 
     def list_invites(self, org: str, now: float) -> Deferred[list[InviteInfo]]:
-        return defer.execute(self.registry.list_invites, org, now)
+        return self._run(self.registry.list_invites, org, now)
 
     def revoke_invite(
         self, org: str, invite_id: str, *, actor: str | None, now: float
     ) -> Deferred[InviteInfo]:
-        return defer.execute(self.registry.revoke_invite, org, invite_id, actor=actor, now=now)
+        return self._run(self.registry.revoke_invite, org, invite_id, actor=actor, now=now)
 
     def register(
         self, org: str, secret: str, handle: str, agent_kind: AgentKind | None, now: float
     ) -> Deferred[tuple[Member, str]]:
-        return defer.execute(self.registry.register, org, secret, handle, agent_kind, now)
+        return self._run(self.registry.register, org, secret, handle, agent_kind, now)
 
     def publish_identity(
         self, org: str, handle: str, signed: SignedIdentityRecord, now: float
     ) -> Deferred[None]:
-        return defer.execute(self.registry.publish_identity, org, handle, signed, now)
+        return self._run(self.registry.publish_identity, org, handle, signed, now)
 
     def publish_encryption(
         self, org: str, handle: str, signed: SignedEncryptionKeyRecord, now: float
     ) -> Deferred[None]:
-        return defer.execute(self.registry.publish_encryption, org, handle, signed, now)
+        return self._run(self.registry.publish_encryption, org, handle, signed, now)
 
     def fetch_keys(self, org: str, handle: str) -> Deferred[KeysResponse | None]:
-        return defer.execute(self.registry.fetch_keys, org, handle)
+        return self._run(self.registry.fetch_keys, org, handle)
 
     def publish_card(
         self, org: str, handle: str, signed: SignedCardRecord, now: float
     ) -> Deferred[None]:
-        return defer.execute(self.registry.publish_card, org, handle, signed, now)
+        return self._run(self.registry.publish_card, org, handle, signed, now)
 
     def fetch_card(self, org: str, handle: str) -> Deferred[SignedCardRecord | None]:
-        return defer.execute(self.registry.fetch_card, org, handle)
+        return self._run(self.registry.fetch_card, org, handle)
 
     def record(self, entry: AuditEntry) -> Deferred[None]:
-        return defer.execute(self.registry.record, entry)
+        return self._run(self.registry.record, entry)
 
     def record_many(self, entries: Sequence[AuditEntry]) -> Deferred[None]:
-        return defer.execute(self.registry.record_many, entries)
+        return self._run(self.registry.record_many, entries)
 
     def audit_rows(
         self,
@@ -1131,7 +1159,7 @@ class SqliteRelayStore:
         since: float | None = None,
         until: float | None = None,
     ) -> Deferred[list[AuditRow]]:
-        return defer.execute(
+        return self._run(
             self.registry.audit_rows,
             org,
             limit=limit,
@@ -1142,32 +1170,32 @@ class SqliteRelayStore:
         )
 
     def last_audit_id(self, org: str) -> Deferred[int]:
-        return defer.execute(self.registry.last_audit_id, org)
+        return self._run(self.registry.last_audit_id, org)
 
     def list_holds(self, org: str) -> Deferred[list[AuditHold]]:
-        return defer.execute(self.registry.list_holds, org)
+        return self._run(self.registry.list_holds, org)
 
     def set_hold(
         self, org: str, handle: str | None, *, note: str | None, actor: str, now: float
     ) -> Deferred[AuditHold]:
-        return defer.execute(self.registry.set_hold, org, handle, note=note, actor=actor, now=now)
+        return self._run(self.registry.set_hold, org, handle, note=note, actor=actor, now=now)
 
     def clear_hold(
         self, org: str, handle: str | None, *, actor: str, now: float
     ) -> Deferred[AuditHold]:
-        return defer.execute(self.registry.clear_hold, org, handle, actor=actor, now=now)
+        return self._run(self.registry.clear_hold, org, handle, actor=actor, now=now)
 
     def retention_orgs(self) -> Deferred[list[str]]:
-        return defer.execute(self.registry.retention_orgs)
+        return self._run(self.registry.retention_orgs)
 
     def prune_audit(self, org: str, before: float, limit: int) -> Deferred[int]:
-        return defer.execute(self.registry.prune_audit, org, before, limit)
+        return self._run(self.registry.prune_audit, org, before, limit)
 
     def purge_invites(self, org: str, before: float) -> Deferred[int]:
-        return defer.execute(self.registry.purge_invites, org, before)
+        return self._run(self.registry.purge_invites, org, before)
 
     def submissions_since(self, since: float) -> Deferred[list[Submission]]:
-        return defer.execute(self.registry.submissions_since, since)
+        return self._run(self.registry.submissions_since, since)
 
     def decide_jobs(
         self,
@@ -1178,26 +1206,26 @@ class SqliteRelayStore:
         at: float,
         sealed: SealedBytes | None = None,
     ) -> Deferred[list[Decision] | Refused]:
-        return defer.execute(
+        return self._run(
             self.registry.decide_jobs, scope, decide, actor=actor, at=at, sealed=sealed
         )
 
     def get_job(self, job_id: str) -> Deferred[StoredJob | None]:
-        return defer.execute(self.registry.get_job, job_id)
+        return self._run(self.registry.get_job, job_id)
 
     def mailbox_bytes_held(self) -> Deferred[int]:
-        return defer.execute(self.registry.mailbox_bytes_held)
+        return self._run(self.registry.mailbox_bytes_held)
 
     def jobs_of(self, org: str, handle: str, limit: int) -> Deferred[list[Job]]:
-        return defer.execute(self.registry.jobs_of, org, handle, limit)
+        return self._run(self.registry.jobs_of, org, handle, limit)
 
     def next_job_deadline(self, metadata_grace_s: float) -> Deferred[float | None]:
-        return defer.execute(self.registry.next_job_deadline, metadata_grace_s)
+        return self._run(self.registry.next_job_deadline, metadata_grace_s)
 
     def mailbox_status(self, org: str, handle: str) -> Deferred[MailboxStatus | None]:
-        return defer.execute(self.registry.mailbox_status, org, handle)
+        return self._run(self.registry.mailbox_status, org, handle)
 
     def set_offline_delivery(
         self, org: str, handle: str, enabled: bool, now: float
     ) -> Deferred[None]:
-        return defer.execute(self.registry.set_offline_delivery, org, handle, enabled, now)
+        return self._run(self.registry.set_offline_delivery, org, handle, enabled, now)

@@ -26,6 +26,7 @@ import attrs
 from twisted.internet.defer import Deferred
 
 from agentcall import ids
+from agentcall.errors import StorageFault
 from agentcall.relay.audit import AuditLog, AuditSink
 from agentcall.relay.mailbox import Decision, Job, Refused
 from agentcall.wire.frames import Terminal
@@ -311,6 +312,16 @@ class RelayStore(Directory, KeySource, AuditArchive, AuditLog, SubmissionLog, Jo
 
     def ping(self) -> Deferred[None]:
         """Fires once the database answered a query; fails (StoreError) when it cannot."""
+        ...
+
+    def probe(self, now: float) -> Deferred[None]:
+        """Fires once a small write reached the storage; fails (StorageFault) while writes
+        fail. The storage watch asks it to learn when a failing storage recovers."""
+        ...
+
+    def watch_faults(self, report: Callable[[StorageFault, str], object]) -> None:
+        """Call ``report(fault, operation)`` for every operation that fails because the storage
+        does (each also fails its Deferred with that :class:`StorageFault`)."""
         ...
 
     def ensure_org(self, org: str, now: float) -> Deferred[bool]:

@@ -479,7 +479,7 @@ def makeService(config: Options, reactor: Any = None) -> service.IService:
     internet.TimerService(limits.RETENTION_EVERY_S, relay.retention.run_logged).setServiceParent(
         top
     )
-    _MailboxTimers(relay.jobs).setServiceParent(top)
+    _MailboxTimers(relay.jobs, relay.storage).setServiceParent(top)
     if kept:
         from twisted.application import strports
 
@@ -548,14 +548,17 @@ class _AuditFlush(service.Service):
 
 
 class _MailboxTimers(service.Service):
-    """Stops the mailbox's sweep and rest timers with the relay (the desk arms them itself)."""
+    """Stops the mailbox's sweep and rest timers and the storage probe with the relay (the
+    desk and the watch arm them themselves)."""
 
-    def __init__(self, jobs: Any) -> None:
+    def __init__(self, jobs: Any, storage: Any) -> None:
         self._jobs = jobs
+        self._storage = storage
 
     def stopService(self) -> Any:
         result = super().stopService()
         self._jobs.stop()
+        self._storage.stop()
         return result
 
 

@@ -21,7 +21,7 @@ from twisted.python.failure import Failure
 from twisted.web import resource, server
 
 from agentcall import limits
-from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame, StoreError
+from agentcall.errors import ApiError, ApiErrorCode, MalformedFrame, StorageFault, StoreError
 from agentcall.invites import make_invite_url
 from agentcall.logevents import Logger
 from agentcall.relay import api_rules as rules
@@ -44,6 +44,7 @@ from agentcall.relay.jobs import JobDesk
 from agentcall.relay.lastseen import LastSeen
 from agentcall.relay.metrics import NO_METRICS, RelayEvents
 from agentcall.relay.store_interface import Member, RelayStore
+from agentcall.relay.storewatch import RETRY_AFTER_S, StorageWatch, storage_detail
 from agentcall.relay.switchboard import Switchboard
 from agentcall.relay.throttle import retry_after_header
 from agentcall.wire import codec, http
@@ -456,6 +457,11 @@ def _release_when_gone(
 def _refusal(request: server.Request, failure: Failure, door: Door) -> tuple[int, object]:
     """The status and JSON error body of a refusal; anything but an ApiError is a 500."""
     exc = failure.value
+    if isinstance(exc, StorageFault):
+        # Logged once per episode by the storage watch; the client is told to come back.
+        request.setHeader(b"retry-after", b"%d" % RETRY_AFTER_S)
+        code = ApiErrorCode(str(exc.code))
+        return 503, http.ApiErrorBody(error=code, message=storage_detail(exc))
     if isinstance(exc, ApiError):
         if isinstance(exc, Throttled):
             request.setHeader(b"retry-after", retry_after_header(exc.retry_after_s))
@@ -534,9 +540,12 @@ class HealthPage(resource.Resource):
 
     isLeaf = True
 
-    def __init__(self, store: RelayStore | None = None) -> None:
+    def __init__(
+        self, store: RelayStore | None = None, storage: StorageWatch | None = None
+    ) -> None:
         super().__init__()
         self._store = store
+        self._storage = storage
 
     def render(self, request: server.Request) -> bytes | int:
         request.setHeader(b"content-type", b"application/json")
@@ -546,6 +555,12 @@ class HealthPage(resource.Resource):
             return codec.encode(http.HealthResponse(ok=False, problem="no such route"))
         if self._store is None:
             return codec.encode(http.HealthResponse(ok=True))
+        failing = None if self._storage is None else self._storage.failing
+        if failing is not None:
+            # Reads may still answer, but nothing can be queued, stored or enrolled: a load
+            # balancer should send people elsewhere until a probe write succeeds.
+            request.setResponseCode(503)
+            return codec.encode(http.HealthResponse(ok=False, problem=str(failing.code)))
         gone: list[Failure] = []
         request.notifyFinish().addErrback(gone.append)
         checked = defer.maybeDeferred(self._store.ping)

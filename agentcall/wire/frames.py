@@ -11,7 +11,7 @@ each frame holds. Who sends what:
   (``caller_keys``), which the listener verifies like records it fetched
 - listener → relay: ``call_accepted``, ``call_started``, ``call_rejected``, ``call_cancelled``,
   ``call_not_cancelled``, ``call_outcome``; and ``job_accepted``, ``job_declined``,
-  ``job_renew``, ``job_result``
+  ``job_renew``, ``job_result``, and ``jobs_held`` (first, to a relay whose ``ready`` asks)
 
 The offline mailbox (docs/mailbox.md): a ``call_request`` with ``queue: true`` to a callee who
 has opted in and is offline or busy is kept by the relay as a job, and the caller is told
@@ -131,6 +131,9 @@ class Ready:
     # relay from before the persistent socket does not say so, and its listeners' calls then
     # take a socket of their own instead of waiting for answers that would never come.
     calls: bool = attrs.field(default=False, validator=f.boolean, metadata=_LATER)
+    # On a mailbox listener's socket: the relay takes ``jobs_held``. A relay that predates it
+    # does not say so, and is sent none (it would only log the frame as malformed).
+    jobs_held: bool = attrs.field(default=False, validator=f.boolean, metadata=_LATER)
 
 
 @attrs.frozen
@@ -346,6 +349,23 @@ class JobAck:
     job_id: str = attrs.field(validator=f.job_id)
 
 
+def _storage_error(_inst: object, attribute: attrs.Attribute[CallErrorCode], value: object) -> None:
+    if value not in (CallErrorCode.STORAGE_FULL, CallErrorCode.UNAVAILABLE):
+        raise ValueError(f"{attribute.name}: not a storage error code")
+
+
+@attrs.frozen
+class JobNack:
+    """The relay could not store the listener's ``job_result`` (its storage is failing): the
+    listener keeps renewing the job's lease and sends the result again later, on the same
+    connection, until a ``job_ack``. A listener that predates it ignores it and sends the
+    result again on its next connection."""
+
+    type: ClassVar[str] = "job_nack"
+    job_id: str = attrs.field(validator=f.job_id)
+    code: CallErrorCode = attrs.field(converter=CallErrorCode, validator=_storage_error)
+
+
 @attrs.frozen
 class JobAccepted:
     """The listener's journal holds the job; it runs now (the lease starts again)."""
@@ -368,6 +388,19 @@ class JobRenew:
 
     type: ClassVar[str] = "job_renew"
     job_id: str = attrs.field(validator=f.job_id)
+
+
+@attrs.frozen
+class JobsHeld:
+    """The listener's first frame on a connection whose ``ready`` said ``jobs_held``: every job
+    it holds (running there, or its result not yet acknowledged), complete, possibly empty.
+    The relay ends every other lease of this callee's that no open session of theirs was
+    handed (a delivered job is queued again, a running one fails indeterminate_execution)."""
+
+    type: ClassVar[str] = "jobs_held"
+    job_ids: tuple[str, ...] = attrs.field(
+        validator=f.each(f.job_id, max_items=limits.MAILBOX_MAX_JOBS_HELD)
+    )
 
 
 @attrs.frozen
@@ -407,9 +440,11 @@ Frame = (
     | JobDelivery
     | CancelJob
     | JobAck
+    | JobNack
     | JobAccepted
     | JobDeclined
     | JobRenew
+    | JobsHeld
     | JobResult
 )
 
@@ -432,9 +467,11 @@ FRAME_TYPES: dict[str, type[Frame]] = {
         JobDelivery,
         CancelJob,
         JobAck,
+        JobNack,
         JobAccepted,
         JobDeclined,
         JobRenew,
+        JobsHeld,
         JobResult,
     )
 }
@@ -455,6 +492,7 @@ FROM_LISTENER: tuple[type[Frame], ...] = (
     JobAccepted,
     JobDeclined,
     JobRenew,
+    JobsHeld,
     JobResult,
     CallRequest,
     CancelCall,
@@ -466,6 +504,7 @@ TO_LISTENER: tuple[type[Frame], ...] = (
     JobDelivery,
     CancelJob,
     JobAck,
+    JobNack,
     CallStatus,
     CallError,
     CallOutcome,
@@ -475,4 +514,10 @@ TO_LISTENER: tuple[type[Frame], ...] = (
 OUTGOING_FROM_LISTENER: tuple[type[Frame], ...] = (CallRequest, CancelCall)
 OUTGOING_TO_LISTENER: tuple[type[Frame], ...] = (CallStatus, CallError, CallOutcome, CallQueued)
 # The listener frames about mailbox jobs (the rest of FROM_LISTENER is about live calls).
-JOB_FRAMES_FROM_LISTENER: tuple[type[Frame], ...] = (JobAccepted, JobDeclined, JobRenew, JobResult)
+JOB_FRAMES_FROM_LISTENER: tuple[type[Frame], ...] = (
+    JobAccepted,
+    JobDeclined,
+    JobRenew,
+    JobsHeld,
+    JobResult,
+)

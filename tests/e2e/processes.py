@@ -174,9 +174,11 @@ def start_relay(
     port: int | None = None,
     orgs: Sequence[str] = ("acme",),
     env: dict[str, str] | None = None,
+    database: Path | None = None,
 ) -> tuple[RelayProcess, dict[str, str]]:
     """Bootstrap and start a TLS relay; returns it and the first admin invite of each org.
-    ``env`` adds variables to the relay process's environment.
+    ``env`` adds variables to the relay process's environment; ``database`` puts the relay's
+    database there instead of beside everything else in ``workdir``.
 
     Without a ``port`` a free one is picked; the relay's URL (in every invite) names it, so it
     is chosen before the relay binds it. Another process (a parallel test worker) can take it in
@@ -184,7 +186,13 @@ def start_relay(
     """
     if port is not None:
         return _start_relay(
-            workdir, extra_args=extra_args, ca=ca, port=port, orgs=orgs, env=env or {}
+            workdir,
+            extra_args=extra_args,
+            ca=ca,
+            port=port,
+            orgs=orgs,
+            env=env or {},
+            database=database,
         )
     for attempt in range(3):
         try:
@@ -195,6 +203,7 @@ def start_relay(
                 port=free_port(),
                 orgs=orgs,
                 env=env or {},
+                database=database,
             )
         except PortTaken:
             continue
@@ -213,12 +222,13 @@ def _start_relay(
     port: int,
     orgs: Sequence[str],
     env: dict[str, str],
+    database: Path | None = None,
 ) -> tuple[RelayProcess, dict[str, str]]:
     workdir.mkdir(parents=True, exist_ok=True)
     ca = ca or make_ca(workdir / "ca")
     cert = ca.issue_server(workdir / "tls", hostnames=("localhost",), ips=("127.0.0.1",))
     url = RelayUrl.parse(f"https://localhost:{port}")
-    database = workdir / "relay.sqlite"
+    database = database or workdir / "relay.sqlite"
     invites = {}
     for org in orgs:
         out = agentcall_cli(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any, TypeVar, cast
@@ -238,3 +239,43 @@ class HeldStore:
 def holding(*names: str) -> Callable[[SqliteRelayStore], RelayStore]:
     """For ``memory_relay(wrap=...)``: hold the named store methods (see :class:`HeldStore`)."""
     return lambda store: cast(RelayStore, HeldStore(store, *names))
+
+
+class FillingConnection:
+    """A store's SQLite connection on a disk that can fill: while :attr:`full`, every statement
+    that writes fails exactly as SQLite does on a full disk (``SQLITE_FULL``), and reads go on.
+
+    Install it with :func:`fill_disk_of`; a real full filesystem is the e2e tier's."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self.wrapped = conn
+        self.full = False
+
+    def execute(self, sql: str, params: Any = ()) -> sqlite3.Cursor:
+        self._check(sql)
+        return self.wrapped.execute(sql, params)
+
+    def executemany(self, sql: str, rows: Any) -> sqlite3.Cursor:
+        self._check(sql)
+        return self.wrapped.executemany(sql, rows)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self.wrapped, name)
+
+    def _check(self, sql: str) -> None:
+        if self.full and sql.lstrip().split(None, 1)[0].upper() in _WRITES:
+            error = sqlite3.OperationalError("database or disk is full")
+            error.sqlite_errorcode = 13
+            error.sqlite_errorname = "SQLITE_FULL"
+            raise error
+
+
+_WRITES = frozenset({"INSERT", "UPDATE", "DELETE", "REPLACE"})
+
+
+def fill_disk_of(store: SqliteRelayStore) -> FillingConnection:
+    """Put ``store``'s registry on a :class:`FillingConnection` (empty until told ``full``)."""
+    registry = store.registry
+    filling = FillingConnection(registry._conn)
+    registry._conn = cast(sqlite3.Connection, filling)
+    return filling

@@ -220,7 +220,10 @@ def test_a_listener_stopping_during_the_preflight_starts_nothing() -> None:
     assert check.cancels == 1
     check.finish(run_result(exit_code=None, signal=15, cancelled=True))
     assert stopped.called
-    assert failure_of(h).detail == core.STOPPED_DETAIL
+    stopped_failure = failure_of(h)
+    assert stopped_failure.detail == core.STOPPED_DETAIL
+    # As a run cut later would be: the listener took the call and went away mid-way.
+    assert stopped_failure.code is CallErrorCode.INDETERMINATE_EXECUTION
     assert h.records[-1].status is CallStatus.CANCELED
     assert len(h.runs) == 1
 

@@ -180,6 +180,7 @@ class RelaySide(WebSocketServerProtocol):
                     address=self.factory.ready_address,
                     relay_origin=ORIGIN,
                     calls=self.factory.ready_calls,
+                    jobs_held=self.factory.ready_jobs_held,
                 )
             )
 
@@ -201,6 +202,8 @@ class FakeRelay(WebSocketServerFactory):
         self.ready_address: str | None = "@acme/ken"
         # Whether ready says the socket takes the installation's own calls (a current relay).
         self.ready_calls = True
+        # Whether ready asks for jobs_held (a relay that reconciles a listener's leases).
+        self.ready_jobs_held = False
         self.busy_retry_after: str | None = None  # answer upgrades 503 with this Retry-After
         self.closing_at_door = False  # ClosingSide: close connections without an answer
         self.upgrades: list[dict[str, str]] = []
@@ -834,3 +837,18 @@ def test_a_relay_that_does_not_offer_to_take_calls_gets_none(listener: Listener)
     listener.relay.sockets[0].sendClose(1000)
     listener.relay.flush()
     assert not listener.link.carries_calls
+
+
+@pytest.mark.parametrize("asks", [False, True])
+def test_the_link_says_whether_the_relay_asked_for_jobs_held(
+    listener: Listener, asks: bool
+) -> None:
+    """A relay that predates jobs_held does not ask, and is told nothing it cannot read."""
+    listener.relay.ready_jobs_held = asks
+    assert not listener.link.takes_jobs_held
+    listener.connection.startService()
+    listener.relay.flush()
+    assert listener.link.connected and listener.link.takes_jobs_held is asks
+    listener.relay.sockets[0].sendClose(1000)
+    listener.relay.flush()
+    assert not listener.link.takes_jobs_held

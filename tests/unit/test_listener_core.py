@@ -521,6 +521,36 @@ def test_a_kept_outcome_is_dropped_after_the_call_deadline() -> None:
     assert h.pipeline.kept_frames == ()
 
 
+def test_a_lost_relay_socket_stops_a_live_calls_agent_and_keeps_nothing() -> None:
+    """The relay ends the call (callee_gone) when our socket closes, so no answer can reach
+    the caller: the agent is stopped as for a cancel, and nothing waits for a reconnect."""
+    h = Harness()
+    h.place()
+    h.connected = False
+    h.pipeline.relay_lost()
+    [run] = h.runs
+    assert run.cancels == 1
+    run.finish(run_result(exit_code=None, signal=15, cancelled=True))
+    assert h.pipeline.kept_frames == ()
+    assert h.records[-1].status is CallStatus.CANCELED
+    assert h.pipeline.running_call_id is None
+    h.connected = True
+    h.pipeline.relay_ready()
+    assert h.types() == [CallAccepted, CallStarted]
+
+
+def test_a_lost_relay_socket_ends_a_call_still_being_opened_before_any_run() -> None:
+    h = Harness()
+    h.directory.hold = True  # the caller's keys are still being fetched
+    h.place()
+    h.pipeline.relay_lost()
+    h.connected = False
+    h.directory.release()
+    assert (h.runs, h.prompts) == ([], [])
+    assert h.pipeline.kept_frames == ()
+    assert h.records[-1].status is CallStatus.CANCELED
+
+
 # --- robustness ----------------------------------------------------------------------------------
 
 
@@ -565,6 +595,7 @@ def test_ready_frames_are_ignored_by_the_pipeline() -> None:
 
 
 def test_shutdown_stops_the_running_agent_and_answers_before_firing() -> None:
+    """The cut run is answered indeterminate_execution: the agent may have acted already."""
     h = Harness()
     h.place()
     stopped = h.pipeline.shutdown(5.0)
@@ -577,7 +608,11 @@ def test_shutdown_stops_the_running_agent_and_answers_before_firing() -> None:
     assert fired(stopped)
     outcome = h.outcome()
     assert h.sent[-1].call_id == CALL_ID  # type: ignore[union-attr]
-    assert outcome == CallFailure(code=CallErrorCode.AGENT_ERROR, detail=core.STOPPED_DETAIL)
+    assert outcome == CallFailure(
+        code=CallErrorCode.INDETERMINATE_EXECUTION, detail=core.STOPPED_DETAIL
+    )
+    assert h.records[-1].status is CallStatus.CANCELED
+    assert h.records[-1].error == core.STOPPED_DETAIL
 
 
 def test_shutdown_gives_up_waiting_after_the_grace() -> None:

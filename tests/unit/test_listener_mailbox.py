@@ -15,12 +15,14 @@ import attrs
 import pytest
 from twisted.internet import defer
 from twisted.internet.testing import MemoryReactorClock
+from twisted.logger import capturedLogs
 from zope.interface import implementer
 
 from agentcall import limits
 from agentcall.crypto import envelope as crypto_envelope
 from agentcall.db import open_database
-from agentcall.errors import CallErrorCode
+from agentcall.errors import CallErrorCode, StoreError
+from agentcall.listener import core
 from agentcall.listener.calllog import CallStatus
 from agentcall.listener.journal import (
     Delivery,
@@ -33,7 +35,13 @@ from agentcall.listener.journal import (
     StepRefused,
     StoredReply,
 )
-from agentcall.listener.mailboxdesk import MailboxDesk, result_of, stored_result
+from agentcall.listener.mailboxdesk import (
+    RESULT_RETRY_FIRST_S,
+    RESULT_RETRY_MAX_S,
+    MailboxDesk,
+    result_of,
+    stored_result,
+)
 from agentcall.listener.policy import Access, CallerRule, Policy
 from agentcall.listener.runner import AgentRun, OutputParser, RunResult
 from agentcall.listener.service import make_listener_service
@@ -53,8 +61,10 @@ from agentcall.wire.frames import (
     JobDeclined,
     JobDelivery,
     JobError,
+    JobNack,
     JobRenew,
     JobResult,
+    JobsHeld,
     SealedEnvelope,
     Terminal,
 )
@@ -551,6 +561,43 @@ def test_cancelling_a_running_job_kills_the_agent_and_reports_canceled(box: Mail
     assert box.h.pipeline.running_call_id is None
 
 
+def test_a_job_cut_by_the_listener_stopping_ends_indeterminate_not_answered(box: Mailbox) -> None:
+    """SIGTERM mid-run: the agent is stopped and the job's result is the journal's
+    indeterminate_execution, as for a listener that died; never a sealed answer."""
+    box.deliver()
+    [run] = box.h.runs
+    stopped = box.h.pipeline.shutdown(5.0)
+    assert run.cancels == 1
+    run.finish(run_result(exit_code=None, signal=15, cancelled=True))
+    assert fired(stopped)
+    indeterminate = JobError.INDETERMINATE_EXECUTION
+    assert box.results() == [JobResult(job_id=JOB, error=indeterminate)]
+    assert box.entry() == Entry(JOB, JobState.SEALED, NOW, NOW, StoredReply(error=indeterminate))
+    assert box.h.events[-2:] == [("journal", "seal"), ("send", "job_result")]
+    assert box.desk.unacknowledged == (JOB,)
+    record = box.h.records[-1]
+    assert (record.call_id, record.status, record.error) == (
+        JOB,
+        CallStatus.CANCELED,
+        core.STOPPED_DETAIL,
+    )
+    assert box.h.pipeline.running_call_id is None
+
+
+def test_a_lost_relay_socket_leaves_a_running_job_alone(box: Mailbox) -> None:
+    """Unlike a live call, a job outlives its socket: its result waits in the journal."""
+    box.deliver()
+    box.h.connected = False
+    box.h.pipeline.relay_lost()
+    [run] = box.h.runs
+    assert run.cancels == 0
+    run.finish(run_result(stdout=b"done anyway"))
+    box.h.connected = True
+    box.desk.relay_ready()
+    [result] = box.results()
+    assert result.terminal is Terminal.COMPLETED
+
+
 def test_cancelling_a_job_still_being_opened_spawns_nothing(box: Mailbox) -> None:
     box.h.directory.hold = True
     box.deliver()
@@ -597,6 +644,55 @@ def test_a_running_job_renews_its_lease_every_renew_interval(box: Mailbox) -> No
     assert limits.MAILBOX_RENEW_S * 3 <= limits.MAILBOX_LEASE_S
 
 
+def test_a_result_the_relay_could_not_store_is_renewed_and_sent_again_with_backoff(
+    box: Mailbox,
+) -> None:
+    """job_nack: the lease is renewed again at once and every renew interval, and the stored
+    result is sent again on the same connection after 1, 2, 4 ... s (at most 30 s apart)
+    until the job_ack; then both stop."""
+    box.deliver()
+    box.h.runs[0].finish(run_result(stdout=b"the answer"))
+    [result] = box.results()
+    start = len(box.h.sent)
+    nack = JobNack(job_id=JOB, code=CallErrorCode.STORAGE_FULL)
+
+    def sent_since(mark: int) -> list[Frame]:
+        return box.h.sent[mark:]
+
+    box.desk.on_frame(nack)
+    assert sent_since(start) == [JobRenew(job_id=JOB)]
+    box.h.clock.advance(RESULT_RETRY_FIRST_S - 0.01)
+    assert sent_since(start) == [JobRenew(job_id=JOB)]
+    box.h.clock.advance(0.01)
+    assert sent_since(start) == [JobRenew(job_id=JOB), result]
+    gaps = []
+    for _ in range(7):
+        mark = len(box.h.sent)
+        box.desk.on_frame(nack)
+        box.desk.on_frame(nack)  # a duplicate sets no second sending
+        waited = 0.0
+        while result not in sent_since(mark):
+            box.h.clock.advance(0.5)
+            waited += 0.5
+        gaps.append(waited)
+        assert sent_since(mark).count(result) == 1
+    assert gaps == [2.0, 4.0, 8.0, 16.0, RESULT_RETRY_MAX_S, RESULT_RETRY_MAX_S, RESULT_RETRY_MAX_S]
+    renews = sum(isinstance(frame, JobRenew) for frame in sent_since(start))
+    assert renews >= sum(gaps) // limits.MAILBOX_RENEW_S
+    box.desk.on_frame(JobAck(job_id=JOB))
+    mark = len(box.h.sent)
+    box.h.clock.advance(10 * RESULT_RETRY_MAX_S)
+    assert sent_since(mark) == []
+    entry = box.entry()
+    assert entry is not None and entry.state is JobState.ACKNOWLEDGED
+
+
+def test_a_nack_for_a_job_with_no_result_waiting_is_ignored(box: Mailbox) -> None:
+    box.desk.on_frame(JobNack(job_id=OTHER_JOB, code=CallErrorCode.UNAVAILABLE))
+    box.h.clock.advance(10 * RESULT_RETRY_MAX_S)
+    assert box.h.sent == []
+
+
 # --- the pure parts -------------------------------------------------------------------------------
 
 
@@ -618,8 +714,10 @@ class FakeSocket:
 
     usable = True
 
-    def __init__(self) -> None:
+    def __init__(self, *, jobs_held: bool = False) -> None:
         self.sent: list[Frame] = []
+        # Whether its relay's ready asked for jobs_held.
+        self.relay_takes_jobs_held = jobs_held
 
     def sendMessage(self, payload: bytes, isBinary: bool) -> None:
         self.sent.append(codec.decode_frame(payload))
@@ -652,3 +750,133 @@ def test_the_service_restarts_the_journal_and_routes_job_frames(tmp_path: Path) 
     entry = db.journal.get(JOB)
     db.close()
     assert entry is not None and entry.state is JobState.ACKNOWLEDGED
+
+
+# --- jobs_held: what this listener holds, told to a relay that asks --------------------------
+
+
+class FailingJournal(RecordingJournal):
+    """The journal with chosen steps failing as a broken state database does."""
+
+    def __init__(self, inner: SqliteJournal, events: list[object], *failing: str) -> None:
+        super().__init__(inner, events)
+        self.failing = set(failing)
+
+    def seal(self, job_id: str, reply: StoredReply, now: float) -> Entry | StepRefused:
+        if "seal" in self.failing:
+            raise StoreError("state database (journal): disk I/O error")
+        return super().seal(job_id, reply, now)
+
+    def restart(self, now: float) -> tuple[Redeliver | Indeterminate, ...]:
+        if "restart" in self.failing:
+            raise StoreError("state database (journal): disk I/O error")
+        return super().restart(now)
+
+
+def with_journal(box: Mailbox, *failing: str) -> MailboxDesk:
+    """``box``'s desk again, over its journal with ``failing`` steps, started."""
+    journal = FailingJournal(box.journal.inner, box.h.events, *failing)
+    box.desk = MailboxDesk(box.h.pipeline, journal, send=box.h.send, clock=box.h.clock)
+    box.desk.start()
+    return box.desk
+
+
+def test_a_relay_that_asks_hears_first_every_job_held_here(box: Mailbox) -> None:
+    """The running job, then each result not yet acknowledged; then, as before, the running
+    job's accept and the results."""
+    box.deliver(OTHER_JOB)
+    box.h.connected = False
+    box.h.runs[0].finish(run_result(stdout=b"the first answer"))
+    box.deliver()
+    box.h.connected = True
+    box.desk.relay_ready(report_held=True)
+    [result] = box.results()
+    assert result.job_id == OTHER_JOB
+    assert box.h.sent[1:] == [
+        JobsHeld(job_ids=(JOB, OTHER_JOB)),
+        JobAccepted(job_id=JOB),
+        result,
+    ]
+    assert box.desk.held() == (JOB, OTHER_JOB)
+
+
+def test_a_relay_that_does_not_ask_hears_no_jobs_held(box: Mailbox) -> None:
+    box.deliver()
+    box.desk.relay_ready()
+    assert not [frame for frame in box.h.sent if isinstance(frame, JobsHeld)]
+
+
+def test_holding_nothing_is_said_too_and_an_acknowledged_result_is_not_held(box: Mailbox) -> None:
+    box.desk.relay_ready(report_held=True)
+    assert box.h.sent == [JobsHeld(job_ids=())]
+    box.deliver()
+    box.h.runs[0].finish(run_result(stdout=b"the answer"))
+    assert box.desk.held() == (JOB,)
+    box.desk.on_frame(JobAck(job_id=JOB))
+    assert box.desk.held() == ()
+
+
+def test_after_a_crash_the_indeterminate_job_is_held_and_its_result_follows(box: Mailbox) -> None:
+    """The journal made the job indeterminate at start-up: it is listed as held, so the relay
+    leaves it to the listener's own result, which follows; the job is reported once."""
+    box.deliver()
+    again = box.restarted()
+    again.desk.relay_ready(report_held=True)
+    assert again.h.sent == [
+        JobsHeld(job_ids=(JOB,)),
+        JobResult(job_id=JOB, error=JobError.INDETERMINATE_EXECUTION),
+    ]
+
+
+def test_a_result_the_journal_could_not_store_is_not_held(box: Mailbox) -> None:
+    """Such a run must end indeterminate_execution at the relay: it is neither said to run
+    nor answered, so the relay ends it at once instead of when its lease lapses."""
+    desk = with_journal(box, "seal")
+    box.deliver()
+    assert desk.held() == (JOB,)
+    box.h.runs[0].finish(run_result(stdout=b"the answer"))
+    assert box.results() == []
+    assert desk.held() == ()
+
+
+def test_a_listener_that_could_not_read_its_journal_says_nothing(box: Mailbox) -> None:
+    """An incomplete list would have the relay end leases held here: none is sent, and the
+    relay lets them lapse as for an older listener."""
+    box.deliver()
+    again = box.restarted()
+    with capturedLogs() as logged:
+        desk = with_journal(again, "restart")
+        desk.relay_ready(report_held=True)
+    assert desk.held() is None
+    assert not [frame for frame in again.h.sent if isinstance(frame, JobsHeld)]
+    [unsaid] = [e for e in logged if e.get("event") == "jobs_held_unsaid"]
+    assert unsaid["journal_read"] is False
+
+
+def test_more_jobs_held_than_a_report_may_list_are_not_reported(
+    box: Mailbox, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setattr(limits, "MAILBOX_MAX_JOBS_HELD", 0)
+    box.deliver()
+    box.desk.relay_ready(report_held=True)
+    assert box.desk.held() is None
+    assert box.h.sent == [JobAccepted(job_id=JOB), JobAccepted(job_id=JOB)]
+
+
+def test_the_service_tells_a_relay_that_asks_what_it_holds(tmp_path: Path) -> None:
+    environ = install(tmp_path)
+    db = StateDb.open(Home.from_environ(environ))
+    db.journal.deliver(JOB, expires_at=NOW + DAY, running_here=False, now=NOW)
+    db.close()
+    reactor = MemoryReactorClock()
+    reactor.advance(NOW + 60)
+    built = make_listener_service(reactor, environ)
+    socket = FakeSocket(jobs_held=True)
+    built.startService()
+    built.link.attach(socket)  # type: ignore[arg-type]
+    built._relay_ready()
+    assert socket.sent == [
+        JobsHeld(job_ids=(JOB,)),
+        JobResult(job_id=JOB, error=JobError.INDETERMINATE_EXECUTION),
+    ]
+    assert fired(built.stopService())

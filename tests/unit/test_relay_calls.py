@@ -16,9 +16,10 @@ from twisted.logger import capturedLogs
 from agentcall import limits
 from agentcall.errors import CallErrorCode, StoreError
 from agentcall.relay.audit import AuditEntry
-from agentcall.relay.calls import CallBook, Phase, restore_windows, when
+from agentcall.relay.calls import GONE_DETAIL, CallBook, Phase, QueueDesk, restore_windows, when
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import open_relay_store
+from agentcall.relay.store_interface import MailboxStatus
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import (
     MemoryDirectory,
@@ -31,6 +32,7 @@ from agentcall.wire.frames import (
     CallError,
     CallNotCancelled,
     CallOutcome,
+    CallQueued,
     CallRejected,
     CallRequest,
     CallStarted,
@@ -81,6 +83,24 @@ def reply(
     return CallOutcome(call_id=call_id, terminal=terminal, envelope=envelope(**header))
 
 
+class RecordingDesk:
+    """A mailbox that queues nothing and notes whom the book said may be free for a job."""
+
+    def __init__(self) -> None:
+        self.ended: list[tuple[str, str]] = []
+
+    def status(self, org: str, callee: str) -> Deferred[MailboxStatus | None]:
+        return succeed(None)
+
+    def enqueue(
+        self, org: str, caller: str, callee: str, request: CallRequest
+    ) -> Deferred[CallQueued | CallError]:
+        raise AssertionError("nothing is queued here")
+
+    def live_call_ended(self, org: str, callee: str) -> None:
+        self.ended.append((org, callee))
+
+
 class Relay:
     """A call book wired to a Clock and recording fakes, with ken listening in acme."""
 
@@ -90,6 +110,7 @@ class Relay:
         audit: RecordingAudit | None = None,
         mint_call_id: Callable[[], str] | None = None,
         directory: MemoryDirectory | None = None,
+        desk: QueueDesk | None = None,
     ) -> None:
         self.clock = Clock()
         self.clock.advance(T0)
@@ -107,6 +128,7 @@ class Relay:
             ORIGIN,
             deadline_s=deadline_s,
             mint_call_id=mint_call_id or (lambda: f"00000000-0000-4000-8000-{next(serial):012d}"),
+            desk=desk,
         )
         self.ken = self.listen("acme", "ken")
 
@@ -291,10 +313,13 @@ def test_deadline_is_the_configured_one() -> None:
 
 
 def test_deadline_with_listener_offline_only_tells_caller(relay: Relay) -> None:
-    """With no listener online at the deadline, the caller still gets timeout."""
+    """With no listener online at the deadline, the caller still gets timeout: the call's
+    session was replaced (its teardown still to come), and the newer one went away."""
     caller, call_id = relay.ring()
-    relay.board.detach_listener("acme", "ken", relay.ken)
-    relay.book.listener_gone("acme", "ken", relay.ken)
+    newer = relay.listen("acme", "ken")
+    relay.board.detach_listener("acme", "ken", newer)
+    relay.book.listener_gone("acme", "ken", newer)
+    assert relay.book.get(call_id) is not None
     relay.clock.advance(DEADLINE)
     assert relay.ken.of_type(CancelCall) == []
     assert caller.of_type(CallError) == [CallError(code=CallErrorCode.TIMEOUT, call_id=call_id)]
@@ -511,31 +536,62 @@ def test_unknown_call_id_is_ignored_and_counted(relay: Relay) -> None:
     assert relay.book.ignored_frames == 1
 
 
-def test_replaced_listener_new_session_delivers(relay: Relay) -> None:
-    """After a reconnect replaces the session mid-call, the new session finishes the call."""
+def test_replaced_listener_new_session_delivers_before_the_old_teardown(relay: Relay) -> None:
+    """A reconnect replaces the session mid-call; the listener's kept outcome arrives on the
+    new session before the old socket's teardown, and finishes the call."""
     caller, call_id = relay.ring()
     relay.from_ken(CallStarted(call_id=call_id))
     new = relay.listen("acme", "ken")
     assert relay.ken.closes == [(4000, "replaced by a newer connection")]
-    assert relay.board.detach_listener("acme", "ken", relay.ken) is False
-    relay.book.listener_gone("acme", "ken", relay.ken)
-    assert relay.book.active_count() == 1
     outcome = reply(call_id)
     relay.book.from_listener("acme", "ken", new, outcome)
+    assert relay.board.detach_listener("acme", "ken", relay.ken) is False
+    relay.book.listener_gone("acme", "ken", relay.ken)
     assert caller.of_type(CallOutcome) == [outcome]
+    assert caller.of_type(CallError) == []
     assert relay.audit.events() == ["call.submit", "call.accept", "call.complete"]
 
 
-def test_listener_gone_keeps_call_for_a_reconnect(relay: Relay) -> None:
-    """A dropped listener does not end its calls; a cancel then goes to the new session."""
+def test_a_replaced_sessions_teardown_ends_its_calls_callee_gone(relay: Relay) -> None:
+    """Calls rung through the old socket end when it goes, even though a newer session of
+    the same identity is online: the old socket's calls are nobody else's to answer."""
     caller, call_id = relay.ring()
+    new = relay.listen("acme", "ken")
     relay.board.detach_listener("acme", "ken", relay.ken)
     relay.book.listener_gone("acme", "ken", relay.ken)
-    assert relay.book.get(call_id) is not None
-    assert not caller.closed
-    new = relay.listen("acme", "ken")
-    relay.book.from_caller(caller, CancelCall(call_id=call_id))
-    assert new.sent == [CancelCall(call_id=call_id)]
+    assert caller.sent[-1] == CallError(
+        code=CallErrorCode.CALLEE_GONE, call_id=call_id, detail=GONE_DETAIL
+    )
+    assert relay.book.active_count() == 0
+    assert new.sent == []  # nothing to cancel there: the call never reached it
+
+
+def test_listener_gone_ends_its_calls_at_once_callee_gone() -> None:
+    """A callee's listener socket closing mid-call ends that call for its caller now, with a
+    clear code, an audit row and the mailbox told; calls on other sockets carry on."""
+    desk = RecordingDesk()
+    relay = Relay(desk=desk)
+    bob = relay.listen("acme", "bob")
+    caller, call_id = relay.ring()
+    relay.from_ken(CallStarted(call_id=call_id))
+    other = relay.call(request(to="@acme/bob"), target="bob")
+    relay.clock.advance(12)
+    relay.board.detach_listener("acme", "ken", relay.ken)
+    relay.book.listener_gone("acme", "ken", relay.ken)
+    assert caller.sent[-1] == CallError(
+        code=CallErrorCode.CALLEE_GONE, call_id=call_id, detail=GONE_DETAIL
+    )
+    assert caller.closes == [(1000, "callee_gone")]
+    assert relay.audit.rows[-1] == AuditEntry(
+        "call.fail", "acme", "ken", "ana", call_id, T0 + 12, "listener_gone"
+    )
+    assert desk.ended == [("acme", "ken")]
+    assert relay.book.get(call_id) is None and not relay.book.has_call_to("acme", "ken")
+    # bob's call, on another socket, is untouched; nothing is left armed for ken's.
+    assert not other.closed and relay.book.active_count() == 1
+    assert bob.of_type(CancelCall) == []
+    relay.clock.advance(DEADLINE)
+    assert caller.of_type(CallError) == [caller.sent[-1]]
 
 
 # --- caller side ---------------------------------------------------------------------------

@@ -21,6 +21,7 @@ from agentcall.relay.mailbox import FailureReason, JobState, MailboxLimits
 from agentcall.relay.ratelimit import SlidingWindowLimiter
 from agentcall.relay.store import SqliteRelayStore, open_relay_store
 from agentcall.relay.store_interface import Member, RelayStore
+from agentcall.relay.storewatch import PROBE_EVERY_S, StorageWatch
 from agentcall.relay.switchboard import Switchboard
 from agentcall.testing.channels import MemoryDirectory, RecordingChannel
 from agentcall.wire import codec
@@ -39,13 +40,21 @@ from agentcall.wire.frames import (
     JobDeclined,
     JobDelivery,
     JobError,
+    JobNack,
     JobRenew,
     JobResult,
+    JobsHeld,
     SealedEnvelope,
     Terminal,
 )
 from agentcall.wire.http import JobInfo, MemberRole
-from tests.unit.relay_helpers import HeldStore, fired, sealed_looking
+from tests.unit.relay_helpers import (
+    FillingConnection,
+    HeldStore,
+    fill_disk_of,
+    fired,
+    sealed_looking,
+)
 
 ORIGIN = "relay.example"
 T0 = 1_750_000_000.0
@@ -485,9 +494,73 @@ def test_a_failing_store_sends_no_ack(tmp_path: Path) -> None:
     held[0]._holding.add("decide_jobs")
     relay.send(ken, JobResult(job_id=job_id, error=JobError.INDETERMINATE_EXECUTION))
     with capturedLogs() as logged:
-        held[0].fail(StoreError("database error: disk full"))
+        held[0].fail(StoreError("database error: a bug"))
     assert not ken.of_type(JobAck)
+    # Told, so it keeps the lease and sends the result again on this connection.
+    assert ken.of_type(JobNack) == [JobNack(job_id=job_id, code=CallErrorCode.UNAVAILABLE)]
     assert "job_result_failed" in [e.get("event") for e in logged]
+
+
+# --- a full disk ----------------------------------------------------------------------------------
+
+
+def watched(relay: Desk) -> tuple[FillingConnection, StorageWatch]:
+    """The desk's store on a disk that can fill, watched as the relay's composition does."""
+    disk = fill_disk_of(relay.sqlite)
+    watch = StorageWatch(relay.clock, relay.sqlite.probe)
+    relay.sqlite.watch_faults(watch.fault)
+    watch.when_recovered(relay.desk.storage_recovered)
+    return disk, watch
+
+
+def test_a_call_queued_on_a_full_disk_is_refused_storage_full_in_words(relay: Desk) -> None:
+    disk, watch = watched(relay)
+    disk.full = True
+    caller = relay.call()
+    [refused] = caller.sent
+    assert isinstance(refused, CallError) and refused.code is CallErrorCode.STORAGE_FULL
+    assert refused.detail is not None and "try again later" in refused.detail
+    assert caller.closes and caller.closes[0][1] == "storage_full"
+    assert watch.failing is not None
+    disk.full = False
+    assert fired(relay.sqlite.jobs_of("acme", "ana", 10)) == []
+    assert relay.limiter.tracked_keys() == 0
+
+
+def test_a_result_unstored_on_a_full_disk_is_nacked_and_its_resend_stored(relay: Desk) -> None:
+    disk, watch = watched(relay)
+    job_id = relay.queued()
+    ken = relay.listen()
+    relay.send(ken, JobAccepted(job_id=job_id))
+    disk.full = True
+    result = JobResult(job_id=job_id, terminal=Terminal.COMPLETED, envelope=answer_envelope())
+    relay.send(ken, result)
+    assert ken.of_type(JobNack) == [JobNack(job_id=job_id, code=CallErrorCode.STORAGE_FULL)]
+    assert not ken.of_type(JobAck) and relay.state(job_id) is JobState.RUNNING
+    # Full for longer than a lease: nothing lapses meanwhile (the sweep cannot write either),
+    # and once writes work the lease is given a fresh one before any sweep.
+    relay.clock.pump([PROBE_EVERY_S] * int(3 * LEASE / PROBE_EVERY_S))
+    disk.full = False
+    relay.clock.advance(PROBE_EVERY_S)
+    assert watch.failing is None
+    assert relay.job(job_id).job.lease_until >= relay.clock.seconds() + LEASE - 1
+    relay.send(ken, result)  # the listener's resend, on the same connection
+    assert ken.of_type(JobAck) == [JobAck(job_id=job_id)]
+    assert relay.state(job_id) is JobState.ANSWERED
+
+
+def test_a_delivery_that_failed_is_made_once_writes_work_without_a_reconnect(relay: Desk) -> None:
+    disk, watch = watched(relay)
+    job_id = relay.queued()
+    disk.full = True
+    ken = relay.listen()
+    assert deliveries(ken) == [] and watch.failing is not None
+    relay.clock.pump([PROBE_EVERY_S] * 3)
+    assert deliveries(ken) == []
+    disk.full = False
+    relay.clock.advance(PROBE_EVERY_S)
+    assert deliveries(ken) == [job_id]
+    assert relay.state(job_id) is JobState.DELIVERED
 
 
 def test_results_for_unknown_ended_or_someone_elses_jobs_are_acked(relay: Desk) -> None:
@@ -818,3 +891,209 @@ def test_a_run_cut_off_longer_than_its_lease_still_delivers_its_answer(relay: De
     assert back.of_type(JobAck) == [JobAck(job_id=job_id)]
     assert fired(relay.desk.job_for(member("ana"), job_id, 0)).answer == env
     assert relay.events(job_id)[-2:] == [audit.JOB_FAIL, audit.JOB_COMPLETE]
+
+
+# --- a reconnected listener says which jobs it holds (jobs_held) ------------------------------
+
+RESTART_GRACE = limits.MAILBOX_RESTART_GRACE_S
+INDETERMINATE = FailureReason.INDETERMINATE_EXECUTION
+
+
+def restarted_with_a_held_job(tmp_path: Path, *, accepted: bool) -> tuple[Desk, str, str]:
+    """ken's listener took ana's job (delivered, or accepted too), bob queued one behind it,
+    then the relay went down for ten leases and ken's listener died; the relay is back up.
+    The restarted desk, the held job and the waiting one."""
+    path = tmp_path / "relay.sqlite"
+    first = Desk(path)
+    first.opt_in("ken")
+    held = first.queued("ana")
+    old = first.listen()
+    assert deliveries(old) == [held]
+    if accepted:
+        first.send(old, JobAccepted(job_id=held))
+    waiting = first.queued("bob")
+    first.desk.stop()
+    first.sqlite.close()
+    clock = Clock()
+    clock.advance(T0 + 10 * LEASE)
+    second = Desk(path, clock=clock, fresh=False)
+    assert second.job(held).job.lease_until == clock.seconds() + RESTART_GRACE
+    return second, held, waiting
+
+
+@pytest.mark.parametrize("accepted", [False, True], ids=["delivered", "running"])
+def test_after_a_relay_restart_a_lease_held_for_a_dead_listener_starves_nobody(
+    tmp_path: Path, accepted: bool
+) -> None:
+    """Issue 25, finding 4: the restart grace kept the dead listener's lease for 120 s and,
+    one job out per callee, ken's new listener got nothing meanwhile. It says it holds
+    nothing: that lease ends on the spot (a delivery is queued again, a run may have run and
+    fails indeterminate_execution) and the next job goes out on the same tick."""
+    relay, held, waiting = restarted_with_a_held_job(tmp_path, accepted=accepted)
+    ken = relay.listen()
+    assert deliveries(ken) == []  # the graced lease is ken's one job out
+    with capturedLogs() as logged:
+        relay.send(ken, JobsHeld(job_ids=()))
+    assert deliveries(ken) == [waiting]  # bob's: ana was served last
+    [reclaimed] = [e for e in logged if e.get("event") == "job_leases_reclaimed"]
+    assert (reclaimed["handle"], reclaimed["jobs"]) == ("ken", 1)
+    job = relay.job(held).job
+    if accepted:
+        assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, INDETERMINATE, True)
+        assert relay.job(held).request is None
+        assert relay.events(held) == [
+            audit.JOB_QUEUE,
+            audit.JOB_DELIVER,
+            audit.JOB_ACCEPT,
+            audit.JOB_FAIL,
+        ]
+    else:
+        # Never taken: delivered again later, its attempt spent.
+        assert (job.state, job.attempts, job.lease_until) == (JobState.QUEUED, 1, None)
+        relay.send(ken, JobResult(job_id=waiting, error=JobError.REJECTED))
+        assert deliveries(ken) == [waiting, held]
+        assert relay.job(held).job.attempts == 2
+
+
+def test_a_listener_that_says_nothing_waits_out_the_restart_grace_as_before(
+    tmp_path: Path,
+) -> None:
+    """A listener older than jobs_held: its leases still lapse only after the grace."""
+    relay, held, waiting = restarted_with_a_held_job(tmp_path, accepted=False)
+    ken = relay.listen()
+    relay.clock.advance(RESTART_GRACE - 1)
+    assert deliveries(ken) == []
+    relay.clock.advance(1)
+    assert deliveries(ken) == [waiting]
+    assert relay.state(held) is JobState.QUEUED
+
+
+def test_a_job_the_reconnected_listener_holds_keeps_its_lease_and_its_result_counts(
+    tmp_path: Path,
+) -> None:
+    relay, held, waiting = restarted_with_a_held_job(tmp_path, accepted=True)
+    ken = relay.listen()
+    relay.send(ken, JobsHeld(job_ids=(held,)))
+    assert relay.state(held) is JobState.RUNNING and deliveries(ken) == []
+    env = answer_envelope()
+    relay.send(ken, JobResult(job_id=held, terminal=Terminal.COMPLETED, envelope=env))
+    assert relay.state(held) is JobState.ANSWERED
+    assert deliveries(ken) == [waiting]
+
+
+@pytest.mark.parametrize("back_after_grace", [False, True])
+def test_a_run_the_restarted_listener_reports_indeterminate_ends_once(
+    tmp_path: Path, back_after_grace: bool
+) -> None:
+    """ken's listener crashed mid-run; its journal now says the job is indeterminate, lists it
+    as held and sends that result. Whether the relay's grace ran out first (its own verdict) or
+    not, the job ends failed indeterminate_execution with one job.fail, and is acknowledged."""
+    relay, held, waiting = restarted_with_a_held_job(tmp_path, accepted=True)
+    if back_after_grace:
+        relay.clock.advance(RESTART_GRACE)
+        assert relay.job(held).job.lapsed
+    ken = relay.listen()
+    relay.send(ken, JobsHeld(job_ids=(held,)))
+    relay.send(ken, JobResult(job_id=held, error=JobError.INDETERMINATE_EXECUTION))
+    job = relay.job(held).job
+    assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, INDETERMINATE, False)
+    assert relay.events(held).count(audit.JOB_FAIL) == 1
+    assert ken.of_type(JobAck) == [JobAck(job_id=held)]
+    assert deliveries(ken) == [waiting]
+
+
+def test_a_report_never_takes_back_what_its_own_session_was_handed(relay: Desk) -> None:
+    """The listener lists what it holds before the delivery made on attaching reaches it."""
+    job_id = relay.queued()
+    ken = relay.listen()
+    assert deliveries(ken) == [job_id]
+    relay.send(ken, JobsHeld(job_ids=()))
+    assert relay.state(job_id) is JobState.DELIVERED
+    relay.send(ken, JobAccepted(job_id=job_id))
+    assert relay.state(job_id) is JobState.RUNNING
+    relay.send(ken, JobsHeld(job_ids=()))  # said again: still this session's
+    assert relay.state(job_id) is JobState.RUNNING
+
+
+@pytest.mark.parametrize("accepted", [False, True], ids=["delivered", "running"])
+def test_a_lease_handed_to_a_replaced_session_is_judged_once_that_session_is_gone(
+    relay: Desk, accepted: bool
+) -> None:
+    """A newer session replaces the one holding ana's job. That one may be accepting it at
+    this very moment (another installation of ken's, say), so the newer one's report leaves
+    the lease alone while it is open; once it is gone the report settles it at once."""
+    first, second = relay.queued("ana"), relay.queued("bob")
+    old = relay.listen()
+    assert deliveries(old) == [first]
+    new = relay.listen()
+    assert old.closes and deliveries(new) == []
+    relay.send(new, JobsHeld(job_ids=()))
+    assert relay.state(first) is JobState.DELIVERED
+    if accepted:
+        relay.send(old, JobAccepted(job_id=first))
+        assert relay.state(first) is JobState.RUNNING
+    relay.gone("ken", old)
+    job = relay.job(first).job
+    if accepted:
+        assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, INDETERMINATE, True)
+        assert deliveries(new) == [second]
+    else:
+        assert (job.state, job.attempts) == (JobState.QUEUED, 1)
+        assert deliveries(new) == [second]  # bob was never served; ana's waits its turn
+
+
+def test_jobs_held_counts_only_from_the_current_mailbox_session(relay: Desk) -> None:
+    job_id = relay.queued()
+    old = relay.listen()
+    relay.listen("ken", mailbox=False)  # replaces it; takes no jobs
+    with capturedLogs() as logged:
+        relay.send(old, JobsHeld(job_ids=()))
+    assert "jobs_held_ignored" in [e.get("event") for e in logged]
+    assert relay.state(job_id) is JobState.DELIVERED
+
+
+def test_a_report_waits_for_a_delivery_being_decided_on_a_slow_store(tmp_path: Path) -> None:
+    """With a store that answers later, the delivery made on attaching may still be on its way
+    when the report arrives: the report is judged only once that delivery is noted as this
+    session's, so it cannot take back a job the listener is about to receive."""
+    held: list[HeldStore] = []
+
+    def wrap(store: SqliteRelayStore) -> RelayStore:
+        held.append(HeldStore(store))
+        return cast(RelayStore, held[0])
+
+    relay = Desk(tmp_path / "r.sqlite", wrap=wrap)
+    relay.opt_in("ken")
+    job_id = relay.queued()
+    held[0]._holding.add("decide_jobs")
+    ken = relay.listen()
+    relay.send(ken, JobsHeld(job_ids=()))
+    while held[0].pending:
+        held[0].release()
+    assert deliveries(ken) == [job_id]
+    assert relay.state(job_id) is JobState.DELIVERED
+    assert relay.events(job_id) == [audit.JOB_QUEUE, audit.JOB_DELIVER]
+
+
+def test_a_report_the_store_cannot_take_leaves_the_leases_to_lapse(tmp_path: Path) -> None:
+    held: list[HeldStore] = []
+
+    def wrap(store: SqliteRelayStore) -> RelayStore:
+        held.append(HeldStore(store))
+        return cast(RelayStore, held[0])
+
+    relay = Desk(tmp_path / "r.sqlite", wrap=wrap)
+    relay.opt_in("ken")
+    job_id = relay.queued()
+    old = relay.listen()
+    relay.gone("ken", old)
+    ken = relay.listen()
+    held[0]._holding.add("decide_jobs")
+    relay.send(ken, JobsHeld(job_ids=()))
+    with capturedLogs() as logged:
+        held[0].fail(StoreError("database is locked"))
+    assert "job_reconcile_failed" in [e.get("event") for e in logged]
+    held[0]._holding.clear()
+    assert relay.state(job_id) is JobState.DELIVERED
+    relay.clock.advance(LEASE)
+    assert deliveries(ken) == [job_id]

@@ -38,6 +38,7 @@ from agentcall.relay.mailbox import (
     held_bytes,
     next_deadline,
     next_delivery,
+    reconcile,
     renew,
     restart_grace,
     revoke,
@@ -733,6 +734,7 @@ operations = st.one_of(
                                "cancel", "cancel_as_callee"]), st.integers(0, 15)),
     st.tuples(st.just("revoke"), st.sampled_from(CALLERS + CALLEES)),
     st.tuples(st.just("wait"), st.sampled_from([1.0, LEASE, 3600.0, TTL / 2, GRACE])),
+    st.tuples(st.just("reconcile"), st.sampled_from(CALLEES), st.sets(st.integers(0, 15))),
 )  # fmt: skip
 
 
@@ -753,6 +755,12 @@ def step(box: Mailbox, op: tuple[object, ...], now: float, serial: int) -> list[
     elif name in ("revoke", "wait"):
         many = revoke(jobs, (ORG, str(op[1])), now) if name == "revoke" else []
         return [box.apply(d) for d in many]
+    elif name == "reconcile":
+        _, callee, picks = op
+        assert isinstance(picks, set)
+        ids = sorted(jobs)
+        holding = {ids[i % len(ids)] for i in picks} if ids else set()
+        return [box.apply(d) for d in reconcile(jobs, SMALL, (ORG, str(callee)), holding, now)]
     else:
         ids = sorted(jobs)
         assert isinstance(op[1], int)
@@ -789,6 +797,9 @@ def check_invariants(box: Mailbox, before: dict[str, Job], decisions: list[Decis
         if job.state in TERMINAL - {JobState.ANSWERED}:
             assert not job.holds_ciphertext
         old = before.get(job.job_id)
+        if old is not None and old.state is JobState.RUNNING:
+            # At most once: a job that may have run is never handed out again.
+            assert job.state not in (JobState.QUEUED, JobState.DELIVERED)
         if old is not None and old.state in TERMINAL:
             if old.lapsed and not job.lapsed:
                 # The one way out of a terminal state: the result of a run whose lease lapsed.
@@ -1032,3 +1043,175 @@ def test_a_lapsed_mark_goes_only_with_the_relays_indeterminate_verdict() -> None
     )  # fmt: skip
     with pytest.raises(ValueError, match="lapsed"):
         attrs.evolve(failed, lapsed=True)
+
+
+# --- a listener says which jobs it holds ------------------------------------------------------
+
+NOW = T0 + 5
+
+
+def held_rows() -> list[Job]:
+    """Every kind of row holding a lease: delivered (each attempt) or running, cancelled or
+    not, as rows come back from storage."""
+    base = Job("j1", ORG, "ana", "ken", 10, T0, T0 + TTL, last_delivery=1)
+    rows = []
+    for cancel_requested in (False, True):
+        for attempts in range(1, CAPS.max_attempts + 1):
+            rows.append(
+                attrs.evolve(
+                    base,
+                    state=JobState.DELIVERED,
+                    attempts=attempts,
+                    lease_until=T0 + LEASE,
+                    cancel_requested=cancel_requested,
+                )
+            )
+        rows.append(
+            attrs.evolve(
+                base,
+                state=JobState.RUNNING,
+                attempts=1,
+                lease_until=T0 + LEASE,
+                cancel_requested=cancel_requested,
+            )
+        )
+    return rows
+
+
+def _row_id(job: Job) -> str:
+    return f"{job.state}-attempt{job.attempts}{'-cancelling' if job.cancel_requested else ''}"
+
+
+@pytest.mark.parametrize("job", held_rows(), ids=_row_id)
+def test_a_lease_its_listener_does_not_hold_ends_now_exactly_as_its_lapse_would(job: Job) -> None:
+    """Not held: the same decision the sweep makes when the lease lapses, at once. Held: none."""
+    jobs = {"j1": job}
+    assert reconcile(jobs, CAPS, KEN, {"j1"}, NOW) == []
+    [decision] = reconcile(jobs, CAPS, KEN, set(), NOW)
+    assert [decision] == sweep(jobs, CAPS, job.lease_until or 0.0)
+    ended = decision.job
+    assert ended is not None and ended.lease_until is None
+    if job.cancel_requested:
+        assert (ended.state, decision.audit) == (JobState.CANCELLED, ())
+    elif job.state is JobState.RUNNING:
+        # It may have run: never delivered again, and a result of that run still counts.
+        assert (ended.state, ended.reason, ended.lapsed) == (
+            JobState.FAILED,
+            FailureReason.INDETERMINATE_EXECUTION,
+            True,
+        )
+        assert decision.audit == (audit.JOB_FAIL,)
+    elif job.attempts >= CAPS.max_attempts:
+        assert (ended.state, ended.reason) == (JobState.FAILED, FailureReason.DELIVERY_FAILED)
+    else:
+        # Only delivered, never taken: safe to deliver again; the attempt stays spent.
+        assert (ended.state, ended.attempts, decision.audit) == (JobState.QUEUED, job.attempts, ())
+        assert decision.effects == ()
+    if ended.state in TERMINAL:
+        assert DropCiphertext("j1") in decision.effects
+
+
+@pytest.mark.parametrize("job", held_rows(), ids=_row_id)
+def test_reconcile_leaves_expired_leases_to_the_sweep(job: Job) -> None:
+    jobs = {"j1": job}
+    assert reconcile(jobs, CAPS, KEN, set(), job.expires_at) == []
+    assert reconcile(jobs, CAPS, KEN, set(), job.expires_at - 1) != []
+
+
+@pytest.mark.parametrize("job", [*ended_jobs(), Job("j1", ORG, "ana", "ken", 10, T0, T0 + TTL)])
+def test_reconcile_touches_no_queued_or_ended_job(job: Job) -> None:
+    assert reconcile({"j1": job}, CAPS, KEN, set(), NOW) == []
+
+
+def test_reconcile_touches_only_the_reporting_callees_leases() -> None:
+    """Other callees' leases, and jobs ken sent, are not ken's listener's to speak for."""
+    box = Mailbox()
+    ok(queue(box, "to-ken"))
+    ok(queue(box, "to-lee", callee="lee"))
+    ok(queue(box, "from-ken", caller="ken", callee="max"))
+    deliver(box)
+    deliver(box, callee="lee")
+    deliver(box, callee="max")
+    decisions = reconcile(box.jobs, CAPS, KEN, set(), NOW)
+    assert [d.job_id for d in decisions] == ["to-ken"]
+    assert reconcile(box.jobs, CAPS, ("other", "ken"), set(), NOW) == []
+
+
+def test_reconcile_is_idempotent_and_ordered() -> None:
+    box = Mailbox()
+    jobs = {
+        "b": attrs.evolve(held_rows()[0], job_id="b", created_at=T0 + 1),
+        "a": attrs.evolve(held_rows()[0], job_id="a", created_at=T0 + 1),
+        "c": attrs.evolve(held_rows()[0], job_id="c", created_at=T0),
+    }
+    box.jobs.update(jobs)
+    first = [box.apply(d) for d in reconcile(box.jobs, CAPS, KEN, frozenset(), NOW)]
+    assert [d.job_id for d in first] == ["c", "a", "b"]
+    assert reconcile(box.jobs, CAPS, KEN, frozenset(), NOW) == []
+
+
+def test_a_lease_held_for_a_dead_listener_no_longer_keeps_the_next_job_back() -> None:
+    """The relay restarted and graced ken's lease; ken's new listener holds nothing: the lease
+    ends at once and the next job goes out now, not after the grace."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    ok(queue(box, "j2", caller="bo", now=T0 + 1))
+    deliver(box)  # j1, to the listener that died
+    restarted = T0 + 600
+    for d in restart_grace(box.jobs, restarted):
+        box.apply(d)
+    assert next_delivery(box.jobs, CAPS, ORG, "ken", restarted + 1) is None  # starved
+    for d in reconcile(box.jobs, CAPS, KEN, set(), restarted + 1):
+        box.apply(d)
+    # The caller served least recently first: bo's job, then ana's again.
+    assert deliver(box, restarted + 1).job_id == "j2"
+    assert (state(box, "j1"), box.jobs["j1"].attempts) == (JobState.QUEUED, 1)
+
+
+def test_a_lease_the_reconnected_listener_holds_keeps_its_grace() -> None:
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    restarted = T0 + 600
+    for d in restart_grace(box.jobs, restarted):
+        box.apply(d)
+    assert reconcile(box.jobs, CAPS, KEN, {"j1"}, restarted + 1) == []
+    assert box.jobs["j1"].lease_until == restarted + RESTART
+
+
+@pytest.mark.parametrize("then", ["answer", "indeterminate"])
+def test_a_running_job_not_held_takes_the_runs_answer_and_is_failed_once(then: str) -> None:
+    """Ended indeterminate by reconcile: an answer from the run (another session of the
+    callee's finished it after all) still ends it answered; the listener's own
+    indeterminate report confirms the verdict without a second job.fail."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    deliver(box)
+    run(box, lambda: accept(box.jobs, CAPS, "j1", KEN, T0))
+    [ended] = [box.apply(d) for d in reconcile(box.jobs, CAPS, KEN, set(), NOW)]
+    assert ended.audit == (audit.JOB_FAIL,)
+    reason = FailureReason.INDETERMINATE_EXECUTION
+    if then == "answer":
+        d = run(box, lambda: answer(box.jobs, "j1", KEN, 9, NOW + 1))
+        assert d.audit == (audit.JOB_COMPLETE,)
+        assert state(box, "j1") is JobState.ANSWERED
+        return
+    d = run(box, lambda: fail(box.jobs, "j1", KEN, reason, NOW + 1))
+    assert (d.audit, d.effects) == ((), ())
+    job = box.jobs["j1"]
+    assert (job.state, job.reason, job.lapsed) == (JobState.FAILED, reason, False)
+    # Final now: a later answer is not taken.
+    assert answer(box.jobs, "j1", KEN, 9, NOW + 2) == Refused(Refusal.ENDED)
+
+
+def test_indeterminate_after_a_lapse_is_audited_once() -> None:
+    """The relay failed the run when its lease lapsed; the restarted listener's journal
+    reports it indeterminate too: the job ends once, with one job.fail."""
+    box = Mailbox()
+    ok(queue(box, "j1"))
+    lapse_running(box)
+    reason = FailureReason.INDETERMINATE_EXECUTION
+    d = run(box, lambda: fail(box.jobs, "j1", KEN, reason, T0 + 600))
+    assert (d.audit, d.effects) == ((), ())
+    assert (box.jobs["j1"].reason, box.jobs["j1"].lapsed) == (reason, False)

@@ -32,6 +32,8 @@ from agentcall.wire.frames import (
     JobAck,
     JobDelivery,
     JobResult,
+    JobsHeld,
+    Ready,
     SealedEnvelope,
     Terminal,
 )
@@ -220,6 +222,41 @@ def test_malformed_job_frames_from_a_listener_are_dropped_without_harm(
     ken.send(JobAccepted(job_id=job_id))
     switch.flush()
     assert stored_state(switch, job_id) == "running"
+
+
+def test_only_a_mailbox_listener_is_asked_for_jobs_held(switch: Switch) -> None:
+    plain = switch.connect("role=listen", "ken")
+    mailbox = switch.connect("role=listen&mailbox=1", "ann")
+    caller = switch.connect("role=call&to=ken", "ann")
+    readies = [party.frames[0] for party in (plain, mailbox, caller)]
+    assert all(isinstance(ready, Ready) for ready in readies)
+    assert [ready.jobs_held for ready in readies if isinstance(ready, Ready)] == [
+        False,
+        True,
+        False,
+    ]
+    assert b"jobs_held" not in plain.raw[0] + caller.raw[0]
+
+
+def test_jobs_held_over_the_socket_takes_back_a_gone_sessions_lease_at_once(
+    switch: Switch,
+) -> None:
+    """ken's listener got the job and died before taking it; its next session says it holds
+    nothing: the job is delivered again on the spot, not when the lease lapses."""
+    api(switch, "PUT", "/v1/me/offline-delivery", "ken", {"enabled": True})
+    job_id = queue_one(switch)
+    first = switch.connect("role=listen&mailbox=1", "ken")
+    assert [f.job_id for f in first.frames if isinstance(f, JobDelivery)] == [job_id]
+    assert first.socket is not None
+    first.socket.sendClose(1000)
+    switch.flush()
+    ken = switch.connect("role=listen&mailbox=1", "ken")
+    assert not [f for f in ken.frames if isinstance(f, JobDelivery)]
+    ken.send(JobsHeld(job_ids=()))
+    switch.flush()
+    [again] = [f for f in ken.frames if isinstance(f, JobDelivery)]
+    assert (again.job_id, again.attempt) == (job_id, 2)
+    assert ken.close_code is None
 
 
 def test_cancel_of_a_running_job_reaches_the_listener_socket(switch: Switch) -> None:

@@ -59,7 +59,7 @@ def test_every_frame_and_payload_class_has_a_strategy() -> None:
 def test_frame_types_are_keyed_by_their_wire_type() -> None:
     """FRAME_TYPES maps each ``type`` string to the class that declares it."""
     assert all(frames.FRAME_TYPES[cls.type] is cls for cls in FRAME_CLASSES)
-    assert len(FRAME_CLASSES) == 20
+    assert len(FRAME_CLASSES) == 22
 
 
 def test_every_frame_has_some_receiver() -> None:
@@ -312,3 +312,80 @@ def test_incoming_call_is_written_by_hand_as_the_generic_encoder_writes_it(
     assert getattr(frames.IncomingCall, codec.HAND_WRITTEN) is not None
     assert codec.encode(call) == codec.to_json(call)
     assert codec.decode_frame(codec.encode(call)) == call
+
+
+# --- jobs_held: what a mailbox listener holds -------------------------------------------------
+
+_JOB = "5e3f8a1b-2c4d-4e6f-8a0b-1c2d3e4f5a6b"
+_READY = {"type": "ready", "role": "listen", "address": "@acme/ken", "relay_origin": "r.example"}
+
+
+def test_a_ready_without_jobs_held_reads_and_writes_as_before() -> None:
+    """A relay that predates jobs_held sends a ready without it: it decodes as not asking; a
+    ready that does not ask is written byte for byte as before, one that asks says so."""
+    frame = codec.decode_frame(json.dumps(_READY).encode(), frames.TO_LISTENER)
+    assert isinstance(frame, frames.Ready) and frame.jobs_held is False
+    assert b"jobs_held" not in codec.encode(frame)
+    asking = attrs.evolve(frame, jobs_held=True)
+    assert b'"jobs_held":true' in codec.encode(asking)
+    assert codec.decode_frame(codec.encode(asking)) == asking
+
+
+@pytest.mark.parametrize("value", ["true", 1, 0, None, [], {}])
+def test_a_ready_with_a_jobs_held_that_is_not_a_boolean_is_malformed(value: Any) -> None:
+    with pytest.raises(MalformedFrame):
+        codec.decode_frame(json.dumps({**_READY, "jobs_held": value}).encode())
+
+
+@pytest.mark.parametrize("count", [0, 1, limits.MAILBOX_MAX_JOBS_HELD])
+def test_jobs_held_lists_up_to_the_cap_of_job_ids(count: int) -> None:
+    job_ids = [f"{_JOB[:-6]}{n:06x}" for n in range(count)]
+    wire = json.dumps({"type": "jobs_held", "job_ids": job_ids}).encode()
+    frame = codec.decode_frame(wire, frames.FROM_LISTENER, max_bytes=limits.MAX_FRAME_BYTES)
+    assert frame == frames.JobsHeld(job_ids=tuple(job_ids))
+
+
+@pytest.mark.parametrize(
+    "body",
+    [
+        {},
+        {"job_ids": None},
+        {"job_ids": _JOB},
+        {"job_ids": {_JOB: True}},
+        {"job_ids": [5]},
+        {"job_ids": [None]},
+        {"job_ids": ["not-a-job"]},
+        {"job_ids": [_JOB.upper()]},
+        {"job_ids": [_JOB + "\n"]},
+        {"job_ids": ["00000000-0000-0000-0000-000000000000"]},
+        {"job_ids": [_JOB] * (limits.MAILBOX_MAX_JOBS_HELD + 1)},
+        {"job_ids": [], "extra": 1},
+    ],
+    ids=[
+        "missing",
+        "null",
+        "a string",
+        "an object",
+        "a number",
+        "a null id",
+        "not a job id",
+        "uppercase",
+        "trailing newline",
+        "not version 4",
+        "one too many",
+        "unknown field",
+    ],
+)
+def test_a_malformed_jobs_held_is_refused(body: dict[str, Any]) -> None:
+    wire = json.dumps({"type": "jobs_held", **body}).encode()
+    with pytest.raises(MalformedFrame):
+        codec.decode_frame(wire, max_bytes=limits.MAX_FRAME_BYTES)
+
+
+def test_jobs_held_goes_from_a_listener_to_the_relays_job_desk_only() -> None:
+    assert frames.JobsHeld in frames.FROM_LISTENER
+    assert frames.JobsHeld in frames.JOB_FRAMES_FROM_LISTENER
+    assert frames.JobsHeld not in frames.TO_LISTENER + frames.FROM_CALLER + frames.TO_CALLER
+    # The largest report still fits what a relay reads from a listener.
+    most = frames.JobsHeld(job_ids=(_JOB,) * limits.MAILBOX_MAX_JOBS_HELD)
+    assert len(codec.encode(most)) <= limits.MAX_RESPONSE_FRAME_BYTES

@@ -98,6 +98,7 @@ FRAME_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
         role=st.sampled_from(frames.Role),
         address=addresses,
         relay_origin=relay_origins,
+        jobs_held=st.booleans(),
     ),
     frames.CallRequest: st.builds(
         frames.CallRequest,
@@ -153,9 +154,15 @@ FRAME_STRATEGIES: dict[type[Any], st.SearchStrategy[Any]] = {
     ),
     frames.CancelJob: st.builds(frames.CancelJob, job_id=call_ids),
     frames.JobAck: st.builds(frames.JobAck, job_id=call_ids),
+    frames.JobNack: st.builds(
+        frames.JobNack,
+        job_id=call_ids,
+        code=st.sampled_from([CallErrorCode.STORAGE_FULL, CallErrorCode.UNAVAILABLE]),
+    ),
     frames.JobAccepted: st.builds(frames.JobAccepted, job_id=call_ids),
     frames.JobDeclined: st.builds(frames.JobDeclined, job_id=call_ids),
     frames.JobRenew: st.builds(frames.JobRenew, job_id=call_ids),
+    frames.JobsHeld: st.builds(frames.JobsHeld, job_ids=st.lists(call_ids, max_size=5).map(tuple)),
     frames.JobResult: st.one_of(
         st.builds(
             frames.JobResult,
