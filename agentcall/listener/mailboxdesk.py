@@ -480,6 +480,11 @@ class MailboxDesk:
             return
         self._send(stored_result(job_id, entry.reply))
 
+    def stop(self) -> None:
+        """Stop re-sending refused results (the journal keeps them for the next start)."""
+        for job_id in list(self._resending):
+            self._stop_resending(job_id)
+
     def _stop_resending(self, job_id: str) -> None:
         resending = self._resending.pop(job_id, None)
         if resending is not None:

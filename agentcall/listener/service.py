@@ -466,6 +466,8 @@ class ListenerService(service.MultiService):
         return stopping
 
     def _closed(self, result: object) -> None:
+        # Before the database closes: a re-send now would read a closed journal.
+        self.desk.stop()
         try:
             self._db.close()
         except Exception:

@@ -123,6 +123,7 @@ def compose(
     # Jobs outlive the process: the sweep is armed from the store (failures are logged).
     jobs.start()
     # What could not be written while the storage failed is tried again once it recovers.
+    storage.when_failing(jobs.storage_failing)
     storage.when_recovered(jobs.storage_recovered)
     door = Door(settings.door, reactor, audit_sink)
     door.turned_away.on_note = events.turned_away

@@ -169,6 +169,8 @@ class JobDesk:
         # No sweep is armed before the restart grace is committed (see start).
         self._graced = False
         self._grace_retry: Pending | None = None
+        # Between a storage fault and the probe write that ends it: no sweep is armed.
+        self._storage_failing = False
 
     def start(self) -> defer.Deferred[None]:
         """Give every held lease the restart grace, then arm the sweep from the store (jobs
@@ -200,6 +202,17 @@ class JobDesk:
         decided = self._store.decide_jobs(JobsHeld(), decide, actor=None, at=now)
         return decided.addCallbacks(graced, failed)
 
+    def storage_failing(self) -> None:
+        """The storage stopped taking writes: no sweep until it recovers.
+
+        No renewal can be stored meanwhile, so a sweep that ran the moment space returned
+        would lapse the leases of listeners that renewed all along; :meth:`storage_recovered`
+        gives them their grace first, then arms the sweep again."""
+        self._storage_failing = True
+        if self._sweep is not None and self._sweep.active():
+            self._sweep.cancel()
+        self._sweep = self._sweep_at = None
+
     def storage_recovered(self) -> None:
         """The storage takes writes again after failing: carry on with what it refused.
 
@@ -207,6 +220,7 @@ class JobDesk:
         now (as a restart gives its grace) before the sweep runs again; each listener that is
         attached here and may be idle is offered its next job (a delivery that failed is not
         retried otherwise while the listener stays connected)."""
+        self._storage_failing = False
         if not self._graced:
             # The start-up grace failed with the storage: it is given now, in full.
             if self._grace_retry is not None and self._grace_retry.active():
@@ -368,6 +382,11 @@ class JobDesk:
                 return
             if isinstance(frame, fr.JobDeclined):
                 self._rest(org, handle)
+            for decision in result:
+                if decision.job is not None and decision.job.state in mailbox.HOLDING_LEASE:
+                    # Taken on this session (a late accept, a renew of a job the relay had put
+                    # back): a reconciliation against an older jobs_held must not reclaim it.
+                    self._hand(by, decision.job_id, channel)
             self._after(result)
             if any(d.job is not None and d.job.cancel_requested for d in result):
                 # The listener may have missed the first cancel_job (it was offline then).
@@ -466,13 +485,14 @@ class JobDesk:
             channel.send(fr.JobAck(job_id=job_id))
 
         def unstored(failure: Failure) -> None:
-            # Not stored, so not acknowledged: the listener keeps the lease and tries again on
-            # this connection (one that predates job_nack ignores it and sends the result
-            # again on its next connection).
+            # Not stored, so not acknowledged. A storage fault passes: the listener keeps the
+            # lease and tries again on this connection (one that predates job_nack ignores it
+            # and sends the result again on its next connection). Anything else is a bug that
+            # a retry every 30 s would only repeat: the result comes again on a new connection.
             self._failed(failure, "job_result_failed", job_id)
             fault = failure.value
-            code = fault.code if isinstance(fault, StorageFault) else CallErrorCode.UNAVAILABLE
-            channel.send(fr.JobNack(job_id=job_id, code=code))
+            if isinstance(fault, StorageFault):
+                channel.send(fr.JobNack(job_id=job_id, code=fault.code))
 
         decided = self._store.decide_jobs(
             OneJob(job_id), decide, actor=handle, at=now, sealed=sealed
@@ -717,7 +737,7 @@ class JobDesk:
     def _arm(self, at: float | None) -> None:
         """Sweep at ``at`` unless an earlier sweep is already armed: an early sweep decides
         nothing and re-arms, a late one would leave a lease or an expiry waiting."""
-        if at is None or not self._graced:
+        if at is None or not self._graced or self._storage_failing:
             return
         if self._sweep is not None and self._sweep.active() and self._sweep_at is not None:
             if self._sweep_at <= at:

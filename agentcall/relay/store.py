@@ -305,12 +305,14 @@ class SqliteRegistry:
         self._read("SELECT COUNT(*) FROM orgs", ())
 
     def probe(self, now: float) -> None:
-        """A write that must reach the storage: raises StoreError while writes fail."""
+        """A write as large as the largest answer the relay stores, which must reach the
+        storage: raises StoreError while such writes fail."""
         with transaction(self._conn) as conn:
             conn.execute(
-                "INSERT INTO store_probe (id, written_at) VALUES (1, ?)"
-                " ON CONFLICT (id) DO UPDATE SET written_at = excluded.written_at",
-                (now,),
+                "INSERT INTO store_probe (id, written_at, ballast) VALUES (1, ?, zeroblob(?))"
+                " ON CONFLICT (id) DO UPDATE"
+                " SET written_at = excluded.written_at, ballast = excluded.ballast",
+                (now, limits.MAX_RESPONSE_FRAME_BYTES),
             )
 
     def ensure_org(self, org: str, now: float) -> bool:
@@ -1025,7 +1027,12 @@ class SqliteRelayStore:
         return self._run(self.registry.ping)
 
     def probe(self, now: float) -> Deferred[None]:
-        return self._run(self.registry.probe, now)
+        # Not reported to the watch: it asked, and a probe that fails is no new failed operation.
+        try:
+            self.registry.probe(now)
+        except Exception as exc:
+            return defer.fail(storage_fault(exc) or exc)
+        return defer.succeed(None)
 
     def watch_faults(self, report: Callable[[StorageFault, str], object]) -> None:
         self._on_fault = report

@@ -70,7 +70,8 @@ class StorageWatch:
         self._since = 0.0
         self._failures = 0
         self._next_probe: IDelayedCall | None = None
-        self._probing = False
+        self._stopped = False
+        self._failing_hooks: list[Callable[[], object]] = []
         self._recovered: list[Callable[[], object]] = []
         metrics.storage_writable(True)
 
@@ -78,6 +79,10 @@ class StorageWatch:
     def failing(self) -> StorageFault | None:
         """The fault of the episode under way (its latest kind), or None while writes work."""
         return self._failing
+
+    def when_failing(self, hook: Callable[[], object]) -> None:
+        """Call ``hook()`` at the start of every episode."""
+        self._failing_hooks.append(hook)
 
     def when_recovered(self, hook: Callable[[], object]) -> None:
         """Call ``hook()`` at the end of every episode."""
@@ -96,6 +101,7 @@ class StorageWatch:
                 "storage_failing", code=str(fault.code), operation=operation, reason=str(fault)
             )
             self._arm()
+            _call_each(self._failing_hooks, "storage_failing_hook_failed")
         elif previous.code is not fault.code:
             # Full, then failing otherwise (or back): worth one more line, not one per request.
             _log.error(
@@ -103,24 +109,25 @@ class StorageWatch:
             )
 
     def stop(self) -> None:
+        self._stopped = True
         if self._next_probe is not None and self._next_probe.active():
             self._next_probe.cancel()
         self._next_probe = None
 
     def _arm(self) -> None:
+        if self._stopped:
+            return
         if self._next_probe is None or not self._next_probe.active():
             self._next_probe = self._clock.callLater(self._probe_every_s, self._try)
 
     def _try(self) -> None:
         self._next_probe = None
-        if self._failing is None or self._probing:
+        if self._failing is None:
             return
-        self._probing = True
         tried = self._probe(self._clock.seconds())
         tried.addCallbacks(self._writes_again, self._still_failing)
 
     def _writes_again(self, _: object) -> None:
-        self._probing = False
         if self._failing is None:  # pragma: no cover - only a probe ends an episode
             return
         lasted = self._clock.seconds() - self._since
@@ -132,15 +139,18 @@ class StorageWatch:
         )
         self._failing = None
         self._metrics.storage_writable(True)
-        for hook in list(self._recovered):
-            try:
-                hook()
-            except Exception:
-                _log.failure("storage_recovered_hook_failed")
+        _call_each(self._recovered, "storage_recovered_hook_failed")
 
     def _still_failing(self, failure: Failure) -> None:
-        self._probing = False
         if not failure.check(StorageFault):
             # Not the storage (a bug in the probe): said once per probe, and probed again.
             _log.failure("storage_probe_failed", failure=failure)
         self._arm()
+
+
+def _call_each(hooks: list[Callable[[], object]], event: str) -> None:
+    for hook in list(hooks):
+        try:
+            hook()
+        except Exception:
+            _log.failure(event)

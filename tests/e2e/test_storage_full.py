@@ -93,8 +93,9 @@ def test_a_full_disk_refuses_calls_in_words_and_the_relay_recovers_by_itself(
             assert opted.returncode == 0, opted.stderr
             assert readyz(relay) == (200, {"ok": True})
 
-            filler = fill(disk)
+            # Marked first: a background write (last seen, audit) may fail before any call.
             mark = relay.log.mark()
+            filler = fill(disk)
             refused = [ann.cli("call", "@acme/ken", f"question {n}", "--json") for n in range(3)]
             for done in refused:
                 assert done.returncode == EXIT_RELAY_UNAVAILABLE, (done.stdout, done.stderr)

@@ -880,3 +880,16 @@ def test_the_service_tells_a_relay_that_asks_what_it_holds(tmp_path: Path) -> No
         JobResult(job_id=JOB, error=JobError.INDETERMINATE_EXECUTION),
     ]
     assert fired(built.stopService())
+
+
+def test_a_stopped_desk_sends_no_refused_result_again(box: Mailbox) -> None:
+    box.deliver()
+    box.h.runs[0].finish(run_result(stdout=b"the answer"))
+    box.desk.on_frame(JobNack(job_id=JOB, code=CallErrorCode.STORAGE_FULL))
+    box.desk.stop()
+    mark = len(box.h.sent)
+    box.h.clock.advance(10 * RESULT_RETRY_MAX_S)
+    assert box.h.sent[mark:] == []
+    again = box.restarted()
+    again.desk.relay_ready()
+    assert [type(frame) for frame in again.h.sent] == [JobResult]

@@ -13,7 +13,7 @@ from twisted.internet.task import Clock
 from twisted.logger import capturedLogs
 
 from agentcall import limits
-from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, StoreError
+from agentcall.errors import ApiError, ApiErrorCode, CallErrorCode, StorageFault, StoreError
 from agentcall.relay import audit
 from agentcall.relay.calls import CallBook
 from agentcall.relay.jobs import DECLINE_REST_S, SWEEP_RETRY_S, JobDesk
@@ -494,7 +494,7 @@ def test_a_failing_store_sends_no_ack(tmp_path: Path) -> None:
     held[0]._holding.add("decide_jobs")
     relay.send(ken, JobResult(job_id=job_id, error=JobError.INDETERMINATE_EXECUTION))
     with capturedLogs() as logged:
-        held[0].fail(StoreError("database error: a bug"))
+        held[0].fail(StorageFault(CallErrorCode.UNAVAILABLE, "the storage is failing: I/O"))
     assert not ken.of_type(JobAck)
     # Told, so it keeps the lease and sends the result again on this connection.
     assert ken.of_type(JobNack) == [JobNack(job_id=job_id, code=CallErrorCode.UNAVAILABLE)]
@@ -509,6 +509,7 @@ def watched(relay: Desk) -> tuple[FillingConnection, StorageWatch]:
     disk = fill_disk_of(relay.sqlite)
     watch = StorageWatch(relay.clock, relay.sqlite.probe)
     relay.sqlite.watch_faults(watch.fault)
+    watch.when_failing(relay.desk.storage_failing)
     watch.when_recovered(relay.desk.storage_recovered)
     return disk, watch
 
@@ -1097,3 +1098,70 @@ def test_a_report_the_store_cannot_take_leaves_the_leases_to_lapse(tmp_path: Pat
     assert relay.state(job_id) is JobState.DELIVERED
     relay.clock.advance(LEASE)
     assert deliveries(ken) == [job_id]
+
+
+def test_no_sweep_runs_while_the_storage_fails_so_renewed_leases_get_their_grace(
+    relay: Desk,
+) -> None:
+    """Space returns just before the sweep's retry and before any probe: the running job of a
+    listener that renewed all along keeps running, and gets a lease from the recovery."""
+    disk, watch = watched(relay)
+    job_id = relay.queued()
+    ken = relay.listen()
+    relay.send(ken, JobAccepted(job_id=job_id))
+    accepted = relay.clock.seconds()
+    relay.clock.advance(0.5)
+    disk.full = True
+    relay.send(ken, JobRenew(job_id=job_id))
+    assert watch.failing is not None
+    while relay.clock.seconds() < accepted + LEASE + SWEEP_RETRY_S - 1:
+        relay.clock.advance(0.5)
+        if int((relay.clock.seconds() - accepted) * 2) % 20 == 0:
+            relay.send(ken, JobRenew(job_id=job_id))
+    disk.full = False
+    relay.clock.advance(1.0)
+    assert relay.state(job_id) is JobState.RUNNING
+    relay.clock.pump([PROBE_EVERY_S] * 2)
+    assert watch.failing is None
+    job = relay.job(job_id).job
+    assert job.state is JobState.RUNNING
+    assert job.lease_until is not None and job.lease_until > relay.clock.seconds()
+
+
+def test_a_job_taken_late_on_the_current_session_is_not_reclaimed_by_its_older_list(
+    relay: Desk,
+) -> None:
+    disk, _watch = watched(relay)
+    first = relay.queued("ana")
+    ken = relay.listen()
+    assert deliveries(ken) == [first]
+    relay.send(ken, JobsHeld(job_ids=()))  # said before it took the delivery
+    second = relay.queued("bob")
+    relay.clock.advance(LEASE + 0.1)  # the accept of the first is late: its lease lapses
+    if relay.state(second) is JobState.DELIVERED:
+        relay.send(ken, JobDeclined(job_id=second))
+    relay.send(ken, JobRenew(job_id=first))  # taken as the accept it missed
+    assert relay.state(first) is JobState.RUNNING
+    disk.full = True
+    relay.send(ken, JobRenew(job_id=first))
+    disk.full = False
+    relay.clock.advance(PROBE_EVERY_S)  # recovery reconciles against the older list
+    assert relay.state(first) is JobState.RUNNING
+
+
+def test_a_result_refused_by_a_bug_is_not_nacked(tmp_path: Path) -> None:
+    held: list[HeldStore] = []
+
+    def wrap(store: SqliteRelayStore) -> RelayStore:
+        held.append(HeldStore(store))
+        return cast(RelayStore, held[0])
+
+    relay = Desk(tmp_path / "r.sqlite", wrap=wrap)
+    relay.opt_in("ken")
+    job_id = relay.queued()
+    ken = relay.listen()
+    held[0]._holding.add("decide_jobs")
+    relay.send(ken, JobResult(job_id=job_id, error=JobError.INDETERMINATE_EXECUTION))
+    with capturedLogs():
+        held[0].fail(ValueError("a bug in a decision"))
+    assert not ken.of_type(JobAck) and not ken.of_type(JobNack)

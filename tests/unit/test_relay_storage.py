@@ -191,3 +191,37 @@ def test_failures_logged_in_aggregate_are_one_debug_line_and_others_keep_their_t
     [bug] = [event for event in logged if event["event"] == "bug"]
     assert isinstance(bug["log_failure"], Failure)
     assert not any("log_failure" in event for event in logged if event["event"] != "bug")
+
+
+def test_a_stopped_watch_probes_no_more_and_the_hooks_see_each_episode() -> None:
+    clock, probe = Clock(), Probe()
+    watch = StorageWatch(clock, probe)
+    seen: list[str] = []
+    watch.when_failing(lambda: seen.append("failing"))
+    watch.when_recovered(lambda: seen.append("recovered"))
+    watch.fault(FULL, "record_many")
+    watch.fault(FULL, "record_many")
+    probe.works = True
+    clock.advance(PROBE_EVERY_S)
+    watch.fault(FAILING, "decide_jobs")
+    assert seen == ["failing", "recovered", "failing"]
+    watch.stop()
+    watch.fault(FAILING, "decide_jobs")
+    clock.pump([PROBE_EVERY_S] * 4)
+    assert len(probe.tried) == 1
+
+
+def test_the_store_does_not_count_its_own_probe_as_a_failed_operation(
+    full: tuple[MemoryRelay, FillingConnection, str],
+) -> None:
+    relay, disk, _token = full
+    reported: list[str] = []
+    relay.store.watch_faults(lambda _fault, operation: reported.append(operation))
+    disk.full = True
+    failed = relay.store.probe(NOW)
+    failures: list[Failure] = []
+    failed.addErrback(failures.append)
+    [failure] = failures
+    assert failure.check(StorageFault) and reported == []
+    disk.full = False
+    assert fired(relay.store.probe(NOW)) is None
